@@ -1,0 +1,363 @@
+// Implementation of bridge.h. Kept mechanical on purpose: each function forwards to MLX.
+#include "mlx-bridge/cxx/bridge.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "mlx-bridge/src/ffi.rs.h"
+
+namespace mx = mlx::core;
+
+namespace mlxb {
+namespace {
+
+mx::Dtype to_dtype(uint8_t code) {
+  switch (code) {
+    case 0: return mx::bool_;
+    case 1: return mx::uint8;
+    case 2: return mx::uint16;
+    case 3: return mx::uint32;
+    case 4: return mx::uint64;
+    case 5: return mx::int8;
+    case 6: return mx::int16;
+    case 7: return mx::int32;
+    case 8: return mx::int64;
+    case 9: return mx::float16;
+    case 10: return mx::float32;
+    case 11: return mx::float64;
+    case 12: return mx::bfloat16;
+    case 13: return mx::complex64;
+  }
+  throw std::invalid_argument("unknown dtype code " + std::to_string(code));
+}
+
+uint8_t from_dtype(mx::Dtype d) { return static_cast<uint8_t>(d.val()); }
+
+mx::Shape to_shape(rust::Slice<const int32_t> s) { return mx::Shape(s.begin(), s.end()); }
+std::vector<int> to_ints(rust::Slice<const int32_t> s) { return std::vector<int>(s.begin(), s.end()); }
+ArrayPtr wrap(Array a) { return std::make_unique<Array>(std::move(a)); }
+std::unique_ptr<ArrayVec> wrap_vec(std::vector<Array> v) {
+  auto out = std::make_unique<ArrayVec>();
+  out->items = std::move(v);
+  return out;
+}
+std::optional<Array> opt(const Array& a, bool has) {
+  return has ? std::optional<Array>(a) : std::nullopt;
+}
+
+}  // namespace
+
+// --- construction and inspection ---
+ArrayPtr array_from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, uint8_t dtype) {
+  auto dt = to_dtype(dtype);
+  auto shp = to_shape(shape);
+  size_t n = 1;
+  for (auto d : shp) n *= static_cast<size_t>(d);
+  if (n * dt.size() != data.size()) {
+    throw std::invalid_argument("array_from_bytes: " + std::to_string(data.size()) + " bytes for " +
+                                std::to_string(n) + " elements of " + std::to_string(dt.size()) + " bytes");
+  }
+  auto buf = mx::allocator::malloc(data.size());
+  if (data.size() > 0) std::memcpy(buf.buffer().raw_ptr(), data.data(), data.size());
+  return wrap(Array(std::move(buf), std::move(shp), dt));
+}
+
+ArrayPtr array_from_external(const uint8_t* data, rust::Slice<const int32_t> shape, uint8_t dtype, size_t owner) {
+  // MLX calls the deleter once it no longer needs the memory; the Rust owner (e.g. a memory map) lives until then.
+  return wrap(Array(const_cast<uint8_t*>(data), to_shape(shape), to_dtype(dtype),
+                    [owner](void*) { release_owner(owner); }));
+}
+
+ArrayPtr array_scalar_f64(double v, uint8_t dtype) { return wrap(Array(static_cast<float>(v), to_dtype(dtype))); }
+ArrayPtr array_clone(const Array& a) { return std::make_unique<Array>(a); }
+ArrayPtr array_zeros(rust::Slice<const int32_t> shape, uint8_t dtype) { return wrap(mx::zeros(to_shape(shape), to_dtype(dtype))); }
+ArrayPtr array_ones(rust::Slice<const int32_t> shape, uint8_t dtype) { return wrap(mx::ones(to_shape(shape), to_dtype(dtype))); }
+ArrayPtr array_full(rust::Slice<const int32_t> shape, double v, uint8_t dtype) {
+  return wrap(mx::full(to_shape(shape), Array(static_cast<float>(v), to_dtype(dtype)), to_dtype(dtype)));
+}
+ArrayPtr array_arange(double start, double stop, double step, uint8_t dtype) { return wrap(mx::arange(start, stop, step, to_dtype(dtype))); }
+ArrayPtr array_eye(int32_t n, uint8_t dtype) { return wrap(mx::eye(n, n, 0, to_dtype(dtype))); }
+ArrayPtr array_tri(int32_t n, int32_t m, int32_t k, uint8_t dtype) { return wrap(mx::tri(n, m, k, to_dtype(dtype))); }
+rust::Vec<int32_t> array_shape(const Array& a) {
+  rust::Vec<int32_t> out;
+  for (auto d : a.shape()) out.push_back(d);
+  return out;
+}
+uint8_t array_dtype(const Array& a) { return from_dtype(a.dtype()); }
+size_t array_size(const Array& a) { return a.size(); }
+size_t array_nbytes(const Array& a) { return a.nbytes(); }
+void array_eval(const Array& a) { const_cast<Array&>(a).eval(); }
+
+void array_copy_to(const Array& a, rust::Slice<uint8_t> out) {
+  // Arrays may be lazy and strided views: make contiguous, evaluate, then read.
+  Array c = mx::contiguous(a);
+  c.eval();
+  if (c.nbytes() != out.size()) {
+    throw std::invalid_argument("array_copy_to: array has " + std::to_string(c.nbytes()) + " bytes, buffer " +
+                                std::to_string(out.size()));
+  }
+  if (out.size() > 0) std::memcpy(out.data(), c.data<uint8_t>(), out.size());
+}
+
+// --- lists ---
+std::unique_ptr<ArrayVec> vec_new() { return std::make_unique<ArrayVec>(); }
+void vec_push(ArrayVec& v, const Array& a) { v.items.push_back(a); }
+size_t vec_len(const ArrayVec& v) { return v.items.size(); }
+ArrayPtr vec_get(const ArrayVec& v, size_t i) { return std::make_unique<Array>(v.items.at(i)); }
+
+// --- evaluation, devices, memory ---
+void eval_all(const ArrayVec& v) { mx::eval(v.items); }
+void async_eval_all(const ArrayVec& v) { mx::async_eval(v.items); }
+void synchronize() { mx::synchronize(); }
+void set_default_device(bool gpu) { mx::set_default_device(gpu ? mx::Device::gpu : mx::Device::cpu); }
+bool default_device_is_gpu() { return mx::default_device().type == mx::Device::gpu; }
+bool gpu_available() { return mx::is_available(mx::Device::gpu); }
+int32_t new_stream(bool gpu) { return mx::new_stream(gpu ? mx::Device::gpu : mx::Device::cpu).index; }
+void set_default_stream(int32_t index, bool gpu) {
+  for (auto& s : mx::get_streams()) {
+    if (s.index == index && (s.device.type == mx::Device::gpu) == gpu) {
+      mx::set_default_stream(s);
+      return;
+    }
+  }
+  throw std::invalid_argument("no stream with index " + std::to_string(index));
+}
+size_t get_active_memory() { return mx::get_active_memory(); }
+size_t get_peak_memory() { return mx::get_peak_memory(); }
+size_t get_cache_memory() { return mx::get_cache_memory(); }
+void reset_peak_memory() { mx::reset_peak_memory(); }
+void clear_cache() { mx::clear_cache(); }
+size_t set_memory_limit(size_t limit) { return mx::set_memory_limit(limit); }
+size_t set_cache_limit(size_t limit) { return mx::set_cache_limit(limit); }
+rust::String version() { return rust::String(mx::version()); }
+
+// --- elementwise ---
+ArrayPtr unary(uint8_t op, const Array& a) {
+  switch (op) {
+    case 0: return wrap(mx::negative(a));
+    case 1: return wrap(mx::abs(a));
+    case 2: return wrap(mx::exp(a));
+    case 3: return wrap(mx::log(a));
+    case 4: return wrap(mx::log1p(a));
+    case 5: return wrap(mx::sqrt(a));
+    case 6: return wrap(mx::rsqrt(a));
+    case 7: return wrap(mx::square(a));
+    case 8: return wrap(mx::sigmoid(a));
+    case 9: return wrap(mx::tanh(a));
+    case 10: return wrap(mx::erf(a));
+    case 11: return wrap(mx::sin(a));
+    case 12: return wrap(mx::cos(a));
+    case 13: return wrap(mx::floor(a));
+    case 14: return wrap(mx::ceil(a));
+    case 15: return wrap(mx::round(a));
+    case 16: return wrap(mx::logical_not(a));
+    case 17: return wrap(mx::reciprocal(a));
+    case 18: return wrap(mx::expm1(a));
+    case 19: return wrap(mx::sign(a));
+    case 20: return wrap(mx::isnan(a));
+    case 21: return wrap(mx::isinf(a));
+  }
+  throw std::invalid_argument("unknown unary op " + std::to_string(op));
+}
+
+ArrayPtr binary(uint8_t op, const Array& a, const Array& b) {
+  switch (op) {
+    case 0: return wrap(mx::add(a, b));
+    case 1: return wrap(mx::subtract(a, b));
+    case 2: return wrap(mx::multiply(a, b));
+    case 3: return wrap(mx::divide(a, b));
+    case 4: return wrap(mx::power(a, b));
+    case 5: return wrap(mx::maximum(a, b));
+    case 6: return wrap(mx::minimum(a, b));
+    case 7: return wrap(mx::equal(a, b));
+    case 8: return wrap(mx::not_equal(a, b));
+    case 9: return wrap(mx::less(a, b));
+    case 10: return wrap(mx::less_equal(a, b));
+    case 11: return wrap(mx::greater(a, b));
+    case 12: return wrap(mx::greater_equal(a, b));
+    case 13: return wrap(mx::logical_and(a, b));
+    case 14: return wrap(mx::logical_or(a, b));
+    case 15: return wrap(mx::logaddexp(a, b));
+    case 16: return wrap(mx::remainder(a, b));
+    case 17: return wrap(mx::floor_divide(a, b));
+    case 18: return wrap(mx::arctan2(a, b));
+    case 19: return wrap(mx::bitwise_and(a, b));
+    case 20: return wrap(mx::bitwise_or(a, b));
+    case 21: return wrap(mx::left_shift(a, b));
+    case 22: return wrap(mx::right_shift(a, b));
+  }
+  throw std::invalid_argument("unknown binary op " + std::to_string(op));
+}
+
+ArrayPtr astype(const Array& a, uint8_t dtype) { return wrap(mx::astype(a, to_dtype(dtype))); }
+ArrayPtr where_(const Array& c, const Array& a, const Array& b) { return wrap(mx::where(c, a, b)); }
+ArrayPtr clip(const Array& a, const Array& lo, const Array& hi) { return wrap(mx::clip(a, lo, hi)); }
+ArrayPtr stop_gradient(const Array& a) { return wrap(mx::stop_gradient(a)); }
+ArrayPtr contiguous(const Array& a) { return wrap(mx::contiguous(a)); }
+
+// --- shape ---
+ArrayPtr reshape(const Array& a, rust::Slice<const int32_t> shape) { return wrap(mx::reshape(a, to_shape(shape))); }
+ArrayPtr transpose(const Array& a, rust::Slice<const int32_t> axes) { return wrap(mx::transpose(a, to_ints(axes))); }
+ArrayPtr swapaxes(const Array& a, int32_t a1, int32_t a2) { return wrap(mx::swapaxes(a, a1, a2)); }
+ArrayPtr slice(const Array& a, rust::Slice<const int32_t> start, rust::Slice<const int32_t> stop, rust::Slice<const int32_t> strides) {
+  return wrap(mx::slice(a, to_shape(start), to_shape(stop), to_shape(strides)));
+}
+ArrayPtr slice_dynamic(const Array& a, const Array& start, rust::Slice<const int32_t> axes, rust::Slice<const int32_t> sizes) {
+  return wrap(mx::slice(a, start, to_ints(axes), to_shape(sizes)));
+}
+ArrayPtr slice_update(const Array& src, const Array& upd, rust::Slice<const int32_t> start, rust::Slice<const int32_t> stop, rust::Slice<const int32_t> strides) {
+  return wrap(mx::slice_update(src, upd, to_shape(start), to_shape(stop), to_shape(strides)));
+}
+ArrayPtr concatenate(const ArrayVec& v, int32_t axis) { return wrap(mx::concatenate(v.items, axis)); }
+ArrayPtr stack(const ArrayVec& v, int32_t axis) { return wrap(mx::stack(v.items, axis)); }
+std::unique_ptr<ArrayVec> split_sections(const Array& a, int32_t n, int32_t axis) { return wrap_vec(mx::split(a, n, axis)); }
+std::unique_ptr<ArrayVec> split_indices(const Array& a, rust::Slice<const int32_t> indices, int32_t axis) {
+  return wrap_vec(mx::split(a, to_shape(indices), axis));
+}
+ArrayPtr take(const Array& a, const Array& idx, int32_t axis) { return wrap(mx::take(a, idx, axis)); }
+ArrayPtr take_along_axis(const Array& a, const Array& idx, int32_t axis) { return wrap(mx::take_along_axis(a, idx, axis)); }
+ArrayPtr put_along_axis(const Array& a, const Array& idx, const Array& vals, int32_t axis) {
+  return wrap(mx::put_along_axis(a, idx, vals, axis));
+}
+ArrayPtr broadcast_to(const Array& a, rust::Slice<const int32_t> shape) { return wrap(mx::broadcast_to(a, to_shape(shape))); }
+ArrayPtr expand_dims(const Array& a, rust::Slice<const int32_t> axes) { return wrap(mx::expand_dims(a, to_ints(axes))); }
+ArrayPtr squeeze(const Array& a, rust::Slice<const int32_t> axes) { return wrap(mx::squeeze(a, to_ints(axes))); }
+ArrayPtr flatten(const Array& a, int32_t start, int32_t end) { return wrap(mx::flatten(a, start, end)); }
+ArrayPtr repeat(const Array& a, int32_t repeats, int32_t axis) { return wrap(mx::repeat(a, repeats, axis)); }
+ArrayPtr tile(const Array& a, rust::Slice<const int32_t> reps) { return wrap(mx::tile(a, to_ints(reps))); }
+ArrayPtr pad(const Array& a, rust::Slice<const int32_t> axes, rust::Slice<const int32_t> low, rust::Slice<const int32_t> high, const Array& value) {
+  return wrap(mx::pad(a, to_ints(axes), to_shape(low), to_shape(high), value));
+}
+ArrayPtr moveaxis(const Array& a, int32_t src, int32_t dst) { return wrap(mx::moveaxis(a, src, dst)); }
+
+// --- reductions ---
+ArrayPtr reduce(uint8_t op, const Array& a, rust::Slice<const int32_t> axes, bool keepdims) {
+  auto ax = to_ints(axes);
+  switch (op) {
+    case 0: return wrap(mx::sum(a, ax, keepdims));
+    case 1: return wrap(mx::mean(a, ax, keepdims));
+    case 2: return wrap(mx::max(a, ax, keepdims));
+    case 3: return wrap(mx::min(a, ax, keepdims));
+    case 4: return wrap(mx::prod(a, ax, keepdims));
+    case 5: return wrap(mx::logsumexp(a, ax, keepdims));
+    case 6: return wrap(mx::all(a, ax, keepdims));
+    case 7: return wrap(mx::any(a, ax, keepdims));
+    case 8: return wrap(mx::var(a, ax, keepdims));
+  }
+  throw std::invalid_argument("unknown reduction " + std::to_string(op));
+}
+ArrayPtr arg_reduce(uint8_t op, const Array& a, int32_t axis, bool keepdims) {
+  return wrap(op == 0 ? mx::argmax(a, axis, keepdims) : mx::argmin(a, axis, keepdims));
+}
+ArrayPtr softmax(const Array& a, rust::Slice<const int32_t> axes, bool precise) { return wrap(mx::softmax(a, to_ints(axes), precise)); }
+ArrayPtr cumsum(const Array& a, int32_t axis, bool reverse, bool inclusive) { return wrap(mx::cumsum(a, axis, reverse, inclusive)); }
+ArrayPtr sort(const Array& a, int32_t axis) { return wrap(mx::sort(a, axis)); }
+ArrayPtr argsort(const Array& a, int32_t axis) { return wrap(mx::argsort(a, axis)); }
+ArrayPtr topk(const Array& a, int32_t k, int32_t axis) { return wrap(mx::topk(a, k, axis)); }
+ArrayPtr argpartition(const Array& a, int32_t kth, int32_t axis) { return wrap(mx::argpartition(a, kth, axis)); }
+
+// --- linear algebra and convolution ---
+ArrayPtr matmul(const Array& a, const Array& b) { return wrap(mx::matmul(a, b)); }
+ArrayPtr addmm(const Array& c, const Array& a, const Array& b, float alpha, float beta) { return wrap(mx::addmm(c, a, b, alpha, beta)); }
+ArrayPtr conv1d(const Array& x, const Array& w, int32_t stride, int32_t padding, int32_t dilation, int32_t groups) {
+  return wrap(mx::conv1d(x, w, stride, padding, dilation, groups));
+}
+ArrayPtr conv2d(const Array& x, const Array& w, rust::Slice<const int32_t> stride, rust::Slice<const int32_t> padding, int32_t groups) {
+  if (stride.size() != 2 || padding.size() != 2) throw std::invalid_argument("conv2d: stride and padding need 2 values");
+  return wrap(mx::conv2d(x, w, {stride[0], stride[1]}, {padding[0], padding[1]}, {1, 1}, groups));
+}
+ArrayPtr conv3d(const Array& x, const Array& w, rust::Slice<const int32_t> stride, rust::Slice<const int32_t> padding, int32_t groups) {
+  if (stride.size() != 3 || padding.size() != 3) throw std::invalid_argument("conv3d: stride and padding need 3 values");
+  return wrap(mx::conv3d(x, w, {stride[0], stride[1], stride[2]}, {padding[0], padding[1], padding[2]}, {1, 1, 1}, groups));
+}
+
+// --- quantization ---
+std::unique_ptr<ArrayVec> quantize(const Array& w, int32_t group_size, int32_t bits, rust::Str mode) {
+  return wrap_vec(mx::quantize(w, group_size, bits, std::string(mode)));
+}
+ArrayPtr dequantize(const Array& w, const Array& scales, const Array& biases, bool has_biases, int32_t group_size, int32_t bits, rust::Str mode) {
+  return wrap(mx::dequantize(w, scales, opt(biases, has_biases), group_size, bits, std::string(mode)));
+}
+ArrayPtr quantized_matmul(const Array& x, const Array& w, const Array& scales, const Array& biases, bool has_biases, bool transpose, int32_t group_size, int32_t bits, rust::Str mode) {
+  return wrap(mx::quantized_matmul(x, w, scales, opt(biases, has_biases), transpose, group_size, bits, std::string(mode)));
+}
+
+// --- fast ---
+ArrayPtr rms_norm(const Array& x, const Array& w, bool has_w, float eps) { return wrap(mx::fast::rms_norm(x, opt(w, has_w), eps)); }
+ArrayPtr layer_norm(const Array& x, const Array& w, bool has_w, const Array& b, bool has_b, float eps) {
+  return wrap(mx::fast::layer_norm(x, opt(w, has_w), opt(b, has_b), eps));
+}
+ArrayPtr rope(const Array& x, int32_t dims, bool traditional, float base, float scale, int32_t offset) {
+  return wrap(mx::fast::rope(x, dims, traditional, base, scale, offset));
+}
+ArrayPtr rope_dynamic(const Array& x, int32_t dims, bool traditional, float base, float scale, const Array& offset) {
+  return wrap(mx::fast::rope(x, dims, traditional, base, scale, offset));
+}
+ArrayPtr rope_freqs(const Array& x, int32_t dims, bool traditional, float scale, int32_t offset, const Array& freqs) {
+  return wrap(mx::fast::rope(x, dims, traditional, std::nullopt, scale, offset, freqs));
+}
+ArrayPtr sdpa(const Array& q, const Array& k, const Array& v, float scale, rust::Str mask_mode, const Array& mask, bool has_mask) {
+  return wrap(mx::fast::scaled_dot_product_attention(q, k, v, scale, std::string(mask_mode), opt(mask, has_mask)));
+}
+std::unique_ptr<ArrayVec> gated_delta_update(const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta, const Array& state, bool has_state) {
+  return wrap_vec(mx::fast::gated_delta_update(q, k, v, g, beta, opt(state, has_state)));
+}
+
+// --- random ---
+ArrayPtr random_key(uint64_t seed) { return wrap(mx::random::key(seed)); }
+std::unique_ptr<ArrayVec> random_split(const Array& key, int32_t num) {
+  auto keys = mx::random::split(key, num);
+  std::vector<Array> out;
+  for (int i = 0; i < num; ++i) out.push_back(mx::take(keys, i, 0));
+  return wrap_vec(std::move(out));
+}
+ArrayPtr random_uniform(rust::Slice<const int32_t> shape, uint8_t dtype, const Array& key) {
+  return wrap(mx::random::uniform(to_shape(shape), to_dtype(dtype), key));
+}
+ArrayPtr random_normal(rust::Slice<const int32_t> shape, uint8_t dtype, const Array& key) {
+  return wrap(mx::random::normal(to_shape(shape), to_dtype(dtype), key));
+}
+ArrayPtr random_categorical(const Array& logits, int32_t axis, const Array& key) { return wrap(mx::random::categorical(logits, axis, key)); }
+ArrayPtr random_gumbel(rust::Slice<const int32_t> shape, uint8_t dtype, const Array& key) {
+  return wrap(mx::random::gumbel(to_shape(shape), to_dtype(dtype), key));
+}
+
+// --- custom kernels ---
+namespace {
+std::vector<std::string> to_strings(rust::Slice<const rust::String> s) {
+  std::vector<std::string> out;
+  for (auto& x : s) out.emplace_back(std::string(x));
+  return out;
+}
+}  // namespace
+
+std::unique_ptr<Kernel> metal_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header) {
+  auto k = std::make_unique<Kernel>();
+  k->fn = mx::fast::metal_kernel(std::string(name), to_strings(inputs), to_strings(outputs), std::string(source), std::string(header));
+  return k;
+}
+std::unique_ptr<Kernel> cuda_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header) {
+  auto k = std::make_unique<Kernel>();
+  k->fn = mx::fast::cuda_kernel(std::string(name), to_strings(inputs), to_strings(outputs), std::string(source), std::string(header));
+  return k;
+}
+std::unique_ptr<ArrayVec> kernel_call(const Kernel& k, const ArrayVec& inputs, rust::Slice<const int32_t> out_shapes_flat, rust::Slice<const int32_t> out_ndims, rust::Slice<const uint8_t> out_dtypes, rust::Slice<const int32_t> grid, rust::Slice<const int32_t> threadgroup, rust::Slice<const rust::String> tmpl_names, rust::Slice<const int32_t> tmpl_ints) {
+  if (grid.size() != 3 || threadgroup.size() != 3) throw std::invalid_argument("kernel_call: grid and threadgroup need 3 values");
+  if (tmpl_names.size() != tmpl_ints.size()) throw std::invalid_argument("kernel_call: template names and values differ in count");
+  std::vector<mx::Shape> shapes;
+  size_t pos = 0;
+  for (auto nd : out_ndims) {
+    if (pos + nd > out_shapes_flat.size()) throw std::invalid_argument("kernel_call: output shapes too short");
+    shapes.emplace_back(out_shapes_flat.begin() + pos, out_shapes_flat.begin() + pos + nd);
+    pos += nd;
+  }
+  std::vector<mx::Dtype> dtypes;
+  for (auto d : out_dtypes) dtypes.push_back(to_dtype(d));
+  std::vector<std::pair<std::string, mx::fast::TemplateArg>> tmpl;
+  for (size_t i = 0; i < tmpl_names.size(); ++i) tmpl.emplace_back(std::string(tmpl_names[i]), static_cast<int>(tmpl_ints[i]));
+  return wrap_vec(k.fn(inputs.items, shapes, dtypes, {grid[0], grid[1], grid[2]}, {threadgroup[0], threadgroup[1], threadgroup[2]},
+                       tmpl, std::nullopt, false, {}));
+}
+
+}  // namespace mlxb

@@ -1,0 +1,146 @@
+// The C++ half of the bridge: thin functions over MLX's C++ API that cxx can call.
+// Every function that can throw is declared fallible on the Rust side, so an MLX exception
+// becomes an `Err` carrying MLX's message instead of aborting the process.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mlx/mlx.h"
+#include "rust/cxx.h"
+
+namespace mlxb {
+
+using Array = mlx::core::array;
+using ArrayPtr = std::unique_ptr<Array>;
+
+// A list of arrays passed across the bridge (cxx cannot hold slices of opaque C++ types).
+struct ArrayVec {
+  std::vector<Array> items;
+};
+
+// A compiled custom kernel (mlx::fast::metal_kernel / cuda_kernel).
+struct Kernel {
+  mlx::core::fast::CustomKernelFunction fn;
+};
+
+// --- construction and inspection ---
+ArrayPtr array_from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, uint8_t dtype);
+ArrayPtr array_from_external(const uint8_t* data, rust::Slice<const int32_t> shape, uint8_t dtype, size_t owner);
+ArrayPtr array_scalar_f64(double v, uint8_t dtype);
+ArrayPtr array_clone(const Array& a);
+ArrayPtr array_zeros(rust::Slice<const int32_t> shape, uint8_t dtype);
+ArrayPtr array_ones(rust::Slice<const int32_t> shape, uint8_t dtype);
+ArrayPtr array_full(rust::Slice<const int32_t> shape, double v, uint8_t dtype);
+ArrayPtr array_arange(double start, double stop, double step, uint8_t dtype);
+ArrayPtr array_eye(int32_t n, uint8_t dtype);
+ArrayPtr array_tri(int32_t n, int32_t m, int32_t k, uint8_t dtype);
+rust::Vec<int32_t> array_shape(const Array& a);
+uint8_t array_dtype(const Array& a);
+size_t array_size(const Array& a);
+size_t array_nbytes(const Array& a);
+void array_eval(const Array& a);
+void array_copy_to(const Array& a, rust::Slice<uint8_t> out);
+
+// --- lists ---
+std::unique_ptr<ArrayVec> vec_new();
+void vec_push(ArrayVec& v, const Array& a);
+size_t vec_len(const ArrayVec& v);
+ArrayPtr vec_get(const ArrayVec& v, size_t i);
+
+// --- evaluation, devices, memory ---
+void eval_all(const ArrayVec& v);
+void async_eval_all(const ArrayVec& v);
+void synchronize();
+void set_default_device(bool gpu);
+bool default_device_is_gpu();
+bool gpu_available();
+int32_t new_stream(bool gpu);
+void set_default_stream(int32_t index, bool gpu);
+size_t get_active_memory();
+size_t get_peak_memory();
+size_t get_cache_memory();
+void reset_peak_memory();
+void clear_cache();
+size_t set_memory_limit(size_t limit);
+size_t set_cache_limit(size_t limit);
+rust::String version();
+
+// --- unary and binary elementwise ops (op codes are defined in ffi.rs) ---
+ArrayPtr unary(uint8_t op, const Array& a);
+ArrayPtr binary(uint8_t op, const Array& a, const Array& b);
+ArrayPtr astype(const Array& a, uint8_t dtype);
+ArrayPtr where_(const Array& c, const Array& a, const Array& b);
+ArrayPtr clip(const Array& a, const Array& lo, const Array& hi);
+ArrayPtr stop_gradient(const Array& a);
+ArrayPtr contiguous(const Array& a);
+
+// --- shape ---
+ArrayPtr reshape(const Array& a, rust::Slice<const int32_t> shape);
+ArrayPtr transpose(const Array& a, rust::Slice<const int32_t> axes);
+ArrayPtr swapaxes(const Array& a, int32_t a1, int32_t a2);
+ArrayPtr slice(const Array& a, rust::Slice<const int32_t> start, rust::Slice<const int32_t> stop, rust::Slice<const int32_t> strides);
+ArrayPtr slice_dynamic(const Array& a, const Array& start, rust::Slice<const int32_t> axes, rust::Slice<const int32_t> sizes);
+ArrayPtr slice_update(const Array& src, const Array& upd, rust::Slice<const int32_t> start, rust::Slice<const int32_t> stop, rust::Slice<const int32_t> strides);
+ArrayPtr concatenate(const ArrayVec& v, int32_t axis);
+ArrayPtr stack(const ArrayVec& v, int32_t axis);
+std::unique_ptr<ArrayVec> split_sections(const Array& a, int32_t n, int32_t axis);
+std::unique_ptr<ArrayVec> split_indices(const Array& a, rust::Slice<const int32_t> indices, int32_t axis);
+ArrayPtr take(const Array& a, const Array& idx, int32_t axis);
+ArrayPtr take_along_axis(const Array& a, const Array& idx, int32_t axis);
+ArrayPtr put_along_axis(const Array& a, const Array& idx, const Array& vals, int32_t axis);
+ArrayPtr broadcast_to(const Array& a, rust::Slice<const int32_t> shape);
+ArrayPtr expand_dims(const Array& a, rust::Slice<const int32_t> axes);
+ArrayPtr squeeze(const Array& a, rust::Slice<const int32_t> axes);
+ArrayPtr flatten(const Array& a, int32_t start, int32_t end);
+ArrayPtr repeat(const Array& a, int32_t repeats, int32_t axis);
+ArrayPtr tile(const Array& a, rust::Slice<const int32_t> reps);
+ArrayPtr pad(const Array& a, rust::Slice<const int32_t> axes, rust::Slice<const int32_t> low, rust::Slice<const int32_t> high, const Array& value);
+ArrayPtr moveaxis(const Array& a, int32_t src, int32_t dst);
+
+// --- reductions (op codes in ffi.rs) ---
+ArrayPtr reduce(uint8_t op, const Array& a, rust::Slice<const int32_t> axes, bool keepdims);
+ArrayPtr arg_reduce(uint8_t op, const Array& a, int32_t axis, bool keepdims);
+ArrayPtr softmax(const Array& a, rust::Slice<const int32_t> axes, bool precise);
+ArrayPtr cumsum(const Array& a, int32_t axis, bool reverse, bool inclusive);
+ArrayPtr sort(const Array& a, int32_t axis);
+ArrayPtr argsort(const Array& a, int32_t axis);
+ArrayPtr topk(const Array& a, int32_t k, int32_t axis);
+ArrayPtr argpartition(const Array& a, int32_t kth, int32_t axis);
+
+// --- linear algebra and convolution ---
+ArrayPtr matmul(const Array& a, const Array& b);
+ArrayPtr addmm(const Array& c, const Array& a, const Array& b, float alpha, float beta);
+ArrayPtr conv1d(const Array& x, const Array& w, int32_t stride, int32_t padding, int32_t dilation, int32_t groups);
+ArrayPtr conv2d(const Array& x, const Array& w, rust::Slice<const int32_t> stride, rust::Slice<const int32_t> padding, int32_t groups);
+ArrayPtr conv3d(const Array& x, const Array& w, rust::Slice<const int32_t> stride, rust::Slice<const int32_t> padding, int32_t groups);
+
+// --- quantization ---
+std::unique_ptr<ArrayVec> quantize(const Array& w, int32_t group_size, int32_t bits, rust::Str mode);
+ArrayPtr dequantize(const Array& w, const Array& scales, const Array& biases, bool has_biases, int32_t group_size, int32_t bits, rust::Str mode);
+ArrayPtr quantized_matmul(const Array& x, const Array& w, const Array& scales, const Array& biases, bool has_biases, bool transpose, int32_t group_size, int32_t bits, rust::Str mode);
+
+// --- fast ---
+ArrayPtr rms_norm(const Array& x, const Array& w, bool has_w, float eps);
+ArrayPtr layer_norm(const Array& x, const Array& w, bool has_w, const Array& b, bool has_b, float eps);
+ArrayPtr rope(const Array& x, int32_t dims, bool traditional, float base, float scale, int32_t offset);
+ArrayPtr rope_dynamic(const Array& x, int32_t dims, bool traditional, float base, float scale, const Array& offset);
+ArrayPtr rope_freqs(const Array& x, int32_t dims, bool traditional, float scale, int32_t offset, const Array& freqs);
+ArrayPtr sdpa(const Array& q, const Array& k, const Array& v, float scale, rust::Str mask_mode, const Array& mask, bool has_mask);
+std::unique_ptr<ArrayVec> gated_delta_update(const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta, const Array& state, bool has_state);
+
+// --- random ---
+ArrayPtr random_key(uint64_t seed);
+std::unique_ptr<ArrayVec> random_split(const Array& key, int32_t num);
+ArrayPtr random_uniform(rust::Slice<const int32_t> shape, uint8_t dtype, const Array& key);
+ArrayPtr random_normal(rust::Slice<const int32_t> shape, uint8_t dtype, const Array& key);
+ArrayPtr random_categorical(const Array& logits, int32_t axis, const Array& key);
+ArrayPtr random_gumbel(rust::Slice<const int32_t> shape, uint8_t dtype, const Array& key);
+
+// --- custom kernels ---
+std::unique_ptr<Kernel> metal_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header);
+std::unique_ptr<Kernel> cuda_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header);
+std::unique_ptr<ArrayVec> kernel_call(const Kernel& k, const ArrayVec& inputs, rust::Slice<const int32_t> out_shapes_flat, rust::Slice<const int32_t> out_ndims, rust::Slice<const uint8_t> out_dtypes, rust::Slice<const int32_t> grid, rust::Slice<const int32_t> threadgroup, rust::Slice<const rust::String> tmpl_names, rust::Slice<const int32_t> tmpl_ints);
+
+}  // namespace mlxb

@@ -1,0 +1,87 @@
+//! Devices, streams, evaluation and memory statistics.
+
+use crate::ffi::ffi;
+use crate::{Array, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Gpu,
+}
+
+/// Makes `device` the default for new operations.
+pub fn set_default_device(device: Device) -> Result<()> {
+    Ok(ffi::set_default_device(device == Device::Gpu)?)
+}
+
+pub fn default_device() -> Device {
+    if ffi::default_device_is_gpu() {
+        Device::Gpu
+    } else {
+        Device::Cpu
+    }
+}
+
+/// Whether this MLX build has a usable GPU backend (Metal or CUDA).
+pub fn gpu_available() -> bool {
+    ffi::gpu_available()
+}
+
+/// A new stream on `device`; returns its index.
+pub fn new_stream(device: Device) -> Result<i32> {
+    Ok(ffi::new_stream(device == Device::Gpu)?)
+}
+
+pub fn set_default_stream(index: i32, device: Device) -> Result<()> {
+    Ok(ffi::set_default_stream(index, device == Device::Gpu)?)
+}
+
+/// Waits for all queued work on all streams.
+pub fn synchronize() -> Result<()> {
+    Ok(ffi::synchronize()?)
+}
+
+/// Evaluates several arrays at once (shared subgraphs run once).
+pub fn eval(arrays: &[&Array]) -> Result<()> {
+    Ok(ffi::eval_all(&crate::vec_to(arrays))?)
+}
+
+/// Starts evaluating without waiting; a later `eval` or data read waits.
+pub fn async_eval(arrays: &[&Array]) -> Result<()> {
+    Ok(ffi::async_eval_all(&crate::vec_to(arrays))?)
+}
+
+/// MLX's allocator figures, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryStats {
+    pub active: usize,
+    pub peak: usize,
+    pub cache: usize,
+}
+
+pub fn memory_stats() -> MemoryStats {
+    MemoryStats { active: ffi::get_active_memory(), peak: ffi::get_peak_memory(), cache: ffi::get_cache_memory() }
+}
+
+pub fn reset_peak_memory() {
+    ffi::reset_peak_memory()
+}
+
+pub fn clear_cache() {
+    ffi::clear_cache()
+}
+
+/// Sets the memory limit; returns the previous one.
+pub fn set_memory_limit(bytes: usize) -> usize {
+    ffi::set_memory_limit(bytes)
+}
+
+/// Sets the buffer-cache limit; returns the previous one.
+pub fn set_cache_limit(bytes: usize) -> usize {
+    ffi::set_cache_limit(bytes)
+}
+
+/// The linked MLX version, e.g. "0.32.4".
+pub fn version() -> String {
+    ffi::version()
+}

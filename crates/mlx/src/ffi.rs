@@ -1,0 +1,232 @@
+//! The cxx bridge declarations. Every C++ function that can throw returns `Result`, because cxx
+//! treats any other function as noexcept and a throw there would abort the process.
+
+#[cxx::bridge(namespace = "mlxb")]
+pub(crate) mod ffi {
+    unsafe extern "C++" {
+        include!("mlx-bridge/cxx/bridge.h");
+
+        type Array;
+        type ArrayVec;
+        type Kernel;
+
+        fn array_from_bytes(data: &[u8], shape: &[i32], dtype: u8) -> Result<UniquePtr<Array>>;
+        unsafe fn array_from_external(
+            data: *const u8,
+            shape: &[i32],
+            dtype: u8,
+            owner: usize,
+        ) -> Result<UniquePtr<Array>>;
+        fn array_scalar_f64(v: f64, dtype: u8) -> Result<UniquePtr<Array>>;
+        fn array_clone(a: &Array) -> Result<UniquePtr<Array>>;
+        fn array_zeros(shape: &[i32], dtype: u8) -> Result<UniquePtr<Array>>;
+        fn array_ones(shape: &[i32], dtype: u8) -> Result<UniquePtr<Array>>;
+        fn array_full(shape: &[i32], v: f64, dtype: u8) -> Result<UniquePtr<Array>>;
+        fn array_arange(start: f64, stop: f64, step: f64, dtype: u8) -> Result<UniquePtr<Array>>;
+        fn array_eye(n: i32, dtype: u8) -> Result<UniquePtr<Array>>;
+        fn array_tri(n: i32, m: i32, k: i32, dtype: u8) -> Result<UniquePtr<Array>>;
+        fn array_shape(a: &Array) -> Vec<i32>;
+        fn array_dtype(a: &Array) -> u8;
+        fn array_size(a: &Array) -> usize;
+        fn array_nbytes(a: &Array) -> usize;
+        fn array_eval(a: &Array) -> Result<()>;
+        fn array_copy_to(a: &Array, out: &mut [u8]) -> Result<()>;
+
+        fn vec_new() -> UniquePtr<ArrayVec>;
+        fn vec_push(v: Pin<&mut ArrayVec>, a: &Array);
+        fn vec_len(v: &ArrayVec) -> usize;
+        fn vec_get(v: &ArrayVec, i: usize) -> Result<UniquePtr<Array>>;
+
+        fn eval_all(v: &ArrayVec) -> Result<()>;
+        fn async_eval_all(v: &ArrayVec) -> Result<()>;
+        fn synchronize() -> Result<()>;
+        fn set_default_device(gpu: bool) -> Result<()>;
+        fn default_device_is_gpu() -> bool;
+        fn gpu_available() -> bool;
+        fn new_stream(gpu: bool) -> Result<i32>;
+        fn set_default_stream(index: i32, gpu: bool) -> Result<()>;
+        fn get_active_memory() -> usize;
+        fn get_peak_memory() -> usize;
+        fn get_cache_memory() -> usize;
+        fn reset_peak_memory();
+        fn clear_cache();
+        fn set_memory_limit(limit: usize) -> usize;
+        fn set_cache_limit(limit: usize) -> usize;
+        fn version() -> String;
+
+        fn unary(op: u8, a: &Array) -> Result<UniquePtr<Array>>;
+        fn binary(op: u8, a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
+        fn astype(a: &Array, dtype: u8) -> Result<UniquePtr<Array>>;
+        fn where_(c: &Array, a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
+        fn clip(a: &Array, lo: &Array, hi: &Array) -> Result<UniquePtr<Array>>;
+        fn stop_gradient(a: &Array) -> Result<UniquePtr<Array>>;
+        fn contiguous(a: &Array) -> Result<UniquePtr<Array>>;
+
+        fn reshape(a: &Array, shape: &[i32]) -> Result<UniquePtr<Array>>;
+        fn transpose(a: &Array, axes: &[i32]) -> Result<UniquePtr<Array>>;
+        fn swapaxes(a: &Array, a1: i32, a2: i32) -> Result<UniquePtr<Array>>;
+        fn slice(a: &Array, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<UniquePtr<Array>>;
+        fn slice_dynamic(a: &Array, start: &Array, axes: &[i32], sizes: &[i32]) -> Result<UniquePtr<Array>>;
+        fn slice_update(
+            src: &Array,
+            upd: &Array,
+            start: &[i32],
+            stop: &[i32],
+            strides: &[i32],
+        ) -> Result<UniquePtr<Array>>;
+        fn concatenate(v: &ArrayVec, axis: i32) -> Result<UniquePtr<Array>>;
+        fn stack(v: &ArrayVec, axis: i32) -> Result<UniquePtr<Array>>;
+        fn split_sections(a: &Array, n: i32, axis: i32) -> Result<UniquePtr<ArrayVec>>;
+        fn split_indices(a: &Array, indices: &[i32], axis: i32) -> Result<UniquePtr<ArrayVec>>;
+        fn take(a: &Array, idx: &Array, axis: i32) -> Result<UniquePtr<Array>>;
+        fn take_along_axis(a: &Array, idx: &Array, axis: i32) -> Result<UniquePtr<Array>>;
+        fn put_along_axis(a: &Array, idx: &Array, vals: &Array, axis: i32) -> Result<UniquePtr<Array>>;
+        fn broadcast_to(a: &Array, shape: &[i32]) -> Result<UniquePtr<Array>>;
+        fn expand_dims(a: &Array, axes: &[i32]) -> Result<UniquePtr<Array>>;
+        fn squeeze(a: &Array, axes: &[i32]) -> Result<UniquePtr<Array>>;
+        fn flatten(a: &Array, start: i32, end: i32) -> Result<UniquePtr<Array>>;
+        fn repeat(a: &Array, repeats: i32, axis: i32) -> Result<UniquePtr<Array>>;
+        fn tile(a: &Array, reps: &[i32]) -> Result<UniquePtr<Array>>;
+        fn pad(a: &Array, axes: &[i32], low: &[i32], high: &[i32], value: &Array) -> Result<UniquePtr<Array>>;
+        fn moveaxis(a: &Array, src: i32, dst: i32) -> Result<UniquePtr<Array>>;
+
+        fn reduce(op: u8, a: &Array, axes: &[i32], keepdims: bool) -> Result<UniquePtr<Array>>;
+        fn arg_reduce(op: u8, a: &Array, axis: i32, keepdims: bool) -> Result<UniquePtr<Array>>;
+        fn softmax(a: &Array, axes: &[i32], precise: bool) -> Result<UniquePtr<Array>>;
+        fn cumsum(a: &Array, axis: i32, reverse: bool, inclusive: bool) -> Result<UniquePtr<Array>>;
+        fn sort(a: &Array, axis: i32) -> Result<UniquePtr<Array>>;
+        fn argsort(a: &Array, axis: i32) -> Result<UniquePtr<Array>>;
+        fn topk(a: &Array, k: i32, axis: i32) -> Result<UniquePtr<Array>>;
+        fn argpartition(a: &Array, kth: i32, axis: i32) -> Result<UniquePtr<Array>>;
+
+        fn matmul(a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
+        fn addmm(c: &Array, a: &Array, b: &Array, alpha: f32, beta: f32) -> Result<UniquePtr<Array>>;
+        fn conv1d(
+            x: &Array,
+            w: &Array,
+            stride: i32,
+            padding: i32,
+            dilation: i32,
+            groups: i32,
+        ) -> Result<UniquePtr<Array>>;
+        fn conv2d(x: &Array, w: &Array, stride: &[i32], padding: &[i32], groups: i32) -> Result<UniquePtr<Array>>;
+        fn conv3d(x: &Array, w: &Array, stride: &[i32], padding: &[i32], groups: i32) -> Result<UniquePtr<Array>>;
+
+        fn quantize(w: &Array, group_size: i32, bits: i32, mode: &str) -> Result<UniquePtr<ArrayVec>>;
+        fn dequantize(
+            w: &Array,
+            scales: &Array,
+            biases: &Array,
+            has_biases: bool,
+            group_size: i32,
+            bits: i32,
+            mode: &str,
+        ) -> Result<UniquePtr<Array>>;
+        #[allow(clippy::too_many_arguments)]
+        fn quantized_matmul(
+            x: &Array,
+            w: &Array,
+            scales: &Array,
+            biases: &Array,
+            has_biases: bool,
+            transpose: bool,
+            group_size: i32,
+            bits: i32,
+            mode: &str,
+        ) -> Result<UniquePtr<Array>>;
+
+        fn rms_norm(x: &Array, w: &Array, has_w: bool, eps: f32) -> Result<UniquePtr<Array>>;
+        fn layer_norm(
+            x: &Array,
+            w: &Array,
+            has_w: bool,
+            b: &Array,
+            has_b: bool,
+            eps: f32,
+        ) -> Result<UniquePtr<Array>>;
+        fn rope(x: &Array, dims: i32, traditional: bool, base: f32, scale: f32, offset: i32) -> Result<UniquePtr<Array>>;
+        fn rope_dynamic(
+            x: &Array,
+            dims: i32,
+            traditional: bool,
+            base: f32,
+            scale: f32,
+            offset: &Array,
+        ) -> Result<UniquePtr<Array>>;
+        fn rope_freqs(
+            x: &Array,
+            dims: i32,
+            traditional: bool,
+            scale: f32,
+            offset: i32,
+            freqs: &Array,
+        ) -> Result<UniquePtr<Array>>;
+        fn sdpa(
+            q: &Array,
+            k: &Array,
+            v: &Array,
+            scale: f32,
+            mask_mode: &str,
+            mask: &Array,
+            has_mask: bool,
+        ) -> Result<UniquePtr<Array>>;
+        fn gated_delta_update(
+            q: &Array,
+            k: &Array,
+            v: &Array,
+            g: &Array,
+            beta: &Array,
+            state: &Array,
+            has_state: bool,
+        ) -> Result<UniquePtr<ArrayVec>>;
+
+        fn random_key(seed: u64) -> Result<UniquePtr<Array>>;
+        fn random_split(key: &Array, num: i32) -> Result<UniquePtr<ArrayVec>>;
+        fn random_uniform(shape: &[i32], dtype: u8, key: &Array) -> Result<UniquePtr<Array>>;
+        fn random_normal(shape: &[i32], dtype: u8, key: &Array) -> Result<UniquePtr<Array>>;
+        fn random_categorical(logits: &Array, axis: i32, key: &Array) -> Result<UniquePtr<Array>>;
+        fn random_gumbel(shape: &[i32], dtype: u8, key: &Array) -> Result<UniquePtr<Array>>;
+
+        fn metal_kernel(
+            name: &str,
+            inputs: &[String],
+            outputs: &[String],
+            source: &str,
+            header: &str,
+        ) -> Result<UniquePtr<Kernel>>;
+        fn cuda_kernel(
+            name: &str,
+            inputs: &[String],
+            outputs: &[String],
+            source: &str,
+            header: &str,
+        ) -> Result<UniquePtr<Kernel>>;
+        #[allow(clippy::too_many_arguments)]
+        fn kernel_call(
+            k: &Kernel,
+            inputs: &ArrayVec,
+            out_shapes_flat: &[i32],
+            out_ndims: &[i32],
+            out_dtypes: &[u8],
+            grid: &[i32],
+            threadgroup: &[i32],
+            tmpl_names: &[String],
+            tmpl_ints: &[i32],
+        ) -> Result<UniquePtr<ArrayVec>>;
+    }
+
+    extern "Rust" {
+        fn release_owner(owner: usize);
+    }
+}
+
+/// Called by MLX (through the deleter of an external buffer) when it no longer needs memory that a
+/// Rust owner keeps alive, e.g. a memory-mapped safetensors file.
+fn release_owner(owner: usize) {
+    if owner != 0 {
+        // SAFETY: `owner` was produced by `Box::into_raw` in `Array::from_external` and MLX calls the
+        // deleter exactly once.
+        drop(unsafe { Box::from_raw(owner as *mut crate::array::Owner) });
+    }
+}
+

@@ -1,0 +1,2 @@
+//! Tandem's engine: loads Qwen3.5-family models, converts and quantizes them, and decodes with
+//! MTP speculative decoding, computing with MLX.
