@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Every test, in the order that fails fastest. Called by `make test` after `make setup`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export TANDEM_PYTHON="${TANDEM_PYTHON:-$PWD/.venv/bin/python}"
+
+echo "== Rust: unit and integration tests (crates/mlx, engine, server) =="
+cargo test --workspace --no-fail-fast
+
+if [ -f ui/package.json ]; then
+  echo "== UI: unit tests =="
+  (cd ui && npm test --silent)
+fi
+
+if [ -f tests/e2e/run.sh ]; then
+  echo "== Browser end-to-end tests =="
+  bash tests/e2e/run.sh
+fi
+
+if [ -f tests/desktop/run.sh ]; then
+  echo "== Desktop smoke test =="
+  bash tests/desktop/run.sh
+fi
