@@ -1,0 +1,127 @@
+//! Building blocks shared by architectures: linear layers that may be quantized, embeddings,
+//! RMSNorm with an explicit norm convention, and the SwiGLU MLP.
+
+use mlx::{fast, Array, Dtype, Quantized};
+
+pub type Result<T> = std::result::Result<T, mlx::Error>;
+
+/// `y = x W^T (+ b)`, with W dense or affine-quantized.
+#[derive(Clone)]
+pub enum Linear {
+    Dense { weight: Array, bias: Option<Array> },
+    Quantized { q: Quantized, bias: Option<Array> },
+}
+
+impl Linear {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            Linear::Dense { weight, bias } => {
+                let y = x.matmul(&weight.t()?)?;
+                bias.as_ref().map_or(Ok(y.clone()), |b| y.add(b))
+            }
+            Linear::Quantized { q, bias } => {
+                let y = q.matmul(x, true)?;
+                bias.as_ref().map_or(Ok(y.clone()), |b| y.add(b))
+            }
+        }
+    }
+
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, Linear::Quantized { .. })
+    }
+
+    /// (bits, group size) when quantized.
+    pub fn quant_params(&self) -> Option<(i32, i32)> {
+        match self {
+            Linear::Quantized { q, .. } => Some((q.bits, q.group_size)),
+            Linear::Dense { .. } => None,
+        }
+    }
+
+    /// The weight as a dense matrix (dequantized when needed).
+    pub fn dense_weight(&self) -> Result<Array> {
+        match self {
+            Linear::Dense { weight, .. } => Ok(weight.clone()),
+            Linear::Quantized { q, .. } => q.dequantize(),
+        }
+    }
+}
+
+/// Token embeddings; a quantized table is dequantized row by row on lookup.
+#[derive(Clone)]
+pub struct Embedding {
+    pub table: Linear,
+}
+
+impl Embedding {
+    pub fn forward(&self, ids: &Array) -> Result<Array> {
+        match &self.table {
+            Linear::Dense { weight, .. } => weight.take(ids, 0),
+            Linear::Quantized { q, .. } => {
+                let rows = |a: &Array| a.take(ids, 0);
+                let sub = Quantized {
+                    weight: rows(&q.weight)?,
+                    scales: rows(&q.scales)?,
+                    biases: q.biases.as_ref().map(rows).transpose()?,
+                    ..q.clone()
+                };
+                sub.dequantize()
+            }
+        }
+    }
+
+    /// Uses the table as an output projection (tied embeddings).
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        self.table.forward(x)
+    }
+}
+
+/// How a stored RMSNorm weight relates to the scale it applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormConvention {
+    /// Stored as `w`, applied as `1 + w` (raw Qwen3.5 checkpoints).
+    ZeroCentred,
+    /// Stored as the scale itself (MLX conversions, which added the 1 when converting).
+    Shifted,
+}
+
+/// RMSNorm computed in f32 with an f32 effective scale, cast back to the input dtype (as
+/// transformers' Qwen3.5 does). The scale `1 + w` is formed in f32 from the raw weight, so a raw
+/// checkpoint loses nothing to rounding.
+#[derive(Clone)]
+pub struct RmsNorm {
+    pub scale: Array,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn new(stored: &Array, convention: NormConvention, eps: f32) -> Result<RmsNorm> {
+        let w = stored.as_dtype(Dtype::F32)?;
+        let scale = match convention {
+            NormConvention::ZeroCentred => w.add(&Array::f32(1.0))?,
+            NormConvention::Shifted => w,
+        };
+        Ok(RmsNorm { scale, eps })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let dt = x.dtype();
+        fast::rms_norm(&x.as_dtype(Dtype::F32)?, Some(&self.scale), self.eps)?.as_dtype(dt)
+    }
+}
+
+/// `down(silu(gate(x)) * up(x))`.
+#[derive(Clone)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let g = self.gate_proj.forward(x)?.silu()?;
+        self.down_proj.forward(&g.multiply(&self.up_proj.forward(x)?)?)
+    }
+}

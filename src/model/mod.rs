@@ -1,0 +1,82 @@
+//! Models: checkpoint reading, strict loading, and one file per architecture.
+
+pub mod layers;
+pub mod qwen3_5;
+pub mod store;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+use mlx::Dtype;
+use thiserror::Error;
+
+pub use qwen3_5::Qwen35;
+pub use weights::Layout;
+
+#[derive(Debug, Error)]
+pub enum LoadError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: invalid JSON: {message}")]
+    Json { path: PathBuf, message: String },
+    #[error("{path}: not a valid safetensors file: {message}")]
+    Safetensors { path: PathBuf, message: String },
+    #[error("{0}: no *.safetensors files found")]
+    NoWeights(PathBuf),
+    #[error("{}: missing config.json", .0.display())]
+    NoConfig(PathBuf),
+    #[error("config.json: {0}")]
+    Config(String),
+    #[error("unknown model_type `{0}` (supported: qwen3_5, qwen3_5_text)")]
+    UnknownModelType(String),
+    #[error("tensor `{name}` appears twice ({path})")]
+    Duplicate { name: String, path: PathBuf },
+    #[error("tensors `{a}` and `{b}` map to the same parameter")]
+    Conflict { a: String, b: String },
+    #[error("missing tensor `{0}`")]
+    Missing(String),
+    #[error("{}: tensor `{name}` has shape {actual:?}, expected {expected:?}", file.display())]
+    Shape { name: String, file: PathBuf, actual: Vec<i32>, expected: Vec<i32> },
+    #[error("unexpected tensors not used by the model: {}", .0.join(", "))]
+    Unexpected(Vec<String>),
+    #[error("tensor `{name}`: {message}")]
+    Quantization { name: String, message: String },
+    #[error("{context}: {source}")]
+    Mlx { context: String, source: mlx::Error },
+}
+
+impl LoadError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> LoadError {
+        LoadError::Io { path: path.to_path_buf(), source }
+    }
+}
+
+/// How to load a model.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Cast floating weights to this dtype (None keeps the checkpoint's).
+    pub dtype: Option<Dtype>,
+}
+
+/// Reads `config.json` of a model folder.
+pub fn read_config(dir: &Path) -> Result<serde_json::Value, LoadError> {
+    let path = dir.join("config.json");
+    if !dir.is_dir() {
+        return Err(LoadError::io(dir, std::io::Error::new(std::io::ErrorKind::NotFound, "model folder not found")));
+    }
+    if !path.exists() {
+        return Err(LoadError::NoConfig(dir.to_path_buf()));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| LoadError::io(&path, e))?;
+    serde_json::from_str(&text).map_err(|e| LoadError::Json { path, message: e.to_string() })
+}
+
+/// Loads the model in `dir`, choosing the architecture from `model_type`.
+pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Qwen35, LoadError> {
+    let config = read_config(dir)?;
+    let model_type = config.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
+    match model_type {
+        "qwen3_5" | "qwen3_5_text" => Qwen35::load(dir, &config, opts),
+        other => Err(LoadError::UnknownModelType(other.to_string())),
+    }
+}

@@ -1,0 +1,618 @@
+//! Qwen3.5 (`qwen3_5`): a hybrid of Gated DeltaNet (linear attention) and gated full-attention
+//! layers, with an optional MTP head. Config, checkpoint mapping, cache layout and forward pass.
+//! Math: shared/spec/qwen35-mtp-mlx-format.md, section 3; the MTP head: section 4.
+
+use std::path::Path;
+
+use mlx::fast::{self, Mask};
+use mlx::{concatenate, Array, Dtype};
+use serde::Deserialize;
+
+use super::layers::{Embedding, Linear, Mlp, NormConvention, Result, RmsNorm};
+use super::store::{Provenance, Store};
+use super::weights::{Checkpoint, Layout};
+use super::{LoadError, LoadOptions};
+use crate::cache::{KvCache, LayerCache, LinearState, Recording};
+
+// ---------------------------------------------------------------------------------------------
+// Config
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct RopeParameters {
+    #[serde(default = "default_theta")]
+    pub rope_theta: f32,
+    #[serde(default = "default_partial")]
+    pub partial_rotary_factor: f32,
+    #[serde(default)]
+    pub mrope_section: Vec<i32>,
+    #[serde(default)]
+    pub mrope_interleaved: bool,
+}
+
+fn default_theta() -> f32 {
+    10_000_000.0
+}
+fn default_partial() -> f32 {
+    0.25
+}
+fn default_interval() -> usize {
+    4
+}
+fn default_kernel() -> i32 {
+    4
+}
+fn default_eps() -> f32 {
+    1e-6
+}
+
+/// The text model's configuration (`text_config`, or the top level of a text-only config).
+#[derive(Debug, Clone, Deserialize)]
+pub struct TextConfig {
+    pub hidden_size: i32,
+    pub intermediate_size: i32,
+    pub num_hidden_layers: usize,
+    pub vocab_size: i32,
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+    #[serde(default = "default_interval")]
+    pub full_attention_interval: usize,
+    pub linear_num_key_heads: i32,
+    pub linear_num_value_heads: i32,
+    pub linear_key_head_dim: i32,
+    pub linear_value_head_dim: i32,
+    #[serde(default = "default_kernel")]
+    pub linear_conv_kernel_dim: i32,
+    pub num_attention_heads: i32,
+    pub num_key_value_heads: i32,
+    pub head_dim: i32,
+    #[serde(default)]
+    pub rope_parameters: Option<RopeParameters>,
+    #[serde(default)]
+    pub rope_theta: Option<f32>,
+    #[serde(default)]
+    pub partial_rotary_factor: Option<f32>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f32,
+    #[serde(default)]
+    pub tie_word_embeddings: Option<bool>,
+    #[serde(default)]
+    pub mtp_num_hidden_layers: usize,
+    #[serde(default)]
+    pub mtp_use_dedicated_embeddings: bool,
+    #[serde(default)]
+    pub max_position_embeddings: Option<i32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub text: TextConfig,
+    pub tie_word_embeddings: bool,
+    pub full_attention: Vec<bool>,
+    pub rope_theta: f32,
+    pub rope_dims: i32,
+    pub has_vision: bool,
+}
+
+impl Config {
+    pub fn from_json(v: &serde_json::Value) -> std::result::Result<Config, LoadError> {
+        let text_v = v.get("text_config").unwrap_or(v);
+        let text: TextConfig = serde_json::from_value(text_v.clone()).map_err(|e| LoadError::Config(e.to_string()))?;
+        let n = text.num_hidden_layers;
+        let full_attention = match &text.layer_types {
+            Some(types) => {
+                if types.len() != n {
+                    return Err(LoadError::Config(format!("layer_types has {} entries for {n} layers", types.len())));
+                }
+                types
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        "full_attention" => Ok(true),
+                        "linear_attention" => Ok(false),
+                        other => Err(LoadError::Config(format!("layer_types: unknown layer type `{other}`"))),
+                    })
+                    .collect::<std::result::Result<_, _>>()?
+            }
+            None => (0..n).map(|i| (i + 1) % text.full_attention_interval.max(1) == 0).collect(),
+        };
+        let check = |ok: bool, msg: &str| if ok { Ok(()) } else { Err(LoadError::Config(msg.to_string())) };
+        check(text.linear_num_key_heads > 0 && text.linear_num_value_heads % text.linear_num_key_heads == 0,
+            "linear_num_value_heads must be a multiple of linear_num_key_heads")?;
+        check(text.num_key_value_heads > 0 && text.num_attention_heads % text.num_key_value_heads == 0,
+            "num_attention_heads must be a multiple of num_key_value_heads")?;
+        let rope = text.rope_parameters.clone();
+        let rope_theta = rope.as_ref().map(|r| r.rope_theta).or(text.rope_theta).unwrap_or(default_theta());
+        let partial = rope.as_ref().map(|r| r.partial_rotary_factor).or(text.partial_rotary_factor).unwrap_or(default_partial());
+        let rope_dims = (text.head_dim as f32 * partial).round() as i32;
+        // The text config's flag wins over the top level's (a common source of tied/untied mix-ups).
+        let tie_word_embeddings =
+            text.tie_word_embeddings.or_else(|| v.get("tie_word_embeddings").and_then(|t| t.as_bool())).unwrap_or(false);
+        Ok(Config { tie_word_embeddings, full_attention, rope_theta, rope_dims, has_vision: v.get("vision_config").is_some(), text })
+    }
+
+    fn key_dim(&self) -> i32 {
+        self.text.linear_num_key_heads * self.text.linear_key_head_dim
+    }
+    fn value_dim(&self) -> i32 {
+        self.text.linear_num_value_heads * self.text.linear_value_head_dim
+    }
+    fn conv_dim(&self) -> i32 {
+        2 * self.key_dim() + self.value_dim()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layers
+
+/// Gated DeltaNet (linear attention) mixer.
+pub struct GatedDeltaNet {
+    in_proj_qkv: Linear,
+    in_proj_z: Linear,
+    in_proj_b: Linear,
+    in_proj_a: Linear,
+    /// Depthwise conv weight in MLX layout `[C, K, 1]`.
+    conv_weight: Array,
+    dt_bias: Array,
+    /// `-exp(A_log)` in f32.
+    neg_a: Array,
+    norm_weight: Array,
+    out_proj: Linear,
+    hk: i32,
+    hv: i32,
+    dk: i32,
+    dv: i32,
+    kernel: i32,
+    eps: f32,
+}
+
+impl GatedDeltaNet {
+    fn load(s: &Store, p: &str, c: &Config) -> std::result::Result<Self, LoadError> {
+        let d = c.text.hidden_size;
+        let (hk, hv) = (c.text.linear_num_key_heads, c.text.linear_num_value_heads);
+        let (dk, dv, k) = (c.text.linear_key_head_dim, c.text.linear_value_head_dim, c.text.linear_conv_kernel_dim);
+        let conv_name = format!("{p}.conv1d.weight");
+        // Raw HF stores PyTorch's `[C, 1, K]`; MLX conversions store `[C, K, 1]`.
+        let conv_weight = if s.provenance(&conv_name) == Some(Provenance::Hf) && s.layout == Layout::Hf {
+            s.tensor(&conv_name, &[c.conv_dim(), 1, k])?.swapaxes(1, 2).map_err(|e| mlx_err(&conv_name, e))?
+        } else {
+            s.tensor(&conv_name, &[c.conv_dim(), k, 1])?
+        };
+        let a_log = s.raw(&format!("{p}.A_log"), &[hv])?;
+        let neg_a = a_log.as_dtype(Dtype::F32).and_then(|a| a.exp()).and_then(|a| a.negative()).map_err(|e| mlx_err(p, e))?;
+        Ok(GatedDeltaNet {
+            in_proj_qkv: s.linear(&format!("{p}.in_proj_qkv"), c.conv_dim(), d, false)?,
+            in_proj_z: s.linear(&format!("{p}.in_proj_z"), c.value_dim(), d, false)?,
+            in_proj_b: s.linear(&format!("{p}.in_proj_b"), hv, d, false)?,
+            in_proj_a: s.linear(&format!("{p}.in_proj_a"), hv, d, false)?,
+            conv_weight,
+            dt_bias: s.tensor(&format!("{p}.dt_bias"), &[hv])?,
+            neg_a,
+            // The gated norm uses a standard (never shifted) weight.
+            norm_weight: s.tensor(&format!("{p}.norm.weight"), &[dv])?,
+            out_proj: s.linear(&format!("{p}.out_proj"), d, c.value_dim(), false)?,
+            hk,
+            hv,
+            dk,
+            dv,
+            kernel: k,
+            eps: c.text.rms_norm_eps,
+        })
+    }
+
+    fn forward(&self, x: &Array, st: &mut LinearState) -> Result<Array> {
+        let (b, t) = (x.dim(0), x.dim(1));
+        let dt = x.dtype();
+        let qkv = self.in_proj_qkv.forward(x)?;
+        let z = self.in_proj_z.forward(x)?.reshape(&[b, t, self.hv, self.dv])?;
+        let beta = self.in_proj_b.forward(x)?.as_dtype(Dtype::F32)?.sigmoid()?;
+        let a = self.in_proj_a.forward(x)?.as_dtype(Dtype::F32)?;
+        let g = a.add(&self.dt_bias.as_dtype(Dtype::F32)?)?.softplus()?.multiply(&self.neg_a)?;
+        let decay = g.exp()?;
+
+        // Causal depthwise conv over [window ++ new rows]; the window keeps the last K-1 rows.
+        let c = qkv.dim(2);
+        let prev = match st.conv.take() {
+            Some(p) => p,
+            None => Array::zeros(&[b, self.kernel - 1, c], qkv.dtype())?,
+        };
+        let conv_input = concatenate(&[&prev, &qkv], 1)?;
+        let conv = mlx::ops::conv1d(&conv_input, &self.conv_weight, 1, 0, 1, c)?.silu()?;
+        st.conv = Some(conv_input.slice_axis(1, t, t + self.kernel - 1)?);
+
+        let (kd, _) = (self.hk * self.dk, 0);
+        let parts = conv.split_at(&[kd, 2 * kd], 2)?;
+        let q = parts[0].reshape(&[b, t, self.hk, self.dk])?.as_dtype(Dtype::F32)?;
+        let k = parts[1].reshape(&[b, t, self.hk, self.dk])?.as_dtype(Dtype::F32)?;
+        let v = parts[2].reshape(&[b, t, self.hv, self.dv])?.as_dtype(Dtype::F32)?;
+        // L2 normalisation x / sqrt(sum x^2 + eps) == rms_norm(x, eps / D) / sqrt(D); q also takes 1/sqrt(Dk).
+        let dkf = self.dk as f32;
+        let q = fast::rms_norm(&q, None, 1e-6 / dkf)?.multiply(&Array::f32(1.0 / dkf))?;
+        let k = fast::rms_norm(&k, None, 1e-6 / dkf)?.multiply(&Array::f32(1.0 / dkf.sqrt()))?;
+        let rep = self.hv / self.hk;
+        let (q, k) = if rep > 1 { (q.repeat(rep, 2)?, k.repeat(rep, 2)?) } else { (q, k) };
+
+        let mut state = match st.ssm.take() {
+            Some(s) => s,
+            None => Array::zeros(&[b, self.hv, self.dk, self.dv], Dtype::F32)?,
+        };
+        let record = std::mem::take(&mut st.record_next);
+        let mut states = Vec::new();
+        let mut outs = Vec::with_capacity(t as usize);
+        for i in 0..t {
+            let at = |a: &Array| a.slice_axis(1, i, i + 1).and_then(|s| s.squeeze(&[1]));
+            let (qt, kt, vt) = (at(&q)?, at(&k)?, at(&v)?); // [B,H,Dk] [B,H,Dk] [B,H,Dv]
+            let (gt, bt) = (at(&decay)?, at(&beta)?); // [B,H]
+            state = state.multiply(&gt.reshape(&[b, self.hv, 1, 1])?)?;
+            let kt4 = kt.expand_dims(&[2])?; // [B,H,1,Dk]
+            let mem = kt4.matmul(&state)?; // [B,H,1,Dv]
+            let delta = vt.expand_dims(&[2])?.subtract(&mem)?.multiply(&bt.reshape(&[b, self.hv, 1, 1])?)?;
+            state = state.add(&kt4.swapaxes(2, 3)?.matmul(&delta)?)?;
+            outs.push(qt.expand_dims(&[2])?.matmul(&state)?); // [B,H,1,Dv]
+            if record {
+                states.push(state.clone());
+            }
+        }
+        st.ssm = Some(state);
+        if record {
+            st.recording = Some(Recording { conv_input, states });
+        }
+        let o = concatenate(&outs.iter().collect::<Vec<_>>(), 2)?.swapaxes(1, 2)?.as_dtype(dt)?; // [B,T,H,Dv]
+
+        // Gated RMSNorm per head: (w * rmsnorm(o)) * silu(z), as transformers orders the casts.
+        let n = fast::rms_norm(&o.as_dtype(Dtype::F32)?, None, self.eps)?.as_dtype(dt)?.multiply(&self.norm_weight)?;
+        let gated = n.as_dtype(Dtype::F32)?.multiply(&z.as_dtype(Dtype::F32)?.silu()?)?.as_dtype(dt)?;
+        self.out_proj.forward(&gated.reshape(&[b, t, self.hv * self.dv])?)
+    }
+}
+
+/// Gated full attention: per-head interleaved query and gate, q/k norms, partial RoPE, GQA.
+pub struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    hq: i32,
+    hkv: i32,
+    hd: i32,
+    rope_dims: i32,
+    rope_theta: f32,
+}
+
+impl Attention {
+    fn load(s: &Store, p: &str, c: &Config, norms: &dyn Fn(&str, i32) -> std::result::Result<RmsNorm, LoadError>) -> std::result::Result<Self, LoadError> {
+        let (d, hq, hkv, hd) = (c.text.hidden_size, c.text.num_attention_heads, c.text.num_key_value_heads, c.text.head_dim);
+        Ok(Attention {
+            q_proj: s.linear(&format!("{p}.q_proj"), 2 * hq * hd, d, false)?,
+            k_proj: s.linear(&format!("{p}.k_proj"), hkv * hd, d, false)?,
+            v_proj: s.linear(&format!("{p}.v_proj"), hkv * hd, d, false)?,
+            o_proj: s.linear(&format!("{p}.o_proj"), d, hq * hd, false)?,
+            q_norm: norms(&format!("{p}.q_norm.weight"), hd)?,
+            k_norm: norms(&format!("{p}.k_norm.weight"), hd)?,
+            hq,
+            hkv,
+            hd,
+            rope_dims: c.rope_dims,
+            rope_theta: c.rope_theta,
+        })
+    }
+
+    fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+        let (b, t) = (x.dim(0), x.dim(1));
+        let qg = self.q_proj.forward(x)?.reshape(&[b, t, self.hq, 2 * self.hd])?;
+        let halves = qg.split(2, 3)?;
+        let gate = halves[1].reshape(&[b, t, self.hq * self.hd])?;
+        let q = self.q_norm.forward(&halves[0])?.swapaxes(1, 2)?;
+        let k = self.k_norm.forward(&self.k_proj.forward(x)?.reshape(&[b, t, self.hkv, self.hd])?)?.swapaxes(1, 2)?;
+        let v = self.v_proj.forward(x)?.reshape(&[b, t, self.hkv, self.hd])?.swapaxes(1, 2)?;
+        let pos = cache.offset;
+        let q = fast::rope(&q, self.rope_dims, false, self.rope_theta, 1.0, pos)?;
+        let k = fast::rope(&k, self.rope_dims, false, self.rope_theta, 1.0, pos)?;
+        let (keys, values) = cache.update(&k, &v)?;
+        let mask = if t > 1 { Mask::Causal } else { Mask::None };
+        let o = fast::scaled_dot_product_attention(&q, &keys, &values, 1.0 / (self.hd as f32).sqrt(), mask)?;
+        let o = o.swapaxes(1, 2)?.reshape(&[b, t, self.hq * self.hd])?;
+        self.o_proj.forward(&o.multiply(&gate.sigmoid()?)?)
+    }
+}
+
+pub enum Mixer {
+    Linear(GatedDeltaNet),
+    Attention(Attention),
+}
+
+pub struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+    mixer: Mixer,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    fn load(s: &Store, p: &str, c: &Config, full: bool, norms: &dyn Fn(&str, i32) -> std::result::Result<RmsNorm, LoadError>) -> std::result::Result<Self, LoadError> {
+        let (d, i) = (c.text.hidden_size, c.text.intermediate_size);
+        let mixer = if full {
+            Mixer::Attention(Attention::load(s, &format!("{p}.self_attn"), c, norms)?)
+        } else {
+            Mixer::Linear(GatedDeltaNet::load(s, &format!("{p}.linear_attn"), c)?)
+        };
+        Ok(DecoderLayer {
+            input_layernorm: norms(&format!("{p}.input_layernorm.weight"), d)?,
+            post_attention_layernorm: norms(&format!("{p}.post_attention_layernorm.weight"), d)?,
+            mixer,
+            mlp: Mlp {
+                gate_proj: s.linear(&format!("{p}.mlp.gate_proj"), i, d, false)?,
+                up_proj: s.linear(&format!("{p}.mlp.up_proj"), i, d, false)?,
+                down_proj: s.linear(&format!("{p}.mlp.down_proj"), d, i, false)?,
+            },
+        })
+    }
+
+    fn forward(&self, h: &Array, cache: &mut LayerCache) -> Result<Array> {
+        let x = self.input_layernorm.forward(h)?;
+        let mixed = match (&self.mixer, cache) {
+            (Mixer::Attention(a), LayerCache::Kv(c)) => a.forward(&x, c)?,
+            (Mixer::Linear(l), LayerCache::Linear(s)) => l.forward(&x, s)?,
+            _ => return Err(mlx::Error::Invalid("cache kind does not match the layer kind".into())),
+        };
+        let h = h.add(&mixed)?;
+        h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// MTP head
+
+/// The names of the 15 logical tensors of a one-layer MTP head (spec section 2), without `mtp.`.
+pub const MTP_TENSORS: [&str; 15] = [
+    "fc.weight",
+    "pre_fc_norm_embedding.weight",
+    "pre_fc_norm_hidden.weight",
+    "norm.weight",
+    "layers.0.input_layernorm.weight",
+    "layers.0.post_attention_layernorm.weight",
+    "layers.0.self_attn.q_proj.weight",
+    "layers.0.self_attn.k_proj.weight",
+    "layers.0.self_attn.v_proj.weight",
+    "layers.0.self_attn.o_proj.weight",
+    "layers.0.self_attn.q_norm.weight",
+    "layers.0.self_attn.k_norm.weight",
+    "layers.0.mlp.gate_proj.weight",
+    "layers.0.mlp.up_proj.weight",
+    "layers.0.mlp.down_proj.weight",
+];
+
+/// The 7 zero-centred norms of the MTP head.
+pub const MTP_NORMS: [&str; 7] = [
+    "pre_fc_norm_embedding.weight",
+    "pre_fc_norm_hidden.weight",
+    "norm.weight",
+    "layers.0.input_layernorm.weight",
+    "layers.0.post_attention_layernorm.weight",
+    "layers.0.self_attn.q_norm.weight",
+    "layers.0.self_attn.k_norm.weight",
+];
+
+pub struct MtpHead {
+    fc: Linear,
+    pre_fc_norm_embedding: RmsNorm,
+    pre_fc_norm_hidden: RmsNorm,
+    layer: DecoderLayer,
+    norm: RmsNorm,
+}
+
+/// Whether the MTP head loaded, and if not, why; plus what the loader checked of its norms.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MtpStatus {
+    pub declared_layers: usize,
+    pub tensors_found: usize,
+    pub loaded: bool,
+    /// Why the head is not running (None when it loaded).
+    pub reason: Option<String>,
+    /// Set when a norm convention was repaired at load time.
+    pub repaired: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model
+
+pub struct Qwen35 {
+    pub config: Config,
+    pub layout: Layout,
+    embed_tokens: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+    mtp: Option<MtpHead>,
+    pub mtp_status: MtpStatus,
+}
+
+fn mlx_err(context: &str, e: mlx::Error) -> LoadError {
+    LoadError::Mlx { context: context.to_string(), source: e }
+}
+
+impl Qwen35 {
+    pub fn load(dir: &Path, config: &serde_json::Value, opts: &LoadOptions) -> std::result::Result<Qwen35, LoadError> {
+        let c = Config::from_json(config)?;
+        let store = Store::new(Checkpoint::open(dir)?, opts.dtype)?;
+        let (d, v, eps) = (c.text.hidden_size, c.text.vocab_size, c.text.rms_norm_eps);
+        let norms = |name: &str, dim: i32| store.norm(name, dim, eps);
+        let embed_tokens = store.embedding("embed_tokens", v, d)?;
+        let layers = (0..c.text.num_hidden_layers)
+            .map(|i| DecoderLayer::load(&store, &format!("layers.{i}"), &c, c.full_attention[i], &norms))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let norm = norms("norm.weight", d)?;
+        let lm_head = if c.tie_word_embeddings {
+            if store.has("lm_head.weight") {
+                // Some exports keep a copy of the tied head; it must equal the embedding, so it is unused.
+                store.skip_prefix("lm_head.");
+            }
+            None
+        } else {
+            Some(store.linear("lm_head", v, d, false)?)
+        };
+        let (mtp, mtp_status) = load_mtp(&store, &c)?;
+        if c.has_vision || !store.names_with_prefix("visual.").is_empty() {
+            tracing::info!("vision tower present: not used for text-only chat");
+            store.skip_prefix("visual.");
+        }
+        store.finish()?;
+        Ok(Qwen35 { config: c, layout: store.layout, embed_tokens, layers, norm, lm_head, mtp, mtp_status })
+    }
+
+    /// Fresh per-sequence state: one cache per decoder layer.
+    pub fn make_cache(&self) -> Vec<LayerCache> {
+        self.config
+            .full_attention
+            .iter()
+            .map(|&full| if full { LayerCache::Kv(KvCache::default()) } else { LayerCache::Linear(LinearState::default()) })
+            .collect()
+    }
+
+    /// The MTP head's own KV cache (None when the head is not loaded).
+    pub fn make_mtp_cache(&self) -> Option<KvCache> {
+        self.mtp.as_ref().map(|_| KvCache::default())
+    }
+
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    pub fn embed(&self, tokens: &Array) -> Result<Array> {
+        self.embed_tokens.forward(tokens)
+    }
+
+    /// Runs the decoder over `tokens` `[B, T]` and returns the post-final-norm hidden states `[B, T, D]`.
+    pub fn forward(&self, tokens: &Array, cache: &mut [LayerCache]) -> Result<Array> {
+        self.forward_embeddings(&self.embed(tokens)?, cache)
+    }
+
+    pub fn forward_embeddings(&self, h: &Array, cache: &mut [LayerCache]) -> Result<Array> {
+        let mut h = h.clone();
+        for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
+            h = layer.forward(&h, c)?;
+        }
+        self.norm.forward(&h)
+    }
+
+    /// Logits from post-norm hidden states (the untied `lm_head`, or the tied embedding).
+    pub fn logits(&self, hidden: &Array) -> Result<Array> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => self.embed_tokens.as_linear(hidden),
+        }
+    }
+
+    /// One MTP step: for post-norm hidden `h_t` and the token `x_{t+1}` that follows position t,
+    /// returns the head's normed output (which both feeds the next draft and gives the logits).
+    pub fn mtp_forward(&self, hidden: &Array, next_tokens: &Array, cache: &mut KvCache) -> Result<Array> {
+        let head = self.mtp.as_ref().ok_or_else(|| mlx::Error::Invalid("this model has no MTP head loaded".into()))?;
+        let e = head.pre_fc_norm_embedding.forward(&self.embed(next_tokens)?)?;
+        let hh = head.pre_fc_norm_hidden.forward(hidden)?;
+        let u = head.fc.forward(&concatenate(&[&e, &hh], -1)?)?;
+        let mut lc = LayerCache::Kv(std::mem::take(cache));
+        let u = head.layer.forward(&u, &mut lc);
+        if let LayerCache::Kv(c) = lc {
+            *cache = c;
+        }
+        head.norm.forward(&u?)
+    }
+
+    pub fn layers_len(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn linear_kernel(&self) -> i32 {
+        self.config.text.linear_conv_kernel_dim
+    }
+}
+
+/// Loads the MTP head if the config declares one and the files hold all of it. The norm convention
+/// comes from each tensor's provenance; a head whose norms contradict that (a raw head grafted onto
+/// a converted body, or one shifted twice) is detected from the norms' means and repaired.
+fn load_mtp(s: &Store, c: &Config) -> std::result::Result<(Option<MtpHead>, MtpStatus), LoadError> {
+    let declared = c.text.mtp_num_hidden_layers;
+    let present = s.names_with_prefix("mtp.");
+    let found = MTP_TENSORS.iter().filter(|n| s.has(&format!("mtp.{n}"))).count();
+    let mut status = MtpStatus { declared_layers: declared, tensors_found: found, loaded: false, reason: None, repaired: None };
+    if declared == 0 {
+        if !present.is_empty() {
+            status.reason = Some(format!("config declares no MTP layers; ignoring {} mtp.* tensors", present.len()));
+            s.skip_prefix("mtp.");
+        } else {
+            status.reason = Some("the model has no MTP head".into());
+        }
+        return Ok((None, status));
+    }
+    if declared > 1 || c.text.mtp_use_dedicated_embeddings {
+        status.reason = Some(format!("unsupported MTP head ({declared} layers, dedicated embeddings {})", c.text.mtp_use_dedicated_embeddings));
+        s.skip_prefix("mtp.");
+        return Ok((None, status));
+    }
+    let missing: Vec<&str> = MTP_TENSORS.iter().filter(|n| !s.has(&format!("mtp.{n}"))).copied().collect();
+    if !missing.is_empty() {
+        status.reason = Some(format!(
+            "config declares {declared} MTP layer(s) but the checkpoint lacks {} of its 15 tensors (e.g. mtp.{}); MTP is off",
+            missing.len(),
+            missing[0]
+        ));
+        s.skip_prefix("mtp.");
+        return Ok((None, status));
+    }
+    let (conventions, repaired) = mtp_norm_conventions(s)?;
+    status.repaired = repaired;
+    let eps = c.text.rms_norm_eps;
+    let norms = |name: &str, dim: i32| {
+        let short = name.strip_prefix("mtp.").unwrap_or(name);
+        let conv = conventions.iter().find(|(n, _)| *n == short).map(|(_, c)| *c).unwrap_or(NormConvention::ZeroCentred);
+        s.norm_with(name, dim, eps, conv)
+    };
+    let d = c.text.hidden_size;
+    let head = MtpHead {
+        fc: s.linear("mtp.fc", d, 2 * d, false)?,
+        pre_fc_norm_embedding: norms("mtp.pre_fc_norm_embedding.weight", d)?,
+        pre_fc_norm_hidden: norms("mtp.pre_fc_norm_hidden.weight", d)?,
+        layer: DecoderLayer::load(s, "mtp.layers.0", c, true, &norms)?,
+        norm: norms("mtp.norm.weight", d)?,
+    };
+    status.loaded = true;
+    Ok((Some(head), status))
+}
+
+/// Decides each MTP norm's convention. Provenance first (a raw `mtp.` name is zero-centred); then
+/// a check against the statistics: a zero-centred weight has mean near 0, a shifted one near 1. The
+/// check compares with the backbone's own norms so that it does not hinge on a fixed threshold.
+pub fn mtp_norm_conventions(s: &Store) -> std::result::Result<(Vec<(&'static str, NormConvention)>, Option<String>), LoadError> {
+    let backbone_shifted = s.provenance("norm.weight") == Some(Provenance::Mlx);
+    let backbone_mean = s.mean("norm.weight")?;
+    let mut out = Vec::new();
+    let mut fixed = Vec::new();
+    for name in MTP_NORMS {
+        let full = format!("mtp.{name}");
+        let declared = match s.provenance(&full) {
+            Some(Provenance::Hf) => NormConvention::ZeroCentred,
+            _ => NormConvention::Shifted,
+        };
+        let mean = s.mean(&full)?;
+        // Distance of the effective scale's mean from the backbone's effective scale mean.
+        let backbone_scale = if backbone_shifted { backbone_mean } else { 1.0 + backbone_mean };
+        let as_zero = (1.0 + mean - backbone_scale).abs();
+        let as_shifted = (mean - backbone_scale).abs();
+        let observed = if as_zero < as_shifted { NormConvention::ZeroCentred } else { NormConvention::Shifted };
+        // Only overrule provenance when the evidence is clear (mean near 0 vs near 1, or near 2).
+        let clear = (as_zero - as_shifted).abs() > 0.5;
+        let conv = if clear && observed != declared {
+            fixed.push(format!("mtp.{name} (mean {mean:.3})"));
+            observed
+        } else {
+            declared
+        };
+        out.push((name, conv));
+    }
+    let repaired = (!fixed.is_empty()).then(|| {
+        let msg = format!("MTP norm convention repaired for {} tensor(s): {}", fixed.len(), fixed.join(", "));
+        tracing::warn!("{msg}");
+        msg
+    });
+    Ok((out, repaired))
+}

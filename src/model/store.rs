@@ -1,0 +1,183 @@
+//! Strict access to a checkpoint's tensors under canonical names. Every tensor an architecture asks
+//! for is checked for shape; every tensor left unused at the end is an error naming it.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+
+use mlx::{Array, Dtype, QuantMode, Quantized};
+
+use super::layers::{Embedding, Linear, NormConvention, RmsNorm};
+use super::weights::{Checkpoint, Layout, TensorRef};
+use super::LoadError;
+
+/// How a tensor's stored name looked, which tells whose conventions its values follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provenance {
+    /// Named as in a raw Hugging Face checkpoint (`model.language_model.*`, top-level `mtp.*`).
+    Hf,
+    /// Named as an MLX converter writes it (`language_model.*`, `vision_tower.*`).
+    Mlx,
+}
+
+pub struct Store {
+    pub layout: Layout,
+    tensors: BTreeMap<String, (String, Provenance, TensorRef)>,
+    used: RefCell<BTreeSet<String>>,
+    /// Floating weights are cast to this dtype (None keeps the checkpoint's).
+    pub dtype: Option<Dtype>,
+}
+
+/// Maps a stored name to (canonical name, provenance). Canonical names are the text model's names
+/// without prefix (`layers.0.mlp.up_proj.weight`), plus `lm_head.*`, `mtp.*` and `visual.*`.
+fn canonical(key: &str, layout: Layout) -> (String, Provenance) {
+    const RULES: &[(&str, &str, Provenance)] = &[
+        ("model.language_model.", "", Provenance::Hf),
+        ("model.visual.", "visual.", Provenance::Hf),
+        ("language_model.model.", "", Provenance::Mlx),
+        ("language_model.lm_head.", "lm_head.", Provenance::Mlx),
+        ("language_model.mtp.", "mtp.", Provenance::Mlx),
+        ("vision_tower.", "visual.", Provenance::Mlx),
+        ("model.", "", Provenance::Mlx),
+    ];
+    for (prefix, repl, prov) in RULES {
+        if let Some(rest) = key.strip_prefix(prefix) {
+            return (format!("{repl}{rest}"), *prov);
+        }
+    }
+    // Top-level `mtp.*` and `lm_head.*` are raw-HF names, also when grafted onto an MLX conversion.
+    let prov = if key.starts_with("mtp.") { Provenance::Hf } else if layout == Layout::Hf { Provenance::Hf } else { Provenance::Mlx };
+    (key.to_string(), prov)
+}
+
+impl Store {
+    pub fn new(ckpt: Checkpoint, dtype: Option<Dtype>) -> Result<Store, LoadError> {
+        let layout = ckpt.layout();
+        let mut tensors = BTreeMap::new();
+        for (key, t) in ckpt.tensors {
+            let (name, prov) = canonical(&key, layout);
+            if let Some((other, _, _)) = tensors.insert(name.clone(), (key.clone(), prov, t)) {
+                return Err(LoadError::Conflict { a: other, b: key });
+            }
+        }
+        Ok(Store { layout, tensors, used: RefCell::new(BTreeSet::new()), dtype })
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    pub fn provenance(&self, name: &str) -> Option<Provenance> {
+        self.tensors.get(name).map(|(_, p, _)| *p)
+    }
+
+    /// Canonical names starting with `prefix`.
+    pub fn names_with_prefix(&self, prefix: &str) -> Vec<String> {
+        self.tensors.range(prefix.to_string()..).take_while(|(k, _)| k.starts_with(prefix)).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// Marks tensors as deliberately unused (e.g. an MTP head that cannot run).
+    pub fn skip_prefix(&self, prefix: &str) {
+        self.used.borrow_mut().extend(self.names_with_prefix(prefix));
+    }
+
+    fn get(&self, name: &str) -> Result<&(String, Provenance, TensorRef), LoadError> {
+        let t = self.tensors.get(name).ok_or_else(|| LoadError::Missing(name.to_string()))?;
+        self.used.borrow_mut().insert(name.to_string());
+        Ok(t)
+    }
+
+    /// A tensor as stored, after checking its shape.
+    pub fn raw(&self, name: &str, shape: &[i32]) -> Result<Array, LoadError> {
+        let (key, _, t) = self.get(name)?;
+        if t.shape != shape {
+            return Err(LoadError::Shape { name: key.clone(), file: t.file.path.clone(), actual: t.shape.clone(), expected: shape.to_vec() });
+        }
+        t.to_array()
+    }
+
+    /// A tensor cast to the load dtype when it is floating.
+    pub fn tensor(&self, name: &str, shape: &[i32]) -> Result<Array, LoadError> {
+        let a = self.raw(name, shape)?;
+        self.cast(a, name)
+    }
+
+    fn cast(&self, a: Array, name: &str) -> Result<Array, LoadError> {
+        match self.dtype {
+            Some(dt) if a.dtype().is_float() && a.dtype() != dt => {
+                a.as_dtype(dt).map_err(|e| LoadError::Mlx { context: name.to_string(), source: e })
+            }
+            _ => Ok(a),
+        }
+    }
+
+    /// A linear layer `[out, in]`, dense or affine-quantized (detected by `{prefix}.scales`).
+    pub fn linear(&self, prefix: &str, out: i32, inp: i32, bias: bool) -> Result<Linear, LoadError> {
+        let bias = if bias { Some(self.tensor(&format!("{prefix}.bias"), &[out])?) } else { None };
+        if !self.has(&format!("{prefix}.scales")) {
+            return Ok(Linear::Dense { weight: self.tensor(&format!("{prefix}.weight"), &[out, inp])?, bias });
+        }
+        Ok(Linear::Quantized { q: self.quantized(prefix, out, inp)?, bias })
+    }
+
+    fn quantized(&self, prefix: &str, out: i32, inp: i32) -> Result<Quantized, LoadError> {
+        let wname = format!("{prefix}.weight");
+        let (key, _, w) = self.get(&wname)?;
+        let (_, _, s) = self.get(&format!("{prefix}.scales"))?;
+        let shape_err = |what: &str| LoadError::Quantization { name: key.clone(), message: what.to_string() };
+        if w.dtype != Dtype::U32 || w.shape.len() != 2 || s.shape.len() != 2 || w.shape[0] != out || s.shape[0] != out {
+            return Err(shape_err(&format!(
+                "packed weight {:?} {} with scales {:?} does not fit a [{out}, {inp}] layer",
+                w.shape, w.dtype, s.shape
+            )));
+        }
+        // From the expected input width: bits = 32 * packed / in, group = in / groups.
+        let (packed, groups) = (w.shape[1], s.shape[1]);
+        if groups == 0 || inp % groups != 0 || (packed * 32) % inp != 0 {
+            return Err(shape_err(&format!("packed width {packed} and {groups} groups do not divide input width {inp}")));
+        }
+        let (bits, group_size) = (packed * 32 / inp, inp / groups);
+        if !matches!(bits, 2..=8) || !matches!(group_size, 16 | 32 | 64 | 128) {
+            return Err(shape_err(&format!("inferred {bits} bits with group size {group_size}, not a supported setting")));
+        }
+        let weight = self.raw(&wname, &[out, packed])?;
+        let scales = self.cast(self.raw(&format!("{prefix}.scales"), &[out, groups])?, prefix)?;
+        let biases = self.cast(self.raw(&format!("{prefix}.biases"), &[out, groups])?, prefix)?;
+        Ok(Quantized { weight, scales, biases: Some(biases), group_size, bits, mode: QuantMode::Affine })
+    }
+
+    pub fn embedding(&self, prefix: &str, vocab: i32, dim: i32) -> Result<Embedding, LoadError> {
+        Ok(Embedding { table: self.linear(prefix, vocab, dim, false)? })
+    }
+
+    /// An RMSNorm whose convention follows the tensor's provenance.
+    pub fn norm(&self, name: &str, dim: i32, eps: f32) -> Result<RmsNorm, LoadError> {
+        let conv = match self.provenance(name) {
+            Some(Provenance::Hf) => NormConvention::ZeroCentred,
+            _ => NormConvention::Shifted,
+        };
+        self.norm_with(name, dim, eps, conv)
+    }
+
+    pub fn norm_with(&self, name: &str, dim: i32, eps: f32, conv: NormConvention) -> Result<RmsNorm, LoadError> {
+        let w = self.raw(name, &[dim])?;
+        RmsNorm::new(&w, conv, eps).map_err(|e| LoadError::Mlx { context: name.to_string(), source: e })
+    }
+
+    /// The mean of a stored 1-D tensor (for norm-convention checks).
+    pub fn mean(&self, name: &str) -> Result<f32, LoadError> {
+        let (_, _, t) = self.tensors.get(name).ok_or_else(|| LoadError::Missing(name.to_string()))?;
+        let a = t.to_array()?;
+        a.as_dtype(Dtype::F32).and_then(|a| a.mean(&[], false)).and_then(|m| m.item::<f32>()).map_err(|e| LoadError::Mlx { context: name.to_string(), source: e })
+    }
+
+    /// Fails if any tensor was neither used nor deliberately skipped.
+    pub fn finish(&self) -> Result<(), LoadError> {
+        let used = self.used.borrow();
+        let extra: Vec<String> = self.tensors.iter().filter(|(k, _)| !used.contains(*k)).map(|(_, (key, _, _))| key.clone()).collect();
+        if extra.is_empty() {
+            Ok(())
+        } else {
+            Err(LoadError::Unexpected(extra))
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! Helpers shared by integration tests: the reference Python venv, temporary folders, fixtures.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The test venv's Python (mlx, mlx-lm, openai), installed by `make setup`.
+pub fn python() -> PathBuf {
+    let p = std::env::var_os("TANDEM_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo().join(".venv/bin/python"));
+    assert!(p.exists(), "reference Python not found at {} (run `make setup`)", p.display());
+    p
+}
+
+/// Runs `tests/reference/mlx_lm_ref.py` with `args`, failing the test with its stderr on error.
+pub fn mlx_lm_ref(args: &[&str]) {
+    let out = Command::new(python())
+        .arg(repo().join("tests/reference/mlx_lm_ref.py"))
+        .args(args)
+        .output()
+        .expect("run reference python");
+    assert!(out.status.success(), "mlx_lm_ref {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("tandem-test-").tempdir().expect("tempdir")
+}
+
+/// Reads one tensor of a safetensors file as f32 with its shape.
+pub fn read_f32(path: &Path, name: &str) -> (Vec<f32>, Vec<usize>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor(name).unwrap_or_else(|_| panic!("{}: no tensor {name}", path.display()));
+    let data = match t.dtype() {
+        safetensors::Dtype::F32 => t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        d => panic!("{name}: expected F32, got {d:?}"),
+    };
+    (data, t.shape().to_vec())
+}
+
+/// Relative L2 error ||a - b|| / ||b||.
+pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt() as f32
+}
+
+/// Makes a random tiny qwen3_5 checkpoint in raw HF layout (see mlx_lm_ref.py).
+pub fn random_hf_model(dir: &Path, extra: &[&str]) {
+    let mut args = vec!["make-hf", dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    mlx_lm_ref(&args);
+}
