@@ -1,2 +1,7 @@
 //! Tandem's engine: loads Qwen3.5-family models, converts and quantizes them, and decodes with
 //! MTP speculative decoding, computing with MLX.
+
+pub mod cache;
+pub mod generate;
+pub mod model;
+pub mod chat;

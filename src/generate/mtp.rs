@@ -1,0 +1,307 @@
+//! MTP speculative decoding (spec sections 4.2–4.4): the model's own MTP head drafts k tokens,
+//! one forward over k+1 tokens verifies them, and the caches roll back exactly to the accepted prefix.
+//!
+//! Invariants between cycles:
+//! - the main caches hold every committed token except `last`, the newest sampled one;
+//! - the MTP cache holds one entry per pair (h_i, x_{i+1}) already run through the head; the pairs
+//!   not yet run wait in `pending` and are flushed in one batched head forward before drafting.
+
+use std::time::Instant;
+
+use mlx::{concatenate, random, Array, Dtype};
+
+use super::decode::{sample_last, MtpOptions, Result};
+use super::sampler::Sampler;
+use super::stats::{SpecStats, Stats};
+use crate::cache::{KvCache, LayerCache};
+use crate::model::Qwen35;
+
+pub struct SpecDecoder<'m> {
+    model: &'m Qwen35,
+    cache: Vec<LayerCache>,
+    mtp_cache: KvCache,
+    opts: MtpOptions,
+    /// Hidden states `[1, T, D]` and the tokens that follow them, not yet run through the head.
+    pending_hidden: Vec<Array>,
+    pending_tokens: Vec<u32>,
+    /// The newest sampled token, not yet fed to the main model.
+    last: u32,
+    ctl: Controller,
+    emitted_in_cycles: usize,
+}
+
+impl<'m> SpecDecoder<'m> {
+    /// Starts from a prefilled cache: `hidden` holds the prompt's post-norm hidden states and
+    /// `first` the token sampled after the prompt.
+    pub fn new(model: &'m Qwen35, opts: &MtpOptions, _sampler: &mut Sampler, cache: Vec<LayerCache>, hidden: &Array, prompt: &[u32], first: u32) -> Result<Self> {
+        let mut tokens: Vec<u32> = prompt[1..].to_vec();
+        tokens.push(first);
+        Ok(SpecDecoder {
+            model,
+            cache,
+            mtp_cache: model.make_mtp_cache().unwrap_or_default(),
+            opts: opts.clone(),
+            pending_hidden: vec![hidden.clone()],
+            pending_tokens: tokens,
+            last: first,
+            ctl: Controller::new(opts.adaptive),
+            emitted_in_cycles: 0,
+        })
+    }
+
+    /// One plain step or one speculative cycle; returns the new tokens (at least one).
+    /// `history` holds the prompt and every emitted token except the newest (`last`).
+    pub fn step(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, remaining: usize, stats: &mut Stats) -> Result<Vec<u32>> {
+        let spec = stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth));
+        let k = self.opts.depth.min(remaining.saturating_sub(1));
+        if k == 0 || self.ctl.parked() {
+            spec.parked_cycles += 1;
+            return self.plain_step(sampler, history);
+        }
+        let t0 = Instant::now();
+        let drafts = self.draft(k)?;
+        let t1 = Instant::now();
+        let base = history.len();
+        history.push(self.last);
+        let mut input: Vec<i32> = vec![self.last as i32];
+        input.extend(drafts.iter().map(|&d| d as i32));
+        if self.opts.exact_verify {
+            return self.exact_cycle(sampler, history, &drafts, stats, t0, t1);
+        }
+        for c in self.cache.iter_mut() {
+            if let Some(s) = c.as_linear() {
+                s.record_next = true;
+            }
+        }
+        let hidden = self.model.forward(&Array::from_slice(&input, &[1, input.len() as i32])?, &mut self.cache)?;
+        let logits = self.model.logits(&hidden)?.squeeze(&[0])?.as_dtype(Dtype::F32)?; // [k+1, V]
+        logits.eval()?;
+        let t2 = Instant::now();
+        let (accepted, next) = accept(sampler, &logits, &drafts, history)?;
+        let t3 = Instant::now();
+        history.truncate(base + 1);
+        history.extend_from_slice(&drafts[..accepted]);
+        self.commit(&hidden, &drafts[..accepted], next, k)?;
+        let t4 = Instant::now();
+
+        let spec = stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth));
+        spec.record_cycle(k, accepted);
+        spec.ms.draft += ms(t0, t1);
+        spec.ms.verify += ms(t1, t2);
+        spec.ms.sample += ms(t2, t3);
+        spec.ms.rollback += ms(t3, t4);
+        self.emitted_in_cycles += accepted + 1;
+        self.ctl.after_spec(ms(t0, t4), accepted + 1);
+        let mut out = drafts[..accepted].to_vec();
+        out.push(next);
+        Ok(out)
+    }
+
+    /// Fills in the final statistics.
+    pub fn finish(&self, stats: &mut Stats) {
+        if let Some(spec) = stats.spec.as_mut() {
+            spec.finish(self.emitted_in_cycles);
+            if self.ctl.parked() && spec.cycles == 0 {
+                spec.fallback = self.ctl.reason.clone();
+            }
+        }
+    }
+
+    /// Runs the pending pairs through the head; returns its normed output at the last pair.
+    fn flush(&mut self) -> Result<Array> {
+        let hidden = concatenate(&self.pending_hidden.iter().collect::<Vec<_>>(), 1)?;
+        let ids: Vec<i32> = self.pending_tokens.iter().map(|&t| t as i32).collect();
+        debug_assert_eq!(hidden.dim(1) as usize, ids.len());
+        let out = self.model.mtp_forward(&hidden, &Array::from_slice(&ids, &[1, ids.len() as i32])?, &mut self.mtp_cache)?;
+        self.pending_hidden.clear();
+        self.pending_tokens.clear();
+        let t = out.dim(1);
+        Ok(out.slice_axis(1, t - 1, t)?)
+    }
+
+    /// Drafts `k` tokens greedily, chaining through the head's normed output (spec 4.2).
+    fn draft(&mut self, k: usize) -> Result<Vec<u32>> {
+        let mut hm = self.flush()?;
+        let mut drafts: Vec<Array> = Vec::with_capacity(k);
+        for j in 0..k {
+            let d = self.model.logits(&hm)?.argmax(-1, false)?; // [1, 1]
+            if j + 1 < k {
+                hm = self.model.mtp_forward(&hm, &d, &mut self.mtp_cache)?;
+            }
+            drafts.push(d);
+        }
+        let refs: Vec<&Array> = drafts.iter().collect();
+        let all = concatenate(&refs, 1)?.reshape(&[-1])?;
+        Ok(all.to_vec::<u32>()?)
+    }
+
+    /// Keeps the accepted prefix in every cache and queues the committed pairs for the head.
+    fn commit(&mut self, hidden: &Array, accepted: &[u32], next: u32, k: usize) -> Result<()> {
+        let a = accepted.len();
+        for c in self.cache.iter_mut() {
+            match c {
+                LayerCache::Kv(kv) => kv.trim((k - a) as i32)?,
+                LayerCache::Linear(s) => s.rollback(a + 1, self.model.linear_kernel())?,
+            }
+        }
+        // The k-1 chained draft entries were speculative.
+        self.mtp_cache.trim(k as i32 - 1)?;
+        self.pending_hidden.push(hidden.slice_axis(1, 0, a as i32 + 1)?);
+        self.pending_tokens.extend_from_slice(accepted);
+        self.pending_tokens.push(next);
+        self.last = next;
+        Ok(())
+    }
+
+    /// Verifies one token at a time, so verify logits are exactly those of plain decoding, and
+    /// stops at the first mismatch (no rollback of the main caches is needed).
+    fn exact_cycle(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, drafts: &[u32], stats: &mut Stats, t0: Instant, t1: Instant) -> Result<Vec<u32>> {
+        let k = drafts.len();
+        let mut fed = self.last;
+        let mut accepted = 0;
+        let mut hiddens = Vec::new();
+        let next = loop {
+            let h = self.model.forward(&Array::from_slice(&[fed as i32], &[1, 1])?, &mut self.cache)?;
+            let tok = sample_last(self.model, sampler, &h, history)?;
+            hiddens.push(h);
+            if accepted < k && tok == drafts[accepted] {
+                fed = tok;
+                history.push(tok);
+                accepted += 1;
+            } else {
+                break tok;
+            }
+        };
+        let t2 = Instant::now();
+        self.mtp_cache.trim(k as i32 - 1)?;
+        self.pending_hidden.extend(hiddens);
+        self.pending_tokens.extend_from_slice(&drafts[..accepted]);
+        self.pending_tokens.push(next);
+        self.last = next;
+        let spec = stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth));
+        spec.record_cycle(k, accepted);
+        spec.ms.draft += ms(t0, t1);
+        spec.ms.verify += ms(t1, t2);
+        self.emitted_in_cycles += accepted + 1;
+        self.ctl.after_spec(ms(t0, t2), accepted + 1);
+        let mut out = drafts[..accepted].to_vec();
+        out.push(next);
+        Ok(out)
+    }
+
+    /// Plain decoding while parked; the head catches up later from `pending`.
+    fn plain_step(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>) -> Result<Vec<u32>> {
+        let t0 = Instant::now();
+        history.push(self.last);
+        let h = self.model.forward(&Array::from_slice(&[self.last as i32], &[1, 1])?, &mut self.cache)?;
+        let next = sample_last(self.model, sampler, &h, history)?;
+        self.pending_hidden.push(h);
+        self.pending_tokens.push(next);
+        self.last = next;
+        self.ctl.after_plain(ms(t0, Instant::now()));
+        Ok(vec![next])
+    }
+}
+
+fn ms(a: Instant, b: Instant) -> f64 {
+    (b - a).as_secs_f64() * 1e3
+}
+
+/// Decides how many drafts to accept from verify logits `[k+1, V]` and the token that follows them.
+/// Greedy: the longest prefix where the target's argmax equals the draft, then the target's argmax.
+/// Sampling (drafts are argmax, so q is one-hot): accept d_j with probability p_j(d_j); on rejection
+/// draw from p_j with d_j removed; after all k, draw the bonus from p_k. This keeps the output
+/// distribution exactly the target's (speculative sampling).
+fn accept(sampler: &mut Sampler, logits: &Array, drafts: &[u32], history: &mut Vec<u32>) -> Result<(usize, u32)> {
+    let k = drafts.len();
+    let row = |sampler: &Sampler, j: usize, hist: &[u32]| -> Result<Array> {
+        let l = logits.slice_axis(0, j as i32, j as i32 + 1)?.reshape(&[-1])?;
+        Ok(sampler.penalize(&l, hist)?)
+    };
+    if sampler.is_greedy() && sampler.params.repetition_penalty == 1.0 {
+        let targets = logits.argmax(-1, false)?.to_vec::<u32>()?;
+        let a = (0..k).take_while(|&j| targets[j] == drafts[j]).count();
+        return Ok((a, targets[a]));
+    }
+    for j in 0..k {
+        let l = row(sampler, j, history)?;
+        if sampler.is_greedy() {
+            let t = l.argmax(-1, false)?.item::<u32>()?;
+            if t != drafts[j] {
+                return Ok((j, t));
+            }
+        } else {
+            let lp = sampler.logprobs(&l)?;
+            let p = lp.exp()?;
+            let pd = p.take(&Array::from_slice(&[drafts[j] as i32], &[1])?, 0)?.item::<f32>()?;
+            let u = random::uniform(&[1], Dtype::F32, &sampler.next_key()?)?.item::<f32>()?;
+            if u >= pd {
+                // Residual max(0, p - q) with q one-hot at d_j: p without d_j, renormalised.
+                let mask = Array::arange(0.0, p.dim(0) as f64, 1.0, Dtype::I32)?.equal(&Array::scalar(drafts[j], Dtype::I32)?)?;
+                let resid = mlx::where_(&mask, &Array::f32(f32::NEG_INFINITY), &lp)?;
+                let t = random::categorical(&resid, -1, &sampler.next_key()?)?.item::<u32>()?;
+                return Ok((j, t));
+            }
+        }
+        history.push(drafts[j]);
+    }
+    let l = row(sampler, k, history)?;
+    let t = sampler.sample(&l)?.item::<u32>()?;
+    Ok((k, t))
+}
+
+/// Parks drafting (depth 0) when a speculative cycle costs more per token than a plain step.
+struct Controller {
+    adaptive: bool,
+    spec_ms_per_tok: Option<f64>,
+    plain_ms_per_tok: Option<f64>,
+    parked_left: usize,
+    cycles_since_probe: usize,
+    reason: Option<String>,
+}
+
+impl Controller {
+    const PROBE: usize = 2;
+    const PARK: usize = 16;
+    const REPROBE_EVERY: usize = 64;
+
+    fn new(adaptive: bool) -> Controller {
+        // Measure plain decoding first (two steps) so there is something to compare with.
+        Controller { adaptive, spec_ms_per_tok: None, plain_ms_per_tok: None, parked_left: if adaptive { Self::PROBE } else { 0 }, cycles_since_probe: 0, reason: None }
+    }
+
+    fn parked(&self) -> bool {
+        self.parked_left > 0
+    }
+
+    fn after_plain(&mut self, ms: f64) {
+        self.plain_ms_per_tok = Some(ema(self.plain_ms_per_tok, ms));
+        self.parked_left = self.parked_left.saturating_sub(1);
+    }
+
+    fn after_spec(&mut self, ms: f64, emitted: usize) {
+        self.spec_ms_per_tok = Some(ema(self.spec_ms_per_tok, ms / emitted as f64));
+        self.cycles_since_probe += 1;
+        if !self.adaptive {
+            return;
+        }
+        if let (Some(spec), Some(plain)) = (self.spec_ms_per_tok, self.plain_ms_per_tok) {
+            if self.cycles_since_probe >= 3 && spec > plain {
+                self.reason = Some(format!("parked: drafting costs {spec:.2} ms/token, plain decoding {plain:.2} ms/token"));
+                tracing::debug!("{}", self.reason.as_deref().unwrap_or(""));
+                self.parked_left = Self::PARK;
+                self.cycles_since_probe = 0;
+                self.spec_ms_per_tok = None;
+                return;
+            }
+        }
+        if self.cycles_since_probe >= Self::REPROBE_EVERY {
+            self.parked_left = Self::PROBE;
+            self.cycles_since_probe = 0;
+        }
+    }
+}
+
+fn ema(prev: Option<f64>, x: f64) -> f64 {
+    prev.map_or(x, |p| 0.7 * p + 0.3 * x)
+}

@@ -1,0 +1,150 @@
+//! Turning logits into tokens: repetition penalty, temperature, top-k, top-p and min-p filters,
+//! then greedy or seeded categorical sampling. The processed distribution is exposed too, because
+//! speculative sampling must accept and resample against exactly the distribution it would sample.
+
+use mlx::{random, where_, Array, Dtype};
+
+pub type Result<T> = std::result::Result<T, mlx::Error>;
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 1 disables nucleus filtering.
+    pub top_p: f32,
+    /// 0 disables top-k.
+    pub top_k: usize,
+    /// 0 disables min-p.
+    pub min_p: f32,
+    /// 1 disables the penalty.
+    pub repetition_penalty: f32,
+    /// How many recent tokens the penalty looks at.
+    pub repetition_context: usize,
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, min_p: 0.0, repetition_penalty: 1.0, repetition_context: 64, seed: None }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self::default()
+    }
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+    /// Checks ranges; the message names the field and value.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let bad = |f: &str, v: f32| Err(format!("{f} = {v} is out of range"));
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad("temperature", self.temperature);
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", self.top_p);
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", self.min_p);
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return bad("repetition_penalty", self.repetition_penalty);
+        }
+        Ok(())
+    }
+}
+
+/// A sampler with its own random stream (seeded for reproducible runs).
+pub struct Sampler {
+    pub params: SamplingParams,
+    key: Array,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Result<Sampler> {
+        let seed = params.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+        });
+        Ok(Sampler { params, key: random::key(seed)? })
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.params.is_greedy()
+    }
+
+    /// A fresh subkey; advances the stream.
+    pub fn next_key(&mut self) -> Result<Array> {
+        let mut keys = random::split(&self.key, 2)?.into_iter();
+        let (next, sub) = (keys.next(), keys.next());
+        match (next, sub) {
+            (Some(n), Some(s)) => {
+                self.key = n;
+                Ok(s)
+            }
+            _ => Err(mlx::Error::Invalid("random split returned fewer than two keys".into())),
+        }
+    }
+
+    /// Applies the repetition penalty for `history` to one row of logits `[V]` (f32).
+    pub fn penalize(&self, logits: &Array, history: &[u32]) -> Result<Array> {
+        let p = self.params.repetition_penalty;
+        if p == 1.0 || history.is_empty() {
+            return Ok(logits.clone());
+        }
+        let start = history.len().saturating_sub(self.params.repetition_context);
+        let mut recent: Vec<u32> = history[start..].to_vec();
+        recent.sort_unstable();
+        recent.dedup();
+        let idx = Array::from_slice(&recent, &[recent.len() as i32])?;
+        let picked = logits.take(&idx, -1)?;
+        let penalty = Array::f32(p);
+        // transformers' rule: divide positive logits, multiply negative ones.
+        let scaled = where_(&picked.greater(&Array::f32(0.0))?, &picked.divide(&penalty)?, &picked.multiply(&penalty)?)?;
+        logits.put_along_axis(&idx, &scaled, -1)
+    }
+
+    /// Log-probabilities `[.., V]` of the distribution this sampler draws from: temperature, then
+    /// top-k, top-p and min-p filters (filtered entries are -inf). Greedy callers use argmax instead.
+    pub fn logprobs(&self, logits: &Array) -> Result<Array> {
+        let p = &self.params;
+        let neg_inf = Array::f32(f32::NEG_INFINITY);
+        let mut x = logits.as_dtype(Dtype::F32)?;
+        if p.temperature > 0.0 {
+            x = x.multiply(&Array::f32(1.0 / p.temperature))?;
+        }
+        let vocab = x.dim(-1) as usize;
+        if p.top_k > 0 && p.top_k < vocab {
+            let kth = x.topk(p.top_k as i32, -1)?.min(&[-1], true)?;
+            x = where_(&x.less(&kth)?, &neg_inf, &x)?;
+        }
+        let mut lp = x.subtract(&x.logsumexp(&[-1], true)?)?;
+        if p.top_p < 1.0 {
+            // Keep the smallest set of most likely tokens whose mass reaches top_p: a token stays when
+            // the mass strictly before it (in descending order) is below top_p.
+            let probs = lp.exp()?;
+            let sorted = probs.negative()?.sort(-1)?.negative()?;
+            let before = sorted.cumsum(-1, false, false)?;
+            let kept = where_(&before.less(&Array::f32(p.top_p))?, &sorted, &Array::f32(f32::INFINITY))?;
+            let threshold = kept.min(&[-1], true)?;
+            lp = where_(&probs.less(&threshold)?, &neg_inf, &lp)?;
+        }
+        if p.min_p > 0.0 {
+            let max = lp.max(&[-1], true)?;
+            let cut = max.add(&Array::f32(p.min_p.ln()))?;
+            lp = where_(&lp.less(&cut)?, &neg_inf, &lp)?;
+        }
+        lp.subtract(&lp.logsumexp(&[-1], true)?)
+    }
+
+    /// Picks tokens from logits `[.., V]`: argmax when greedy, else a draw from [`Self::logprobs`].
+    pub fn sample(&mut self, logits: &Array) -> Result<Array> {
+        if self.is_greedy() {
+            return logits.argmax(-1, false);
+        }
+        let lp = self.logprobs(logits)?;
+        let key = self.next_key()?;
+        random::categorical(&lp, -1, &key)
+    }
+}

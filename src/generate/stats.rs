@@ -1,0 +1,87 @@
+//! The statistics of one generation: one JSON shape for the CLI (`--json`), HTTP and the UI
+//! (DESIGN.md, "Statistics").
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Stats {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub ttft_ms: f64,
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    pub spec: Option<SpecStats>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct DepthStats {
+    pub depth: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PhaseMs {
+    pub draft: f64,
+    pub verify: f64,
+    pub sample: f64,
+    pub rollback: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SpecStats {
+    pub method: String,
+    pub depth: usize,
+    pub cycles: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+    pub acceptance: f64,
+    pub tok_per_cycle: f64,
+    pub by_depth: Vec<DepthStats>,
+    /// `accepted_hist[i]`: cycles that accepted exactly `i` drafts.
+    pub accepted_hist: Vec<usize>,
+    pub parked_cycles: usize,
+    pub ms: PhaseMs,
+    /// Why MTP is not running (None while it runs).
+    pub fallback: Option<String>,
+}
+
+impl SpecStats {
+    pub fn new(depth: usize) -> SpecStats {
+        SpecStats {
+            method: "mtp".into(),
+            depth,
+            by_depth: (1..=depth).map(|d| DepthStats { depth: d, ..Default::default() }).collect(),
+            accepted_hist: vec![0; depth + 1],
+            ..Default::default()
+        }
+    }
+
+    /// A stats block for a run where MTP was asked for but could not run.
+    pub fn fallback(depth: usize, why: impl Into<String>) -> SpecStats {
+        SpecStats { fallback: Some(why.into()), ..SpecStats::new(depth) }
+    }
+
+    /// Records one cycle that drafted `drafted` tokens and accepted the first `accepted` of them.
+    pub fn record_cycle(&mut self, drafted: usize, accepted: usize) {
+        self.cycles += 1;
+        self.drafted += drafted;
+        self.accepted += accepted;
+        for d in 0..drafted {
+            if let Some(slot) = self.by_depth.get_mut(d) {
+                slot.drafted += 1;
+                if d < accepted {
+                    slot.accepted += 1;
+                }
+            }
+        }
+        if let Some(h) = self.accepted_hist.get_mut(accepted) {
+            *h += 1;
+        }
+    }
+
+    pub fn finish(&mut self, emitted_in_cycles: usize) {
+        self.acceptance = if self.drafted > 0 { self.accepted as f64 / self.drafted as f64 } else { 0.0 };
+        self.tok_per_cycle = if self.cycles > 0 { emitted_in_cycles as f64 / self.cycles as f64 } else { 0.0 };
+    }
+}

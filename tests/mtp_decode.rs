@@ -1,0 +1,90 @@
+//! MTP speculative decoding on a random checkpoint: greedy output identical to plain decoding at
+//! every depth, and caches after rollback equal to those of a run that never saw the drafts.
+
+mod common;
+
+use common::*;
+use mlx::Array;
+use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams};
+use tandem::model::{self, LoadOptions, Qwen35};
+
+fn run(m: &Qwen35, prompt: &[u32], mtp: Option<MtpOptions>, n: usize) -> (Vec<u32>, tandem::generate::Stats) {
+    let opts = GenerateOptions {
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        mtp: mtp.unwrap_or(MtpOptions { enabled: false, ..Default::default() }),
+        ..Default::default()
+    };
+    let out = generate(m, prompt, &opts, &mut |_| Control::Continue).unwrap();
+    (out.tokens, out.stats)
+}
+
+#[test]
+fn greedy_with_mtp_equals_greedy_without_in_f32() {
+    let dir = tempdir();
+    random_hf_model(dir.path(), &["--seed", "5"]);
+    let m = model::load(dir.path(), &LoadOptions::default()).unwrap();
+    assert!(m.has_mtp(), "{:?}", m.mtp_status);
+    let prompt: Vec<u32> = vec![3, 17, 99, 4, 250, 8, 8, 61];
+    let (plain, stats) = run(&m, &prompt, None, 40);
+    assert_eq!(plain.len(), 40);
+    assert!(stats.spec.is_none());
+    for depth in [1, 2, 3, 5] {
+        for exact_verify in [false, true] {
+            let opts = MtpOptions { enabled: true, depth, adaptive: false, exact_verify };
+            let (spec, stats) = run(&m, &prompt, Some(opts), 40);
+            assert_eq!(spec, plain, "depth {depth}, exact_verify {exact_verify}");
+            let s = stats.spec.expect("spec stats");
+            assert!(s.cycles > 0 && s.drafted > 0, "depth {depth}: {s:?}");
+            assert_eq!(s.accepted_hist.iter().sum::<usize>(), s.cycles);
+            assert_eq!(s.by_depth.iter().map(|d| d.drafted).sum::<usize>(), s.drafted);
+        }
+    }
+}
+
+/// The arrays of every layer cache, flattened to f32 vectors.
+fn snapshot(cache: &[tandem::cache::LayerCache]) -> Vec<Vec<f32>> {
+    cache.iter().flat_map(|c| c.arrays()).map(|a| a.to_f32_vec().unwrap()).collect()
+}
+
+#[test]
+fn rollback_restores_the_caches_of_a_run_without_the_drafts() {
+    let dir = tempdir();
+    random_hf_model(dir.path(), &["--seed", "6"]);
+    let m = model::load(dir.path(), &LoadOptions::default()).unwrap();
+    let prompt: Vec<i32> = vec![5, 6, 7, 8, 9, 10];
+    let verify: Vec<i32> = vec![11, 12, 13, 14]; // the pending token and three drafts
+    for keep in 1..=verify.len() {
+        // Run prompt + all verify tokens with recording, then roll back to `keep` of them.
+        let mut cache = m.make_cache();
+        m.forward(&Array::from_slice(&prompt, &[1, prompt.len() as i32]).unwrap(), &mut cache).unwrap();
+        for c in cache.iter_mut() {
+            if let Some(s) = c.as_linear() {
+                s.record_next = true;
+            }
+        }
+        m.forward(&Array::from_slice(&verify, &[1, verify.len() as i32]).unwrap(), &mut cache).unwrap();
+        for c in cache.iter_mut() {
+            match c {
+                tandem::cache::LayerCache::Kv(kv) => kv.trim((verify.len() - keep) as i32).unwrap(),
+                tandem::cache::LayerCache::Linear(s) => s.rollback(keep, m.linear_kernel()).unwrap(),
+            }
+        }
+        // A run that only ever saw the kept tokens.
+        let mut clean = m.make_cache();
+        let mut seen = prompt.clone();
+        seen.extend_from_slice(&verify[..keep]);
+        m.forward(&Array::from_slice(&seen, &[1, seen.len() as i32]).unwrap(), &mut clean).unwrap();
+        let (a, b) = (snapshot(&cache), snapshot(&clean));
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            let e = rel_err(x, y);
+            assert!(e < 1e-5, "keep {keep}: cache array {i} differs (relative error {e})");
+        }
+        // And the next step's logits agree.
+        let next = Array::from_slice(&[42i32], &[1, 1]).unwrap();
+        let la = m.logits(&m.forward(&next, &mut cache).unwrap()).unwrap().to_f32_vec().unwrap();
+        let lb = m.logits(&m.forward(&next, &mut clean).unwrap()).unwrap().to_f32_vec().unwrap();
+        assert!(rel_err(&la, &lb) < 1e-5, "keep {keep}: logits after rollback differ");
+    }
+}
