@@ -1,0 +1,811 @@
+//! Tokenizer and chat template: messages (text and images) -> prompt text -> token ids, and generated
+//! ids -> text, with Hugging Face semantics.
+//!
+//! A model folder holds `tokenizer.json` (the `tokenizers` format), `tokenizer_config.json` (special
+//! tokens, added tokens, usually the chat template), optionally `chat_template.jinja` or
+//! `chat_template.json` (the processor's template of vision-language models), and the stop tokens in
+//! `generation_config.json` and `config.json`.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use minijinja::value::{Kwargs, Value};
+use minijinja::{context, Environment, ErrorKind};
+use serde_json::Value as Json;
+use tokenizers::AddedToken;
+
+/// Used when a checkpoint ships no chat template. ChatML, which every Qwen model speaks; an image
+/// becomes Qwen's vision placeholder, which the vision code expands.
+const CHATML_TEMPLATE: &str = r#"{%- for message in messages %}
+{{- '<|im_start|>' + message.role + '\n' }}
+{%- if message.content is string %}
+{{- message.content }}
+{%- else %}
+{%- for part in message.content %}
+{%- if part.type == 'text' %}{{- part.text }}
+{%- elif part.type == 'image' %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}
+{%- endif %}
+{%- endfor %}
+{%- endif %}
+{{- '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"#;
+
+const FALLBACK_ORIGIN: &str = "built-in ChatML template";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    #[error("{}: no such folder", dir.display())]
+    MissingDir { dir: PathBuf },
+    #[error("{}: no tokenizer.json in this folder", dir.display())]
+    MissingTokenizer { dir: PathBuf },
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{}: invalid JSON: {source}", path.display())]
+    Json { path: PathBuf, source: serde_json::Error },
+    #[error("{}: cannot load the tokenizer: {message}", path.display())]
+    Tokenizer { path: PathBuf, message: String },
+    #[error("{}: field `{field}`: {message}", path.display())]
+    Field { path: PathBuf, field: String, message: String },
+    #[error("{}: chat template: {message}", dir.display())]
+    Template { dir: PathBuf, message: String },
+    #[error("cannot {action}: {message}")]
+    Codec { action: &'static str, message: String },
+}
+
+type Result<T, E = ChatError> = std::result::Result<T, E>;
+
+/// One part of a message: text, or an image whose pixels travel separately.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ContentPart {
+    Text(String),
+    Image,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// "system", "user", "assistant" or "tool", as the template expects.
+    pub role: String,
+    pub content: Vec<ContentPart>,
+}
+
+impl Message {
+    pub fn new(role: impl Into<String>, content: Vec<ContentPart>) -> Self {
+        Self { role: role.into(), content }
+    }
+    pub fn text(role: impl Into<String>, text: impl Into<String>) -> Self {
+        Self::new(role, vec![ContentPart::Text(text.into())])
+    }
+    pub fn system(text: impl Into<String>) -> Self {
+        Self::text("system", text)
+    }
+    pub fn user(text: impl Into<String>) -> Self {
+        Self::text("user", text)
+    }
+    pub fn assistant(text: impl Into<String>) -> Self {
+        Self::text("assistant", text)
+    }
+
+    /// HF form: a plain string when the message is only text (text templates call string methods on
+    /// it), the list form `[{"type": "text", "text": ..}, {"type": "image"}]` when it has images.
+    fn to_value(&self) -> Value {
+        let text_only = self.content.iter().all(|p| matches!(p, ContentPart::Text(_)));
+        let content = if text_only {
+            let text: String = self.content.iter().filter_map(ContentPart::as_text).collect();
+            Value::from(text)
+        } else {
+            let parts: Vec<Value> = self
+                .content
+                .iter()
+                .map(|part| match part {
+                    ContentPart::Text(text) => context! { type => "text", text => text },
+                    ContentPart::Image => context! { type => "image" },
+                })
+                .collect();
+            Value::from(parts)
+        };
+        context! { role => self.role.as_str(), content => content }
+    }
+}
+
+impl ContentPart {
+    fn as_text(&self) -> Option<&str> {
+        match self {
+            ContentPart::Text(text) => Some(text),
+            ContentPart::Image => None,
+        }
+    }
+}
+
+/// Options of one rendering, beyond the messages.
+#[derive(Debug, Clone, Default)]
+pub struct ChatOptions {
+    /// End with the header of an assistant turn, so that the model answers.
+    pub add_generation_prompt: bool,
+    /// Passed to the template only when set: Qwen3 templates test `enable_thinking is defined`.
+    pub enable_thinking: Option<bool>,
+}
+
+/// A model's tokenizer, special tokens, stop tokens and chat template.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    dir: PathBuf,
+    template: Environment<'static>,
+    /// Where the template came from; also its name inside `template`, so it appears in errors.
+    template_origin: String,
+    /// bos/eos/pad/unk token strings from tokenizer_config.json, passed to the template when set.
+    special_tokens: Vec<(&'static str, String)>,
+    stop_ids: Vec<u32>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("dir", &self.dir)
+            .field("vocab_size", &self.vocab_size())
+            .field("template_origin", &self.template_origin)
+            .field("stop_ids", &self.stop_ids)
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads the tokenizer, its configuration and chat template from a model folder.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            return Err(ChatError::MissingDir { dir: dir.to_owned() });
+        }
+        let tokenizer_path = dir.join("tokenizer.json");
+        if !tokenizer_path.is_file() {
+            return Err(ChatError::MissingTokenizer { dir: dir.to_owned() });
+        }
+        let bytes = std::fs::read(&tokenizer_path)
+            .map_err(|source| ChatError::Io { path: tokenizer_path.clone(), source })?;
+        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+            ChatError::Tokenizer { path: tokenizer_path.clone(), message: e.to_string() }
+        })?;
+
+        let config_path = dir.join("tokenizer_config.json");
+        let config = read_json_if_present(&config_path)?.unwrap_or(Json::Null);
+        add_missing_tokens(&mut inner, &config, &config_path)?;
+        let special_tokens = ["bos_token", "eos_token", "pad_token", "unk_token"]
+            .into_iter()
+            .filter_map(|field| token_field(&config, &config_path, field).transpose())
+            .collect::<Result<Vec<_>>>()?;
+
+        let (template_origin, source) = match find_template(dir, &config, &config_path)? {
+            Some(found) => found,
+            None => {
+                tracing::warn!("{}: no chat template; using the {FALLBACK_ORIGIN}", dir.display());
+                (FALLBACK_ORIGIN.to_owned(), CHATML_TEMPLATE.to_owned())
+            }
+        };
+        let template = template_env(&template_origin, source)
+            .map_err(|e| ChatError::Template { dir: dir.to_owned(), message: e })?;
+
+        let mut tokenizer = Self {
+            inner,
+            dir: dir.to_owned(),
+            template,
+            template_origin,
+            special_tokens,
+            stop_ids: Vec::new(),
+        };
+        tokenizer.stop_ids = tokenizer.collect_stop_ids(&config, &config_path)?;
+        Ok(tokenizer)
+    }
+
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| ChatError::Codec { action: "encode text", message: e.to_string() })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| ChatError::Codec { action: "decode ids", message: e.to_string() })
+    }
+
+    /// The id of a token of the vocabulary (added tokens included), e.g. `<|im_end|>`.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Tokens that end generation: generation_config's and config's eos ids, the tokenizer's eos
+    /// token, and the token that closes an assistant turn in the chat template. Deduplicated.
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.stop_ids
+    }
+
+    /// Number of ids the tokenizer can produce, added tokens included (the model's embedding table is
+    /// often padded beyond it).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Where the chat template came from: a file name, or the built-in fallback.
+    pub fn template_origin(&self) -> &str {
+        &self.template_origin
+    }
+
+    pub fn uses_fallback_template(&self) -> bool {
+        self.template_origin == FALLBACK_ORIGIN
+    }
+
+    pub fn apply_chat_template(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        self.apply_chat_template_with(
+            messages,
+            &ChatOptions { add_generation_prompt, ..ChatOptions::default() },
+        )
+    }
+
+    pub fn apply_chat_template_with(&self, messages: &[Message], options: &ChatOptions) -> Result<String> {
+        let messages: Vec<Value> = messages.iter().map(Message::to_value).collect();
+        // As transformers does: special tokens first, then the call's arguments; `tools` and
+        // `documents` are passed as none, not left undefined.
+        let mut vars: Vec<(&str, Value)> = self
+            .special_tokens
+            .iter()
+            .map(|(name, token)| (*name, Value::from(token.as_str())))
+            .collect();
+        vars.extend([
+            ("messages", Value::from(messages)),
+            ("add_generation_prompt", Value::from(options.add_generation_prompt)),
+            ("tools", Value::from(())),
+            ("documents", Value::from(())),
+        ]);
+        if let Some(enable_thinking) = options.enable_thinking {
+            vars.push(("enable_thinking", Value::from(enable_thinking)));
+        }
+        let ctx: Value = vars.into_iter().collect::<HashMap<_, _>>().into();
+        self.template
+            .get_template(&self.template_origin)
+            .and_then(|t| t.render(ctx))
+            .map_err(|e| ChatError::Template { dir: self.dir.clone(), message: describe(&e) })
+    }
+
+    /// Renders the conversation and encodes it. The template already wrote every special token, so
+    /// none is added again.
+    pub fn encode_chat(&self, messages: &[Message], add_generation_prompt: bool) -> Result<Vec<u32>> {
+        self.encode(&self.apply_chat_template(messages, add_generation_prompt)?, false)
+    }
+
+    pub fn encode_chat_with(&self, messages: &[Message], options: &ChatOptions) -> Result<Vec<u32>> {
+        self.encode(&self.apply_chat_template_with(messages, options)?, false)
+    }
+
+    /// A decoder for ids generated one at a time.
+    pub fn stream_decoder(&self, skip_special_tokens: bool) -> StreamDecoder<'_> {
+        StreamDecoder { tokenizer: self, ids: Vec::new(), prefix: 0, read: 0, skip_special_tokens }
+    }
+
+    fn collect_stop_ids(&self, tokenizer_config: &Json, tokenizer_config_path: &Path) -> Result<Vec<u32>> {
+        let generation_path = self.dir.join("generation_config.json");
+        let config_path = self.dir.join("config.json");
+        let mut ids = Vec::new();
+        if let Some(generation) = read_json_if_present(&generation_path)? {
+            ids.extend(eos_ids(&generation, &generation_path, "eos_token_id")?);
+        }
+        if let Some(config) = read_json_if_present(&config_path)? {
+            ids.extend(eos_ids(&config, &config_path, "eos_token_id")?);
+            if let Some(text_config) = config.get("text_config") {
+                ids.extend(eos_ids(text_config, &config_path, "text_config.eos_token_id")?);
+            }
+        }
+        if let Some(eos) = token_field(tokenizer_config, tokenizer_config_path, "eos_token")? {
+            ids.extend(self.token_id(&eos.1));
+        }
+        ids.extend(self.turn_end_token());
+        let mut seen = std::collections::HashSet::new();
+        ids.retain(|id| seen.insert(*id));
+        Ok(ids)
+    }
+
+    /// The special token the template writes right after an assistant's words (`<|im_end|>` in
+    /// ChatML), found by rendering a sample conversation: templates differ and few configs name it.
+    fn turn_end_token(&self) -> Option<u32> {
+        const MARK: &str = "TANDEM-END-OF-ANSWER";
+        let sample = [Message::user("Hi"), Message::assistant(MARK)];
+        let rendered = self.apply_chat_template(&sample, false).ok()?;
+        let after = &rendered[rendered.rfind(MARK)? + MARK.len()..];
+        let first = *self.encode(after, false).ok()?.first()?;
+        let special = self.inner.get_added_tokens_decoder().get(&first).is_some_and(|t| t.special);
+        special.then_some(first)
+    }
+}
+
+/// Turns generated ids into text incrementally. Byte-level BPE splits a multi-byte character across
+/// tokens, so text is only released once it decodes without a trailing replacement character; and
+/// each step decodes a short window that starts a few tokens back, because decoders such as
+/// SentencePiece's treat a leading space differently at the start of a sequence.
+pub struct StreamDecoder<'t> {
+    tokenizer: &'t Tokenizer,
+    ids: Vec<u32>,
+    /// `ids[prefix..read]` is the already released context of the window; `ids[read..]` is pending.
+    prefix: usize,
+    read: usize,
+    skip_special_tokens: bool,
+}
+
+impl StreamDecoder<'_> {
+    /// Adds one generated id; returns the text it completes, if any.
+    pub fn step(&mut self, id: u32) -> Result<Option<String>> {
+        self.ids.push(id);
+        let released = self.tokenizer.decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?;
+        let window = self.tokenizer.decode(&self.ids[self.prefix..], self.skip_special_tokens)?;
+        if window.ends_with(char::REPLACEMENT_CHARACTER) {
+            return Ok(None);
+        }
+        let Some(new) = window.get(released.len()..).filter(|new| !new.is_empty()) else {
+            return Ok(None);
+        };
+        let new = new.to_owned();
+        // The released ids now serve as context; older ones are not needed any more.
+        self.ids.drain(..self.read);
+        self.prefix = 0;
+        self.read = self.ids.len();
+        Ok(Some(new))
+    }
+
+    /// Releases whatever is pending at the end of generation, even an incomplete character.
+    pub fn flush(&mut self) -> Result<Option<String>> {
+        let released = self.tokenizer.decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?;
+        let window = self.tokenizer.decode(&self.ids[self.prefix..], self.skip_special_tokens)?;
+        self.ids.clear();
+        (self.prefix, self.read) = (0, 0);
+        let rest = window.get(released.len()..).unwrap_or(&window);
+        Ok((!rest.is_empty()).then(|| rest.to_owned()))
+    }
+}
+
+/// A Jinja environment configured as transformers configures its own: trim_blocks and lstrip_blocks,
+/// Python string methods, loop controls, `raise_exception` and a `tojson` that writes what Python's
+/// `json.dumps` writes.
+fn template_env(origin: &str, source: String) -> Result<Environment<'static>, String> {
+    let mut env = Environment::new();
+    let syntax = minijinja::syntax::SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .build()
+        .map_err(|e| e.to_string())?;
+    env.set_syntax(syntax);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |message: String| -> Result<Value, minijinja::Error> {
+        Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("raise_exception: {message}")))
+    });
+    env.add_filter("tojson", tojson);
+    env.add_template_owned(origin.to_owned(), source).map_err(|e| describe(&e))?;
+    Ok(env)
+}
+
+/// A minijinja error with its template location, and the cause where there is one.
+fn describe(e: &minijinja::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        message.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    message
+}
+
+/// Python's `json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys)`, which is
+/// transformers' `tojson`: `", "` and `": "` separators, no HTML escaping (minijinja's own escapes).
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let to_error =
+        |e: serde_json::Error| minijinja::Error::new(ErrorKind::InvalidOperation, "cannot serialize to JSON").with_source(e);
+    // Objects keep their insertion order, as Python's dicts do, unless sort_keys asks otherwise.
+    let out = if sort_keys == Some(true) {
+        let mut json = serde_json::to_value(value).map_err(to_error)?;
+        json.sort_all_objects();
+        write_json(&json, indent)
+    } else {
+        write_json(value, indent)
+    }
+    .map_err(to_error)?;
+    Ok(Value::from_safe_string(String::from_utf8_lossy(&out).into_owned()))
+}
+
+fn write_json(value: &impl serde::Serialize, indent: Option<usize>) -> serde_json::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    match indent {
+        Some(n) => {
+            let indent = vec![b' '; n];
+            let formatter = serde_json::ser::PrettyFormatter::with_indent(&indent);
+            value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, formatter))?
+        }
+        None => value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, PythonFormatter))?,
+    }
+    Ok(out)
+}
+
+/// serde_json's compact output with Python's default separators.
+struct PythonFormatter;
+
+impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_key<W: ?Sized + io::Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+fn read_json_if_present(path: &Path) -> Result<Option<Json>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(ChatError::Io { path: path.to_owned(), source }),
+    };
+    serde_json::from_str(&text).map(Some).map_err(|source| ChatError::Json { path: path.to_owned(), source })
+}
+
+fn field_error(path: &Path, field: &str, message: String) -> ChatError {
+    ChatError::Field { path: path.to_owned(), field: field.to_owned(), message }
+}
+
+/// A special token as tokenizer_config.json writes it: a string, an `AddedToken` object, or null.
+/// Returns the field's name with the token, ready for the template's variables.
+fn token_field(config: &Json, path: &Path, field: &'static str) -> Result<Option<(&'static str, String)>> {
+    let token = match config.get(field) {
+        None | Some(Json::Null) => return Ok(None),
+        Some(Json::String(token)) => token,
+        Some(Json::Object(object)) => match object.get("content") {
+            Some(Json::String(token)) => token,
+            _ => return Err(field_error(path, field, "an object without a string `content`".into())),
+        },
+        Some(other) => return Err(field_error(path, field, format!("expected a token string, got {other}"))),
+    };
+    Ok(Some((field, token.clone())))
+}
+
+/// `eos_token_id`: absent, null, an integer or a list of integers.
+fn eos_ids(config: &Json, path: &Path, field: &str) -> Result<Vec<u32>> {
+    let key = field.rsplit('.').next().unwrap_or(field);
+    let as_id = |v: &Json| {
+        v.as_u64()
+            .and_then(|id| u32::try_from(id).ok())
+            .ok_or_else(|| field_error(path, field, format!("expected a token id, got {v}")))
+    };
+    match config.get(key) {
+        None | Some(Json::Null) => Ok(Vec::new()),
+        Some(Json::Array(items)) => items.iter().map(as_id).collect(),
+        Some(id) => Ok(vec![as_id(id)?]),
+    }
+}
+
+/// tokenizer_config.json's `added_tokens_decoder` usually repeats tokenizer.json's added tokens;
+/// transformers adds those that are missing, and so do we.
+fn add_missing_tokens(tokenizer: &mut tokenizers::Tokenizer, config: &Json, path: &Path) -> Result<()> {
+    let Some(decoder) = config.get("added_tokens_decoder") else {
+        return Ok(());
+    };
+    let decoder: HashMap<String, AddedToken> = serde_json::from_value(decoder.clone())
+        .map_err(|e| field_error(path, "added_tokens_decoder", e.to_string()))?;
+    let mut missing: Vec<(u32, AddedToken)> = Vec::new();
+    for (id, token) in decoder {
+        let id = id
+            .parse()
+            .map_err(|_| field_error(path, "added_tokens_decoder", format!("`{id}` is not a token id")))?;
+        if tokenizer.token_to_id(&token.content).is_none() {
+            missing.push((id, token));
+        }
+    }
+    missing.sort_by_key(|(id, _)| *id);
+    for (id, token) in missing {
+        let content = token.content.clone();
+        tokenizer.add_tokens([token]).map_err(|e| field_error(path, "added_tokens_decoder", e.to_string()))?;
+        let got = tokenizer.token_to_id(&content);
+        if got != Some(id) {
+            tracing::warn!("{}: added token {content:?} got id {got:?}, not {id}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// The chat template and where it came from, in transformers' order of precedence:
+/// `chat_template.jinja`, then `chat_template.json`, then tokenizer_config.json's `chat_template`.
+fn find_template(dir: &Path, config: &Json, config_path: &Path) -> Result<Option<(String, String)>> {
+    let jinja_path = dir.join("chat_template.jinja");
+    match std::fs::read_to_string(&jinja_path) {
+        Ok(source) => return Ok(Some(("chat_template.jinja".into(), source))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => return Err(ChatError::Io { path: jinja_path, source }),
+    }
+    let json_path = dir.join("chat_template.json");
+    if let Some(json) = read_json_if_present(&json_path)? {
+        if let Some(source) = template_field(&json, &json_path)? {
+            return Ok(Some(("chat_template.json".into(), source)));
+        }
+    }
+    Ok(template_field(config, config_path)?.map(|source| ("tokenizer_config.json".into(), source)))
+}
+
+/// `chat_template`: a string, or a list of `{name, template}` of which transformers uses "default".
+fn template_field(config: &Json, path: &Path) -> Result<Option<String>> {
+    const FIELD: &str = "chat_template";
+    match config.get(FIELD) {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::String(source)) => Ok(Some(source.clone())),
+        Some(Json::Array(named)) => {
+            let name_of = |t: &Json| t.get("name").and_then(Json::as_str).map(str::to_owned);
+            let default = named.iter().find(|t| name_of(t).as_deref() == Some("default"));
+            match default.and_then(|t| t.get("template")).and_then(Json::as_str) {
+                Some(source) => Ok(Some(source.to_owned())),
+                None => {
+                    let names: Vec<String> = named.iter().filter_map(name_of).collect();
+                    let message = format!("no template named \"default\" with a string `template` (names: {names:?})");
+                    Err(field_error(path, FIELD, message))
+                }
+            }
+        }
+        Some(other) => Err(field_error(path, FIELD, format!("expected a string or a list of named templates, got {}", kind(other)))),
+    }
+}
+
+fn kind(value: &Json) -> &'static str {
+    match value {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "a list",
+        Json::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Reference values come from the genuine Qwen3 tokenizer and chat template (fetched by
+    //! `make setup`) and were produced with transformers 5.24 `apply_chat_template` on those files.
+    use super::*;
+    use std::sync::OnceLock;
+
+    fn qwen3_dir() -> PathBuf {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/assets/qwen3-tokenizer");
+        assert!(
+            dir.join("tokenizer.json").is_file(),
+            "{} is missing: run `make setup` (tools/fetch_test_assets.sh) to fetch the test tokenizer",
+            dir.display()
+        );
+        dir
+    }
+
+    fn qwen3() -> &'static Tokenizer {
+        static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
+        TOKENIZER.get_or_init(|| Tokenizer::from_dir(&qwen3_dir()).expect("load the Qwen3 tokenizer"))
+    }
+
+    /// A model folder with the Qwen3 tokenizer.json (linked, it is 11 MB) and the given files.
+    fn folder_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(qwen3_dir().join("tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        dir
+    }
+
+    fn load_error(files: &[(&str, &str)]) -> String {
+        Tokenizer::from_dir(folder_with(files).path()).unwrap_err().to_string()
+    }
+
+    fn conversation() -> Vec<Message> {
+        vec![Message::system("You are helpful."), Message::user("Hi"), Message::assistant("Hello!")]
+    }
+
+    #[test]
+    fn encodes_and_decodes_like_the_reference() {
+        let tok = qwen3();
+        let ids = tok.encode("<|im_start|>user\nHi<|im_end|>", false).unwrap();
+        assert_eq!(ids, [151644, 872, 198, 13048, 151645]);
+        assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_start|>user\nHi<|im_end|>");
+        assert_eq!(tok.decode(&ids, true).unwrap(), "user\nHi");
+        assert_eq!(tok.token_id("<|im_end|>"), Some(151645));
+        assert_eq!(tok.token_id("<|image_pad|>"), Some(151655));
+        assert_eq!(tok.vocab_size(), 151_669);
+    }
+
+    #[test]
+    fn stop_ids_without_model_configs_are_the_end_of_turn_token() {
+        // tokenizer_config's eos and the template's end of turn are both <|im_end|>.
+        assert_eq!(qwen3().stop_ids(), [151645]);
+    }
+
+    #[test]
+    fn stop_ids_merge_generation_config_and_config() {
+        let config = std::fs::read_to_string(qwen3_dir().join("tokenizer_config.json")).unwrap();
+        let dir = folder_with(&[
+            ("tokenizer_config.json", &config),
+            ("generation_config.json", r#"{"eos_token_id": [151645, 151643]}"#),
+            ("config.json", r#"{"eos_token_id": null, "text_config": {"eos_token_id": 151643}}"#),
+        ]);
+        assert_eq!(Tokenizer::from_dir(dir.path()).unwrap().stop_ids(), [151645, 151643]);
+    }
+
+    #[test]
+    fn qwen3_template_renders_like_transformers() {
+        let tok = qwen3();
+        assert_eq!(tok.template_origin(), "tokenizer_config.json");
+        // The last assistant turn after the last user turn gets an empty think block.
+        assert_eq!(
+            tok.apply_chat_template(&conversation(), true).unwrap(),
+            "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+             <|im_start|>assistant\n<think>\n\n</think>\n\nHello!<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let mut messages = conversation();
+        messages.push(Message::user("2+2?"));
+        let expected = "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+             <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n";
+        assert_eq!(tok.apply_chat_template(&messages, true).unwrap(), expected);
+        let no_thinking = ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) };
+        assert_eq!(
+            tok.apply_chat_template_with(&messages, &no_thinking).unwrap(),
+            format!("{expected}<think>\n\n</think>\n\n")
+        );
+        assert_eq!(
+            tok.encode_chat(&messages, true).unwrap(),
+            [
+                151644, 8948, 198, 2610, 525, 10950, 13, 151645, 198, 151644, 872, 198, 13048, 151645, 198,
+                151644, 77091, 198, 9707, 0, 151645, 198, 151644, 872, 198, 17, 10, 17, 30, 151645, 198,
+                151644, 77091, 198
+            ]
+        );
+    }
+
+    #[test]
+    fn qwen3_template_keeps_only_the_last_reasoning() {
+        // Exercises the pycompat string methods: split, lstrip, rstrip, strip, startswith.
+        let messages = [
+            Message::user("Hi"),
+            Message::assistant("<think>\nLet me think.\n</think>\n\nHello!"),
+            Message::user("Again"),
+            Message::assistant("<think>\nSecond.\n</think>\n\nHi again!"),
+        ];
+        assert_eq!(
+            qwen3().apply_chat_template(&messages, false).unwrap(),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n\
+             <|im_start|>assistant\n<think>\nSecond.\n</think>\n\nHi again!<|im_end|>\n"
+        );
+    }
+
+    #[test]
+    fn images_use_the_list_form_and_tojson_writes_like_python() {
+        let template = "{{ messages | tojson }}|{{ {'a': [1, 2.5, none, true]} | tojson(indent=2) }}";
+        let dir = folder_with(&[("chat_template.jinja", template)]);
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(tok.template_origin(), "chat_template.jinja");
+        let message = Message::new(
+            "user",
+            vec![ContentPart::Text("What is this? ü".into()), ContentPart::Image],
+        );
+        // Expected output from transformers' renderer on the same template.
+        assert_eq!(
+            tok.apply_chat_template(&[message], false).unwrap(),
+            "[{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"What is this? ü\"}, {\"type\": \"image\"}]}]\
+             |{\n  \"a\": [\n    1,\n    2.5,\n    null,\n    true\n  ]\n}"
+        );
+    }
+
+    #[test]
+    fn fallback_template_is_chatml_with_vision_placeholders() {
+        let dir = folder_with(&[]);
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        assert!(tok.uses_fallback_template());
+        let messages = [
+            Message::system("Be brief."),
+            Message::new("user", vec![ContentPart::Image, ContentPart::Text("What is it?".into())]),
+        ];
+        let text = tok.apply_chat_template(&messages, true).unwrap();
+        assert_eq!(
+            text,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n\
+             <|vision_start|><|image_pad|><|vision_end|>What is it?<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let ids = tok.encode_chat(&messages, true).unwrap();
+        assert_eq!(ids.iter().filter(|&&id| id == 151655).count(), 1, "one <|image_pad|>");
+        assert_eq!(tok.stop_ids(), [151645], "the fallback's end of turn is <|im_end|>");
+    }
+
+    #[test]
+    fn named_templates_use_default() {
+        let config = r#"{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}"#;
+        let dir = folder_with(&[("tokenizer_config.json", config)]);
+        assert_eq!(Tokenizer::from_dir(dir.path()).unwrap().apply_chat_template(&[], false).unwrap(), "D");
+    }
+
+    #[test]
+    fn stream_decoder_never_splits_a_character() {
+        let tok = qwen3();
+        let text = "Hi 👋🏽 世界！ Ünïcödé 🧑‍🚀 done. 日本語のテキスト";
+        let ids = tok.encode(text, false).unwrap();
+        let mut decoder = tok.stream_decoder(false);
+        let mut chunks = Vec::new();
+        for &id in &ids {
+            chunks.extend(decoder.step(id).unwrap());
+        }
+        chunks.extend(decoder.flush().unwrap());
+        assert!(chunks.iter().all(|c| !c.contains(char::REPLACEMENT_CHARACTER)), "{chunks:?}");
+        assert!(chunks.len() > 5, "text comes out incrementally: {chunks:?}");
+        assert_eq!(chunks.concat(), tok.decode(&ids, false).unwrap());
+        assert_eq!(chunks.concat(), text);
+    }
+
+    #[test]
+    fn stream_decoder_skips_special_tokens_and_flushes_a_cut_character() {
+        let tok = qwen3();
+        let mut ids = tok.encode("<|im_start|>assistant\n你好<|im_end|>", false).unwrap();
+        let mut decoder = tok.stream_decoder(true);
+        let text: String = ids.iter().filter_map(|&id| decoder.step(id).unwrap()).collect();
+        assert_eq!(text + &decoder.flush().unwrap().unwrap_or_default(), "assistant\n你好");
+
+        // A generation cut inside a character ends with a replacement character, not silence.
+        ids = tok.encode("🫠", false).unwrap();
+        assert!(ids.len() > 1, "the emoji spans several byte-level tokens");
+        let mut decoder = tok.stream_decoder(false);
+        assert_eq!(decoder.step(ids[0]).unwrap(), None);
+        assert_eq!(decoder.flush().unwrap().as_deref(), Some("\u{FFFD}"));
+    }
+
+    #[test]
+    fn missing_folder_and_missing_tokenizer_are_named() {
+        let error = Tokenizer::from_dir(Path::new("/nonexistent/model")).unwrap_err();
+        assert_eq!(error.to_string(), "/nonexistent/model: no such folder");
+        let dir = tempfile::tempdir().unwrap();
+        let error = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
+        assert_eq!(error, format!("{}: no tokenizer.json in this folder", dir.path().display()));
+    }
+
+    #[test]
+    fn corrupt_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), r#"{"version": "1.0", "model": "#).unwrap();
+        let error = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("tokenizer.json: cannot load the tokenizer: EOF"), "{error}");
+
+        let error = load_error(&[("tokenizer_config.json", "{not json")]);
+        assert!(error.contains("tokenizer_config.json: invalid JSON: key must be a string at line 1"), "{error}");
+        let error = load_error(&[("generation_config.json", r#"{"eos_token_id": "</s>"}"#)]);
+        assert!(error.ends_with(r#"generation_config.json: field `eos_token_id`: expected a token id, got "</s>""#), "{error}");
+        let error = load_error(&[("config.json", r#"{"text_config": {"eos_token_id": [1, -2]}}"#)]);
+        assert!(error.ends_with("config.json: field `text_config.eos_token_id`: expected a token id, got -2"), "{error}");
+        let error = load_error(&[("tokenizer_config.json", r#"{"eos_token": 7}"#)]);
+        assert!(error.ends_with("tokenizer_config.json: field `eos_token`: expected a token string, got 7"), "{error}");
+        let error = load_error(&[("tokenizer_config.json", r#"{"chat_template": 7}"#)]);
+        assert!(error.ends_with("field `chat_template`: expected a string or a list of named templates, got a number"), "{error}");
+        let error = load_error(&[("tokenizer_config.json", r#"{"chat_template": [{"name": "tool_use", "template": "T"}]}"#)]);
+        assert!(error.ends_with(r#"no template named "default" with a string `template` (names: ["tool_use"])"#), "{error}");
+    }
+
+    #[test]
+    fn template_syntax_error_is_reported_at_load() {
+        let error = load_error(&[("chat_template.jinja", "{% for m in messages %}{{ m.role }}")]);
+        assert!(error.contains("chat template: syntax error"), "{error}");
+        assert!(error.contains("chat_template.jinja"), "{error}");
+    }
+
+    #[test]
+    fn raise_exception_becomes_an_error() {
+        let template = "{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must start with a user') }}{% endif %}ok";
+        let dir = folder_with(&[("chat_template.jinja", template)]);
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        assert_eq!(tok.apply_chat_template(&[Message::user("Hi")], false).unwrap(), "ok");
+        let error = tok.apply_chat_template(&[Message::system("S")], false).unwrap_err().to_string();
+        assert!(error.contains("chat template: invalid operation: raise_exception: Conversations must start with a user"), "{error}");
+        assert!(error.contains("chat_template.jinja"), "{error}");
+    }
+}
