@@ -9,7 +9,7 @@ Phases (each bounded in wall-clock time so the whole run fits one 10-minute devi
      distribution as soft target (so argmax agreement == greedy draft acceptance).
   3. weights rounded to bf16 (A_log kept f32), then every reported figure is measured on those weights in f32.
 
-usage: python train.py --text .cache/text --tok .cache/tok --out OUT_DIR [--train-seconds 270] [--head-seconds 60]
+usage: python train.py --text .cache/text --tok .cache/tok --out OUT_DIR [--train-seconds 270] [--max-epochs 30] [--head-seconds 60]
 """
 from __future__ import annotations
 
@@ -208,11 +208,13 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--max-epochs", type=float, default=30, help="phase 1 stops after this many passes over the train text")
     ap.add_argument("--mtp-weight", type=float, default=0.3)
     ap.add_argument("--chat-frac", type=float, default=0.15)
     ap.add_argument("--eval-every", type=float, default=20)
     ap.add_argument("--n-distill", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--phase1-out", default=None, help="also save the phase-1 weights (bf16 safetensors) here")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run to test the pipeline")
     a = ap.parse_args()
 
@@ -256,16 +258,17 @@ def main():
             xs.append(src[o : o + L + 1])
         return torch.from_numpy(np.stack(xs)).to(dev, non_blocking=True)
 
-    warm = 150
+    max_steps = int(a.max_epochs * len(train_ids) / (a.batch * L))
+    warm = min(150, max(10, max_steps // 8))
     step, t_start, last_eval = 0, time.time(), time.time()
     best = (float("inf"), None, 0)
     hist = []
     ev_windows = 16 if a.smoke else 48
     while True:
         el = time.time() - t_start
-        if el > a.train_seconds:
+        frac = max(el / a.train_seconds, step / max_steps)  # whichever budget runs out first
+        if frac >= 1.0:
             break
-        frac = el / a.train_seconds
         lr = a.lr * min(1.0, (step + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
@@ -295,6 +298,10 @@ def main():
         log(f"restoring best state from step {best[2]} (held-out {best[0]:.4f})")
         model.load_state_dict(best[1])
     steps_phase1 = step
+    if a.phase1_out:
+        from safetensors.torch import save_file
+
+        save_file(to_checkpoint_dtypes(model.hf_state_dict()), a.phase1_out)
     tokens_phase1 = step * a.batch * L
     train_main_recent = float(np.mean([h[1] for h in hist[-5:]])) if hist else float("nan")
     train_mtp_recent = float(np.mean([h[2] for h in hist[-5:]])) if hist else float("nan")
@@ -320,60 +327,69 @@ def main():
     # ---------------- phase 2: head self-distillation on the trunk's own greedy continuations
     distill_info = {"seconds": 0.0}
     if a.head_seconds > 0:
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for p in model.mtp.parameters():
-            p.requires_grad_(True)
-        drng = np.random.default_rng(5)
-        n_d = 256 if a.smoke else a.n_distill
-        Pd, nd = (16, 24) if a.smoke else (32, 96)
-        offs = drng.integers(0, len(train_ids) - Pd - 1, n_d)
-        prompts = torch.from_numpy(np.stack([train_ids[o : o + Pd] for o in offs]))
-        # chat prompts from training text, left-padded with <|endoftext|> (a finished previous document)
-        c_rng = random.Random(11)
-        cps = []
-        while len(cps) < n_d // 8:
-            cp = chat_prompt(c_rng, c_rng.choice(train_sents))
-            if cp:
-                ids = tok.encode(cp[0]).ids[-Pd:]
-                cps.append([ENDOFTEXT] * (Pd - len(ids)) + ids)
-        prompts = torch.cat([prompts, torch.tensor(cps)], 0)
-        t_gen = time.time()
-        seqs = []
-        gb = 64 if a.smoke else 1024
-        for i in range(0, len(prompts), gb):
-            seqs.append(greedy(model, prompts[i : i + gb].to(dev), nd))
-        seqs = torch.cat(seqs, 0)
-        with torch.no_grad():
-            hs = torch.cat([model.trunk(seqs[i : i + 512]) for i in range(0, len(seqs), 512)], 0)
-        log(f"distill data: {tuple(seqs.shape)} in {time.time() - t_gen:.1f}s")
-        hopt = torch.optim.AdamW(model.mtp.parameters(), lr=5e-4, betas=(0.9, 0.95), weight_decay=0.0)
-        t_h, hstep = time.time(), 0
-        hb = 16 if a.smoke else 256
-        lm_head = model.lm.lm_head
-        while time.time() - t_h < a.head_seconds:
-            frac = (time.time() - t_h) / a.head_seconds
-            for g in hopt.param_groups:
-                g["lr"] = 5e-4 * min(1.0, (hstep + 1) / 30) * 0.5 * (1 + math.cos(math.pi * frac))
-            idx = torch.randint(0, len(seqs), (hb,), device=dev)
-            s, h = seqs[idx], hs[idx]
+        try:
+            for p in model.parameters():
+                p.requires_grad_(False)
+            for p in model.mtp.parameters():
+                p.requires_grad_(True)
+            drng = np.random.default_rng(5)
+            n_d = 64 if a.smoke else a.n_distill
+            Pd, nd = (16, 24) if a.smoke else (32, 96)
+            offs = drng.integers(0, len(train_ids) - Pd - 1, n_d)
+            prompts = torch.from_numpy(np.stack([train_ids[o : o + Pd] for o in offs]))
+            # chat prompts from training text, left-padded with <|endoftext|> (a finished previous document)
+            c_rng = random.Random(11)
+            cps = []
+            while len(cps) < n_d // 8:
+                cp = chat_prompt(c_rng, c_rng.choice(train_sents))
+                if cp:
+                    ids = tok.encode(cp[0]).ids[-Pd:]
+                    cps.append([ENDOFTEXT] * (Pd - len(ids)) + ids)
+            prompts = torch.cat([prompts, torch.tensor(cps)], 0)
+            t_gen = time.time()
+            seqs = []
+            gb = 64 if a.smoke else 1024
+            for i in range(0, len(prompts), gb):
+                seqs.append(greedy(model, prompts[i : i + gb].to(dev), nd))
+            seqs = torch.cat(seqs, 0)
             with torch.no_grad():
-                teacher = F.softmax(lm_head(h[:, 1:-1]).float(), -1)  # trunk distribution for x_{t+2}
-            model.mtp.train()
-            ml = model.head(h[:, :-2], s[:, 1:-1])
-            loss = F.cross_entropy(ml.float().reshape(-1, ml.shape[-1]), teacher.reshape(-1, teacher.shape[-1]))
-            hopt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.mtp.parameters(), 1.0)
-            hopt.step()
-            hstep += 1
-            if hstep % 50 == 0:
-                log(f"head step {hstep} soft-CE {loss.item():.4f}")
-        model.eval()
-        distill_info = {"seconds": time.time() - t_h, "steps": hstep, "sequences": int(len(seqs)), "prompt_len": Pd, "gen_len": nd}
-        del hs, seqs, hopt
-        for p in model.parameters():
-            p.requires_grad_(True)
+                hs = torch.cat([model.trunk(seqs[i : i + 512]) for i in range(0, len(seqs), 512)], 0)
+            log(f"distill data: {tuple(seqs.shape)} in {time.time() - t_gen:.1f}s")
+            hopt = torch.optim.AdamW(model.mtp.parameters(), lr=5e-4, betas=(0.9, 0.95), weight_decay=0.0)
+            t_h, hstep = time.time(), 0
+            hb = 16 if a.smoke else 256
+            lm_head = model.lm.lm_head
+            while time.time() - t_h < a.head_seconds:
+                frac = (time.time() - t_h) / a.head_seconds
+                for g in hopt.param_groups:
+                    g["lr"] = 5e-4 * min(1.0, (hstep + 1) / 30) * 0.5 * (1 + math.cos(math.pi * frac))
+                idx = torch.randint(0, len(seqs), (hb,), device=dev)
+                s, h = seqs[idx], hs[idx]
+                with torch.no_grad():
+                    teacher = F.softmax(lm_head(h[:, 1:-1]).float(), -1)  # trunk distribution for x_{t+2}
+                model.mtp.train()
+                ml = model.head(h[:, :-2], s[:, 1:-1])
+                loss = F.cross_entropy(ml.float().reshape(-1, ml.shape[-1]), teacher.reshape(-1, teacher.shape[-1]))
+                hopt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.mtp.parameters(), 1.0)
+                hopt.step()
+                hstep += 1
+                if hstep % 500 == 0:
+                    log(f"head step {hstep} soft-CE {loss.item():.4f}")
+            model.eval()
+            distill_info = {"seconds": time.time() - t_h, "steps": hstep, "sequences": int(len(seqs)), "prompt_len": Pd, "gen_len": nd}
+            del hs, seqs, hopt
+            for p in model.parameters():
+                p.requires_grad_(True)
+        except Exception as ex:  # keep the phase-1 model rather than lose the run
+            import traceback
+
+            traceback.print_exc()
+            log("phase 2 failed:", repr(ex))
+            distill_info["error"] = repr(ex)
+            for p in model.parameters():
+                p.requires_grad_(True)
 
     # ---------------- phase 3: round to checkpoint dtypes, then measure everything on those weights (f32 math)
     sd = to_checkpoint_dtypes(model.hf_state_dict())

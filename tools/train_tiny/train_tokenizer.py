@@ -63,6 +63,8 @@ def main() -> None:
         docs = fh.read().split("\n\x1e\n")
 
     def it():
+        # ChatML role names, so that "user" / "assistant" / "system" after <|im_start|> are single tokens
+        yield "\n".join(["user", "assistant", "system"] * 1000)
         for d in docs:
             for i in range(0, len(d), 100_000):  # the Split regex keeps words whole across chunk edges well enough
                 yield d[i : i + 100_000]
