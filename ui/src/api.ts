@@ -1,0 +1,373 @@
+// The one client of the engine's HTTP API (DESIGN.md, "HTTP API"). Nothing else in the UI calls fetch.
+
+import { readSse } from './sse';
+import type {
+  ChatCompletionChunk,
+  ChatCompletionRequest,
+  ConvertEvent,
+  ConvertRequest,
+  ConvertStarted,
+  ConvertStatus,
+  Health,
+  LiveStats,
+  ModelInfo,
+  ModelSettingsPatch,
+  MtpStatus,
+  OpenAIModel,
+} from './types';
+
+export const DEFAULT_ENGINE = 'http://127.0.0.1:11435';
+
+/** An error the engine answered (its `error.message`), or a failure to reach it. */
+export class ApiError extends Error {
+  /** HTTP status; 0 when the engine could not be reached or the stream broke. */
+  readonly status: number;
+  readonly type: string | undefined;
+  readonly code: string | number | null | undefined;
+
+  constructor(message: string, status: number, type?: string, code?: string | number | null) {
+    super(message);
+    this.name = 'ApiError';
+    this.status = status;
+    this.type = type;
+    this.code = code;
+  }
+}
+
+/** The message to show a person for anything thrown. */
+export function errorMessage(e: unknown): string {
+  if (typeof e === 'string') return e;
+  // Errors and DOMExceptions (which may come from another realm, so no instanceof).
+  if (e && typeof e === 'object' && typeof (e as { message?: unknown }).message === 'string') {
+    const { message, name } = e as { message: string; name?: string };
+    return message || name || 'Error';
+  }
+  return 'Unknown error';
+}
+
+export function isAbort(e: unknown): boolean {
+  return !!e && typeof e === 'object' && (e as { name?: unknown }).name === 'AbortError';
+}
+
+/**
+ * Where the engine is. Same origin when the page is served over http(s) by `tandem serve` (or by Vite's dev
+ * server, which proxies /v1 and /api); the default address inside the Tauri window (tauri:// or
+ * http://tauri.localhost); `window.__TANDEM_API__` or `?api=` override both.
+ */
+export function resolveBase(loc: Pick<Location, 'protocol' | 'hostname' | 'search'> | undefined = globalThis.location): string {
+  const injected = (globalThis as { __TANDEM_API__?: unknown }).__TANDEM_API__;
+  if (typeof injected === 'string') return injected.replace(/\/+$/, '');
+  if (!loc) return DEFAULT_ENGINE;
+  const q = new URLSearchParams(loc.search).get('api');
+  if (q) return q.replace(/\/+$/, '');
+  if ((loc.protocol === 'http:' || loc.protocol === 'https:') && loc.hostname !== 'tauri.localhost') return '';
+  return DEFAULT_ENGINE;
+}
+
+/** Builds an ApiError from a non-2xx response, using the server's `{"error": {"message"}}` when present. */
+export async function errorFromResponse(res: Response): Promise<ApiError> {
+  let text = '';
+  try {
+    text = await res.text();
+  } catch {
+    // the body could not be read; fall through to the status line
+  }
+  const parsed = parseErrorBody(text);
+  if (parsed) return new ApiError(parsed.message, res.status, parsed.type, parsed.code);
+  const status = `HTTP ${res.status}${res.statusText ? ' ' + res.statusText : ''}`;
+  const snippet = text.trim().slice(0, 300);
+  return new ApiError(snippet ? `${status}: ${snippet}` : status, res.status);
+}
+
+/** `{"error": {"message", "type", "code"}}` (or `{"error": "text"}` / `{"message"}`) -> its parts. */
+export function parseErrorBody(
+  text: string,
+): { message: string; type?: string; code?: string | number | null } | null {
+  let body: unknown;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    return null;
+  }
+  return errorOf(body);
+}
+
+function errorOf(body: unknown): { message: string; type?: string; code?: string | number | null } | null {
+  if (!body || typeof body !== 'object') return null;
+  const b = body as Record<string, unknown>;
+  const err = b.error;
+  if (typeof err === 'string') return { message: err };
+  if (err && typeof err === 'object') {
+    const e = err as Record<string, unknown>;
+    if (typeof e.message === 'string') {
+      return {
+        message: e.message,
+        type: typeof e.type === 'string' ? e.type : undefined,
+        code: typeof e.code === 'string' || typeof e.code === 'number' ? e.code : null,
+      };
+    }
+  }
+  return null;
+}
+
+type Fetch = typeof fetch;
+
+const NO_MTP: MtpStatus = { available: false, enabled: false, depth: 0, reason: null };
+
+/** Accepts `[...]`, `{"models": [...]}` or `{"data": [...]}` and fills fields the UI relies on. */
+export function normalizeModels(body: unknown): ModelInfo[] {
+  const list: unknown[] = Array.isArray(body)
+    ? body
+    : body && typeof body === 'object'
+      ? ((body as { models?: unknown[]; data?: unknown[] }).models ??
+        (body as { data?: unknown[] }).data ??
+        [])
+      : [];
+  return list
+    .filter((m): m is Record<string, unknown> => !!m && typeof m === 'object')
+    .map((m) => {
+      const id = String(m.id ?? m.name ?? '');
+      const mtp = (m.mtp && typeof m.mtp === 'object' ? m.mtp : {}) as Partial<MtpStatus>;
+      return {
+        ...(m as object),
+        id,
+        name: String(m.name ?? id),
+        path: String(m.path ?? ''),
+        format: (m.format === 'hf' ? 'hf' : 'mlx') as ModelInfo['format'],
+        size: Number(m.size ?? m.size_bytes ?? m.bytes ?? 0),
+        quantization: (m.quantization ?? null) as ModelInfo['quantization'],
+        loaded: Boolean(m.loaded),
+        mtp: {
+          available: Boolean(mtp.available ?? NO_MTP.available),
+          enabled: Boolean(mtp.enabled ?? NO_MTP.enabled),
+          depth: Number(mtp.depth ?? NO_MTP.depth),
+          reason: typeof mtp.reason === 'string' && mtp.reason ? mtp.reason : null,
+        },
+      } as ModelInfo;
+    });
+}
+
+/** One convert event from an SSE event: the type is the `event:` field, else the data's `type`/`event`. */
+export function convertEventOf(event: string, data: string): ConvertEvent | null {
+  let body: Record<string, unknown>;
+  try {
+    body = JSON.parse(data) as Record<string, unknown>;
+  } catch {
+    return null;
+  }
+  if (!body || typeof body !== 'object') return null;
+  const type =
+    event && event !== 'message' ? event : String(body.type ?? body.event ?? (body.error ? 'error' : ''));
+  if (type === 'error') {
+    const e = errorOf(body);
+    return { type: 'error', message: e?.message ?? String(body.message ?? 'Conversion failed') };
+  }
+  switch (type) {
+    case 'planned':
+    case 'progress':
+    case 'finished':
+    case 'cancelled':
+      return { ...(body as object), type } as ConvertEvent;
+    default:
+      return null;
+  }
+}
+
+/**
+ * The API key, needed only when the engine is bound beyond loopback: `window.__TANDEM_API_KEY__`, or
+ * localStorage `tandem.apiKey`. Sent as `Authorization: Bearer <key>`.
+ */
+export function resolveApiKey(): string | null {
+  const injected = (globalThis as { __TANDEM_API_KEY__?: unknown }).__TANDEM_API_KEY__;
+  if (typeof injected === 'string' && injected) return injected;
+  try {
+    return globalThis.localStorage?.getItem('tandem.apiKey') || null;
+  } catch {
+    return null;
+  }
+}
+
+export class Api {
+  constructor(
+    /** "" for same origin, otherwise e.g. "http://127.0.0.1:11435" (no trailing slash). */
+    readonly base: string = resolveBase(),
+    private readonly fetchImpl: Fetch = (...args) => globalThis.fetch(...args),
+    private readonly apiKey: string | null = resolveApiKey(),
+  ) {}
+
+  url(path: string): string {
+    return this.base + path;
+  }
+
+  private async send(path: string, init: RequestInit = {}): Promise<Response> {
+    let res: Response;
+    if (this.apiKey) init = { ...init, headers: { ...(init.headers as Record<string, string>), Authorization: `Bearer ${this.apiKey}` } };
+    try {
+      res = await this.fetchImpl(this.url(path), init);
+    } catch (e) {
+      if (isAbort(e)) throw e;
+      throw new ApiError(
+        `Cannot reach the Tandem engine at ${this.base || location.origin}: ${errorMessage(e)}`,
+        0,
+        'connection_error',
+      );
+    }
+    if (!res.ok) throw await errorFromResponse(res);
+    return res;
+  }
+
+  private async json<T>(path: string, method = 'GET', body?: unknown, signal?: AbortSignal): Promise<T> {
+    const init: RequestInit = { method, signal, headers: { Accept: 'application/json' } };
+    if (body !== undefined) {
+      init.body = JSON.stringify(body);
+      init.headers = { ...init.headers, 'Content-Type': 'application/json' };
+    }
+    const res = await this.send(path, init);
+    const text = await res.text();
+    if (!text) return undefined as T;
+    try {
+      return JSON.parse(text) as T;
+    } catch {
+      throw new ApiError(`${method} ${path}: the engine answered something that is not JSON`, res.status);
+    }
+  }
+
+  private async *events(path: string, signal?: AbortSignal, init: RequestInit = {}) {
+    const res = await this.send(path, {
+      ...init,
+      signal,
+      headers: { Accept: 'text/event-stream', ...(init.headers as Record<string, string>) },
+    });
+    if (!res.body) throw new ApiError(`${path}: the response has no body`, res.status);
+    yield* readSse(res.body, signal);
+  }
+
+  // -- OpenAI-compatible ------------------------------------------------------------------------
+
+  async models(signal?: AbortSignal): Promise<OpenAIModel[]> {
+    const body = await this.json<{ data?: OpenAIModel[] } | OpenAIModel[]>('/v1/models', 'GET', undefined, signal);
+    return Array.isArray(body) ? body : (body?.data ?? []);
+  }
+
+  /**
+   * Streams a chat completion: yields each chunk until `data: [DONE]`. An error event, or a chunk that
+   * is `{"error": {...}}`, throws an ApiError with the server's message. Abort `signal` to stop.
+   */
+  async *chat(req: Omit<ChatCompletionRequest, 'stream' | 'stream_options'>, signal?: AbortSignal) {
+    const body: ChatCompletionRequest = { ...req, stream: true, stream_options: { include_usage: true } };
+    const res = await this.send('/v1/chat/completions', {
+      method: 'POST',
+      signal,
+      headers: { 'Content-Type': 'application/json', Accept: 'text/event-stream' },
+      body: JSON.stringify(body),
+    });
+    const type = res.headers.get('content-type') ?? '';
+    if (type.includes('application/json')) {
+      // A server that answered without streaming: one whole completion.
+      const whole = (await res.json()) as {
+        choices?: Array<{ message?: { content?: string }; finish_reason?: string }>;
+        usage?: ChatCompletionChunk['usage'];
+        stats?: ChatCompletionChunk['stats'];
+        model?: string;
+      };
+      const e = errorOf(whole);
+      if (e) throw new ApiError(e.message, res.status, e.type, e.code);
+      const chunk: ChatCompletionChunk = {
+        model: whole.model,
+        choices: (whole.choices ?? []).map((c, index) => ({
+          index,
+          delta: { content: c.message?.content ?? '' },
+          finish_reason: c.finish_reason ?? 'stop',
+        })),
+        usage: whole.usage,
+        stats: whole.stats,
+      };
+      yield chunk;
+      return;
+    }
+    if (!res.body) throw new ApiError('The completion response has no body', res.status);
+    for await (const ev of readSse(res.body, signal)) {
+      const data = ev.data.trim();
+      if (data === '[DONE]') return;
+      if (ev.event === 'error') {
+        throw new ApiError(parseErrorBody(data)?.message ?? (data || 'The generation failed'), 0, 'stream_error');
+      }
+      if (!data) continue;
+      let chunk: ChatCompletionChunk;
+      try {
+        chunk = JSON.parse(data) as ChatCompletionChunk;
+      } catch {
+        throw new ApiError(`The engine sent a chunk that is not JSON: ${data.slice(0, 120)}`, 0, 'stream_error');
+      }
+      const e = errorOf(chunk);
+      if (e) throw new ApiError(e.message, 0, e.type ?? 'stream_error', e.code);
+      if (!Array.isArray(chunk.choices)) chunk.choices = [];
+      yield chunk;
+    }
+  }
+
+  // -- Admin ------------------------------------------------------------------------------------
+
+  health(signal?: AbortSignal): Promise<Health> {
+    return this.json<Health>('/api/health', 'GET', undefined, signal);
+  }
+
+  async adminModels(signal?: AbortSignal): Promise<ModelInfo[]> {
+    return normalizeModels(await this.json<unknown>('/api/models', 'GET', undefined, signal));
+  }
+
+  loadModel(id: string): Promise<unknown> {
+    return this.json(`/api/models/${encodeURIComponent(id)}/load`, 'POST');
+  }
+
+  unloadModel(id: string): Promise<unknown> {
+    return this.json(`/api/models/${encodeURIComponent(id)}/unload`, 'POST');
+  }
+
+  updateModelSettings(id: string, patch: ModelSettingsPatch): Promise<unknown> {
+    return this.json(`/api/models/${encodeURIComponent(id)}/settings`, 'PATCH', patch);
+  }
+
+  async startConvert(req: ConvertRequest): Promise<string> {
+    const body = await this.json<ConvertStarted>('/api/convert', 'POST', req);
+    if (!body || typeof body.job !== 'string' || !body.job) {
+      throw new ApiError('The engine did not return a conversion job id', 0);
+    }
+    return body.job;
+  }
+
+  convertStatus(job: string, signal?: AbortSignal): Promise<ConvertStatus> {
+    return this.json<ConvertStatus>(`/api/convert/${encodeURIComponent(job)}`, 'GET', undefined, signal);
+  }
+
+  /** The job's progress events, until the stream closes (after `finished`, `error` or `cancelled`). */
+  async *convertEvents(job: string, signal?: AbortSignal): AsyncGenerator<ConvertEvent, void, undefined> {
+    for await (const ev of this.events(`/api/convert/${encodeURIComponent(job)}/events`, signal)) {
+      const parsed = convertEventOf(ev.event, ev.data);
+      if (parsed) yield parsed;
+    }
+  }
+
+  cancelConvert(job: string): Promise<unknown> {
+    return this.json(`/api/convert/${encodeURIComponent(job)}`, 'DELETE');
+  }
+
+  stats(signal?: AbortSignal): Promise<LiveStats> {
+    return this.json<LiveStats>('/api/stats', 'GET', undefined, signal);
+  }
+
+  /** Live snapshots from `/api/stats/stream`; ends when the server closes the stream. */
+  async *statsStream(signal?: AbortSignal): AsyncGenerator<LiveStats, void, undefined> {
+    for await (const ev of this.events('/api/stats/stream', signal)) {
+      if (ev.event === 'error') throw new ApiError(parseErrorBody(ev.data)?.message ?? ev.data, 0, 'stream_error');
+      try {
+        const body = JSON.parse(ev.data) as LiveStats;
+        if (body && typeof body === 'object') yield body;
+      } catch {
+        // a keep-alive or a malformed snapshot: skip it
+      }
+    }
+  }
+}
+
+export const api = new Api();

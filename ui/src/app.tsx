@@ -1,0 +1,189 @@
+// The window: a narrow rail to move between Chat, Models and Convert; every view stays mounted so a
+// streaming reply or a running conversion goes on while another view is shown.
+
+import { useCallback, useEffect, useMemo, useState } from 'preact/hooks';
+import { api as defaultApi, type Api } from './api';
+import { ErrorBanner, showError } from './components/banner';
+import { live } from './live';
+import { subscribeFolderDrops } from './shell';
+import { type ConversationStore, defaultStore } from './storage';
+import type { ModelInfo, OpenAIModel } from './types';
+import { ChatView } from './views/chat';
+import { ConvertView } from './views/convert';
+import { ModelsView } from './views/models';
+
+export type View = 'chat' | 'models' | 'convert';
+const VIEWS: { id: View; label: string }[] = [
+  { id: 'chat', label: 'Chat' },
+  { id: 'models', label: 'Models' },
+  { id: 'convert', label: 'Convert' },
+];
+
+function viewFromHash(): View {
+  const h = (globalThis.location?.hash ?? '').replace(/^#\/?/, '');
+  return h === 'models' || h === 'convert' ? h : 'chat';
+}
+
+function Icon({ view }: { view: View }) {
+  const d =
+    view === 'chat'
+      ? 'M4 5h16v10H9l-5 4z'
+      : view === 'models'
+        ? 'M4 7l8-4 8 4-8 4zM4 12l8 4 8-4M4 17l8 4 8-4'
+        : 'M12 3v12M7 10l5 5 5-5M5 20h14';
+  return (
+    <svg viewBox="0 0 24 24" width="20" height="20" aria-hidden="true">
+      <path d={d} fill="none" stroke="currentColor" stroke-width="1.7" stroke-linejoin="round" stroke-linecap="round" />
+    </svg>
+  );
+}
+
+export function App({ client = defaultApi, store }: { client?: Api; store?: ConversationStore }) {
+  const conversations = useMemo(() => store ?? defaultStore(), [store]);
+  const [view, setView] = useState<View>(viewFromHash);
+  const [models, setModels] = useState<OpenAIModel[]>([]);
+  const [adminModels, setAdminModels] = useState<ModelInfo[]>([]);
+  const [loadingModels, setLoadingModels] = useState(false);
+  const [online, setOnline] = useState<boolean | null>(null);
+  const [panel, setPanel] = useState(true);
+
+  const go = useCallback((v: View) => {
+    setView(v);
+    if (globalThis.history) history.replaceState(null, '', `#/${v}`);
+  }, []);
+
+  useEffect(() => {
+    const onHash = () => setView(viewFromHash());
+    window.addEventListener('hashchange', onHash);
+    return () => window.removeEventListener('hashchange', onHash);
+  }, []);
+
+  const reloadModels = useCallback(async () => {
+    setLoadingModels(true);
+    try {
+      const [openai, admin] = await Promise.allSettled([client.models(), client.adminModels()]);
+      if (openai.status === 'fulfilled') setModels(openai.value);
+      if (admin.status === 'fulfilled') setAdminModels(admin.value);
+      const failed = [openai, admin].find((r): r is PromiseRejectedResult => r.status === 'rejected');
+      if (failed) showError(failed.reason);
+    } finally {
+      setLoadingModels(false);
+    }
+  }, [client]);
+
+  // Health: poll while the window is open; reload models when the engine comes (back) online.
+  useEffect(() => {
+    let stopped = false;
+    let wasOnline: boolean | null = null;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const check = async () => {
+      let ok = false;
+      try {
+        await client.health();
+        ok = true;
+      } catch {
+        ok = false;
+      }
+      if (stopped) return;
+      setOnline(ok);
+      if (ok && wasOnline !== true) void reloadModels();
+      wasOnline = ok;
+      timer = setTimeout(check, ok ? 10000 : 3000);
+    };
+    void check();
+    return () => {
+      stopped = true;
+      clearTimeout(timer);
+    };
+  }, [client, reloadModels]);
+
+  // The live statistics stream.
+  useEffect(() => {
+    const c = new AbortController();
+    client.stats(c.signal).then((s) => live.snapshot(s), () => {});
+    void live.follow(client, c.signal);
+    return () => c.abort();
+  }, [client]);
+
+  // A folder dropped on the window (by the desktop shell) opens Convert.
+  useEffect(() => subscribeFolderDrops(() => go('convert')), [go]);
+
+  // The stats stream says which models are loaded; when that changes (a chat loaded one, another client
+  // unloaded one), refresh the lists.
+  useEffect(() => {
+    let key = live.state.loadedModels.join('\n');
+    return live.subscribe((s) => {
+      const k = s.loadedModels.join('\n');
+      if (k !== key) {
+        key = k;
+        void reloadModels();
+      }
+    });
+  }, [reloadModels]);
+
+  return (
+    <div class="app">
+      <nav class="rail" aria-label="Views">
+        <div class="brand" title="Tandem">
+          <svg viewBox="0 0 24 24" width="22" height="22" aria-hidden="true">
+            <circle cx="9" cy="12" r="5.5" fill="none" stroke="currentColor" stroke-width="1.8" />
+            <circle cx="15" cy="12" r="5.5" fill="none" stroke="var(--accent)" stroke-width="1.8" />
+          </svg>
+        </div>
+        {VIEWS.map((v) => (
+          <button
+            key={v.id}
+            class={`rail-item ${view === v.id ? 'active' : ''}`}
+            data-testid={`nav-${v.id}`}
+            aria-current={view === v.id ? 'page' : undefined}
+            onClick={() => go(v.id)}
+          >
+            <Icon view={v.id} />
+            <span>{v.label}</span>
+          </button>
+        ))}
+        <span class="spacer" />
+        {view === 'chat' && (
+          <button
+            class={`rail-item small ${panel ? 'active' : ''}`}
+            data-testid="panel-toggle"
+            onClick={() => setPanel((p) => !p)}
+            title="Show or hide the live statistics"
+          >
+            <svg viewBox="0 0 24 24" width="20" height="20" aria-hidden="true">
+              <path d="M4 19V9M10 19V5M16 19v-7M21 19H3" fill="none" stroke="currentColor" stroke-width="1.7" stroke-linecap="round" />
+            </svg>
+            <span>Stats</span>
+          </button>
+        )}
+        <div
+          class={`health ${online ? 'ok' : online === false ? 'down' : ''}`}
+          data-testid="health-status"
+          data-online={online == null ? 'unknown' : online ? 'true' : 'false'}
+          title={online ? 'Engine connected' : online === false ? 'Engine not reachable' : 'Connecting…'}
+        >
+          <span class="dot" />
+          <span>{online ? 'engine' : online === false ? 'offline' : '…'}</span>
+        </div>
+      </nav>
+      <main class="main">
+        <ErrorBanner />
+        {online === false && (
+          <div class="offline" data-testid="engine-offline">
+            Cannot reach the Tandem engine{client.base ? ` at ${client.base}` : ''}. Start it with <code>tandem serve</code>;
+            this page reconnects by itself.
+          </div>
+        )}
+        <div class="view" hidden={view !== 'chat'} data-view="chat">
+          <ChatView store={conversations} models={models} adminModels={adminModels} client={client} showPanel={panel} />
+        </div>
+        <div class="view" hidden={view !== 'models'} data-view="models">
+          <ModelsView models={adminModels} loading={loadingModels} reload={reloadModels} client={client} onConvert={() => go('convert')} />
+        </div>
+        <div class="view" hidden={view !== 'convert'} data-view="convert">
+          <ConvertView client={client} onFinished={() => void reloadModels()} onShowModels={() => go('models')} />
+        </div>
+      </main>
+    </div>
+  );
+}

@@ -1,0 +1,180 @@
+// Models: what is on disk, what is loaded, and whether MTP runs for each (and why not).
+
+import { useState } from 'preact/hooks';
+import { api as defaultApi, type Api } from '../api';
+import { showError } from '../components/banner';
+import * as fmt from '../format';
+import type { ModelInfo } from '../types';
+
+export const MAX_DEPTH = 6;
+
+export function quantizationLabel(m: Pick<ModelInfo, 'quantization' | 'dtype'>): string {
+  const q = m.quantization;
+  if (q == null) return m.dtype ? `${m.dtype} (unquantized)` : 'unquantized';
+  if (typeof q === 'string') return q;
+  const parts = [`${q.bits}-bit`];
+  if (q.group_size) parts.push(`group ${q.group_size}`);
+  if (typeof q.mode === 'string' && q.mode !== 'affine') parts.push(q.mode);
+  return parts.join(', ');
+}
+
+function mtpLabel(m: ModelInfo): string {
+  if (!m.mtp.available) return 'unavailable';
+  if (!m.mtp.enabled) return 'off';
+  return `on · depth ${m.mtp.depth}`;
+}
+
+function ModelRow({ m, client, reload }: { m: ModelInfo; client: Api; reload: () => Promise<void> }) {
+  const [pending, setPending] = useState<string | null>(null);
+
+  async function act(label: string, f: () => Promise<unknown>) {
+    setPending(label);
+    try {
+      await f();
+    } catch (e) {
+      showError(e);
+    } finally {
+      await reload();
+      setPending(null);
+    }
+  }
+
+  const depth = m.mtp.depth > 0 ? m.mtp.depth : 3;
+  return (
+    <div
+      class={`model-row ${m.loaded ? 'loaded' : ''}`}
+      data-testid="model-row"
+      data-model-id={m.id}
+      data-loaded={m.loaded ? 'true' : 'false'}
+    >
+      <div class="model-main">
+        <div class="model-title">
+          <span class="model-name" data-testid="model-name">
+            {m.name}
+          </span>
+          <span class={`badge badge-${m.format}`} data-testid="model-format">
+            {m.format.toUpperCase()}
+          </span>
+          {m.loaded && (
+            <span class="badge badge-ok" data-testid="model-loaded">
+              loaded
+            </span>
+          )}
+        </div>
+        <div class="model-path dim small" title={m.path}>
+          {m.path}
+        </div>
+        <dl class="model-facts">
+          <div>
+            <dt>size</dt>
+            <dd data-testid="model-size">{fmt.bytes(m.size)}</dd>
+          </div>
+          <div>
+            <dt>quantization</dt>
+            <dd data-testid="model-quantization">{quantizationLabel(m)}</dd>
+          </div>
+          <div>
+            <dt>MTP</dt>
+            <dd data-testid="model-mtp" data-mtp-enabled={m.mtp.enabled ? 'true' : 'false'}>
+              {mtpLabel(m)}
+            </dd>
+          </div>
+        </dl>
+        {m.mtp.reason && (
+          <div class="notice notice-warn small" data-testid="model-mtp-reason">
+            {m.mtp.reason}
+          </div>
+        )}
+      </div>
+      <div class="model-controls">
+        <label class={`switch ${!m.mtp.available ? 'disabled' : ''}`} title={m.mtp.available ? 'Speculative decoding with the MTP head' : (m.mtp.reason ?? 'This model has no MTP head')}>
+          <input
+            type="checkbox"
+            data-testid="model-mtp-toggle"
+            checked={m.mtp.available && m.mtp.enabled}
+            disabled={!m.mtp.available || pending != null}
+            onChange={(e) =>
+              void act('mtp', () =>
+                client.updateModelSettings(m.id, { mtp: { enabled: (e.target as HTMLInputElement).checked, depth } }),
+              )
+            }
+          />
+          <span class="switch-track" aria-hidden="true" />
+          <span>MTP</span>
+        </label>
+        <label class="depth">
+          <span class="dim small">depth</span>
+          <select
+            data-testid="model-mtp-depth"
+            value={String(depth)}
+            disabled={!m.mtp.available || !m.mtp.enabled || pending != null}
+            onChange={(e) =>
+              void act('depth', () =>
+                client.updateModelSettings(m.id, { mtp: { enabled: m.mtp.enabled, depth: Number((e.target as HTMLSelectElement).value) } }),
+              )
+            }
+          >
+            {Array.from({ length: MAX_DEPTH }, (_, i) => i + 1).map((d) => (
+              <option key={d} value={String(d)}>
+                {d}
+              </option>
+            ))}
+          </select>
+        </label>
+        {m.loaded ? (
+          <button
+            class="button"
+            data-testid="model-unload"
+            disabled={pending != null}
+            onClick={() => void act('unload', () => client.unloadModel(m.id))}
+          >
+            {pending === 'unload' ? 'Unloading…' : 'Unload'}
+          </button>
+        ) : (
+          <button
+            class="button button-primary"
+            data-testid="model-load"
+            disabled={pending != null}
+            onClick={() => void act('load', () => client.loadModel(m.id))}
+          >
+            {pending === 'load' ? 'Loading…' : 'Load'}
+          </button>
+        )}
+      </div>
+    </div>
+  );
+}
+
+export function ModelsView(props: {
+  models: ModelInfo[];
+  loading: boolean;
+  reload: () => Promise<void>;
+  client?: Api;
+  onConvert: () => void;
+}) {
+  const client = props.client ?? defaultApi;
+  return (
+    <div class="page">
+      <header class="page-header">
+        <h1>Models</h1>
+        <span class="spacer" />
+        <button class="button" data-testid="models-convert" onClick={props.onConvert}>
+          Convert a model…
+        </button>
+        <button class="button" data-testid="models-refresh" onClick={() => void props.reload()} disabled={props.loading}>
+          {props.loading ? 'Refreshing…' : 'Refresh'}
+        </button>
+      </header>
+      <div class="model-list" data-testid="model-list">
+        {props.models.length === 0 && !props.loading && (
+          <p class="dim empty" data-testid="models-empty">
+            No models found. Convert one, or add a folder to models.toml.
+          </p>
+        )}
+        {props.models.map((m) => (
+          <ModelRow key={m.id} m={m} client={client} reload={props.reload} />
+        ))}
+      </div>
+    </div>
+  );
+}

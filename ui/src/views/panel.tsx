@@ -1,0 +1,195 @@
+// The live panel beside the chat: throughput, MTP acceptance and where each cycle's time goes.
+
+import { TokChart } from '../components/chart';
+import { figures, type Figures } from '../figures';
+import * as fmt from '../format';
+import { useLive, type LiveState } from '../live';
+
+/** A CSS length in percent for a 0..1 share, rounded to a tenth. */
+const pct = (share: number) => `${Math.round(share * 1000) / 10}%`;
+
+function Figure(props: { label: string; value: string; unit?: string; testid: string; hint?: string }) {
+  return (
+    <div class="figure" title={props.hint}>
+      <div class="figure-value" data-testid={props.testid}>
+        {props.value}
+        {props.unit && <span class="figure-unit">{props.unit}</span>}
+      </div>
+      <div class="figure-label">{props.label}</div>
+    </div>
+  );
+}
+
+function Ladder({ f }: { f: NonNullable<Figures['spec']> }) {
+  return (
+    <section class="panel-section" data-testid="panel-ladder">
+      <h3>Acceptance by depth</h3>
+      {f.ladder.length === 0 && <p class="dim">No drafts yet.</p>}
+      {f.ladder.map((step) => (
+        <div class="ladder-row" key={step.depth} data-testid={`panel-ladder-depth-${step.depth}`} data-rate={step.rate ?? ''}>
+          <span class="ladder-depth">d{step.depth}</span>
+          <div class="bar">
+            <div class="bar-fill" style={{ width: pct(step.rate ?? 0) }} />
+          </div>
+          <span class="ladder-value">{fmt.percent(step.rate)}</span>
+          <span class="ladder-count dim">
+            {fmt.integer(step.accepted)}/{fmt.integer(step.drafted)}
+          </span>
+        </div>
+      ))}
+    </section>
+  );
+}
+
+function Histogram({ f }: { f: NonNullable<Figures['spec']> }) {
+  const max = Math.max(0, ...f.hist.map((b) => b.share));
+  return (
+    <section class="panel-section" data-testid="panel-hist">
+      <h3>Drafts accepted per cycle</h3>
+      <div class="hist">
+        {f.hist.map((bin) => (
+          <div
+            class="hist-bin"
+            key={bin.accepted}
+            data-testid={`panel-hist-bin-${bin.accepted}`}
+            data-cycles={bin.cycles}
+            title={`${fmt.integer(bin.cycles)} cycles accepted ${bin.accepted} (${fmt.percent(bin.share, 1)})`}
+          >
+            <div class="hist-track">
+              <div class="hist-fill" style={{ height: pct(max > 0 ? bin.share / max : 0) }} />
+            </div>
+            <div class="hist-share">{fmt.percent(bin.share)}</div>
+            <div class="hist-label dim">{bin.accepted}</div>
+          </div>
+        ))}
+      </div>
+    </section>
+  );
+}
+
+function Phases({ f }: { f: NonNullable<Figures['spec']> }) {
+  return (
+    <section class="panel-section" data-testid="panel-phases">
+      <h3>
+        Time per cycle <span class="dim">{fmt.ms(f.msPerCycle)}</span>
+      </h3>
+      <div class="stack">
+        {f.phases.map((p) => (
+          <div key={p.phase} class={`stack-part phase-${p.phase}`} style={{ width: pct(p.share) }} />
+        ))}
+      </div>
+      <div class="phase-legend">
+        {f.phases.map((p) => (
+          <div class="phase-item" key={p.phase}>
+            <span class={`swatch phase-${p.phase}`} />
+            <span class="phase-name">{p.phase}</span>
+            <span class="phase-ms" data-testid={`panel-phase-${p.phase}`}>
+              {fmt.ms(p.perCycleMs)}
+            </span>
+          </div>
+        ))}
+      </div>
+    </section>
+  );
+}
+
+export function LivePanelView({ state }: { state: LiveState }) {
+  const f = state.stats ? figures(state.stats) : null;
+  const spec = f?.spec ?? null;
+  const tokS = state.tokS ?? f?.decodeTokS ?? null;
+  const mtpRunning = !!spec && !spec.fallback;
+  return (
+    <aside class="live-panel" data-testid="live-panel" aria-label="Live statistics">
+      <header class="panel-header">
+        <span class={`dot ${state.generating ? 'dot-busy' : state.connected ? 'dot-ok' : 'dot-off'}`} />
+        <span data-testid="panel-status">{state.generating ? 'Generating' : 'Idle'}</span>
+        {state.model && <span class="panel-model dim" title={state.model}>{state.model}</span>}
+      </header>
+
+      <div class="figures">
+        <Figure label="tok / s" value={fmt.fixed(tokS, 1)} testid="panel-tok-s" hint="Decode throughput" />
+        <Figure
+          label="acceptance"
+          value={mtpRunning ? fmt.percent(spec.acceptance) : '—'}
+          testid="panel-acceptance"
+          hint="Drafted tokens the model accepted"
+        />
+        <Figure
+          label="tok / cycle"
+          value={mtpRunning ? fmt.fixed(spec.tokPerCycle, 2) : '—'}
+          testid="panel-tok-per-cycle"
+          hint="Tokens emitted per verify pass"
+        />
+      </div>
+
+      <TokChart series={state.series} />
+
+      {f && (
+        <div class="facts">
+          <span>
+            TTFT <b data-testid="panel-ttft">{fmt.ms(f.ttftMs)}</b>
+          </span>
+          <span>
+            prefill <b data-testid="panel-prefill">{fmt.fixed(f.prefillTokS, 0)}</b> tok/s
+          </span>
+          <span>
+            <b data-testid="panel-tokens">{fmt.integer(f.promptTokens)}</b> in ·{' '}
+            <b>{fmt.integer(f.completionTokens)}</b> out
+          </span>
+        </div>
+      )}
+
+      {f && !spec && (
+        <div class="notice" data-testid="panel-no-spec">
+          Speculative decoding was not used for this generation.
+        </div>
+      )}
+      {spec?.fallback && (
+        <div class="notice notice-warn" data-testid="panel-fallback">
+          <b>MTP is not running.</b> {spec.fallback}
+        </div>
+      )}
+
+      {mtpRunning && (
+        <>
+          <div class="facts">
+            <span>
+              depth <b data-testid="panel-depth">{spec.depth}</b>
+            </span>
+            <span>
+              <b data-testid="panel-cycles">{fmt.integer(spec.cycles)}</b> cycles
+            </span>
+            <span title="Cycles where the adaptive controller parked drafting (depth 0)">
+              parked <b data-testid="panel-parked">{fmt.integer(spec.parkedCycles)}</b>
+              {spec.parkedShare != null && spec.parkedCycles > 0 && <span class="dim"> ({fmt.percent(spec.parkedShare)})</span>}
+            </span>
+          </div>
+          <Ladder f={spec} />
+          <Histogram f={spec} />
+          <Phases f={spec} />
+        </>
+      )}
+
+      {!f && <p class="dim panel-empty">Statistics appear here while a model generates.</p>}
+
+      <footer class="panel-footer">
+        <div data-testid="panel-memory">
+          memory{' '}
+          <b>{fmt.bytes(state.memory?.active_bytes ?? state.memory?.rss_bytes ?? null)}</b>
+          {state.memory?.peak_bytes != null && <span class="dim"> · peak {fmt.bytes(state.memory.peak_bytes)}</span>}
+        </div>
+        <div class="dim" data-testid="panel-loaded">
+          {!state.connected
+            ? 'not following the engine’s stats stream'
+            : state.loadedModels.length
+              ? `loaded: ${state.loadedModels.join(', ')}`
+              : 'no model loaded'}
+        </div>
+      </footer>
+    </aside>
+  );
+}
+
+export function LivePanel() {
+  return <LivePanelView state={useLive()} />;
+}

@@ -1,0 +1,79 @@
+// Shared test fixtures: a fetch that answers from a script of routes, and SSE bodies.
+
+import type { Stats } from '../src/types';
+
+export interface Call {
+  url: string;
+  method: string;
+  headers: Record<string, string>;
+  body: unknown;
+  signal?: AbortSignal | null;
+}
+
+export type Route = (call: Call) => Response | Promise<Response>;
+
+export function json(body: unknown, status = 200): Response {
+  return new Response(JSON.stringify(body), { status, headers: { 'Content-Type': 'application/json' } });
+}
+
+/** A text/event-stream response whose body arrives in the given pieces. */
+export function sse(pieces: string[], opts: { hang?: boolean } = {}): Response {
+  const enc = new TextEncoder();
+  const body = new ReadableStream<Uint8Array>({
+    start(c) {
+      for (const p of pieces) c.enqueue(enc.encode(p));
+      if (!opts.hang) c.close();
+    },
+  });
+  return new Response(body, { status: 200, headers: { 'Content-Type': 'text/event-stream' } });
+}
+
+/** A fetch stand-in: `routes` maps "METHOD /path" to an answer; every call is recorded. */
+export function mockFetch(routes: Record<string, Route>) {
+  const calls: Call[] = [];
+  const fetch = async (input: RequestInfo | URL, init: RequestInit = {}): Promise<Response> => {
+    const url = String(input);
+    const method = (init.method ?? 'GET').toUpperCase();
+    const path = url.replace(/^https?:\/\/[^/]+/, '');
+    const call: Call = {
+      url,
+      method,
+      headers: (init.headers ?? {}) as Record<string, string>,
+      body: typeof init.body === 'string' ? JSON.parse(init.body) : init.body,
+      signal: init.signal,
+    };
+    calls.push(call);
+    const route = routes[`${method} ${path}`];
+    if (!route) return json({ error: { message: `no route ${method} ${path}`, type: 'not_found', code: 'not_found' } }, 404);
+    if (init.signal?.aborted) throw new DOMException('The operation was aborted.', 'AbortError');
+    return route(call);
+  };
+  return { fetch: fetch as typeof globalThis.fetch, calls };
+}
+
+/** A sample Statistics object, consistent with itself: depth 3, 10 cycles of 3 drafts, 17 accepted. */
+export const SAMPLE_STATS: Stats = {
+  prompt_tokens: 42,
+  completion_tokens: 27,
+  ttft_ms: 85.5,
+  prefill_tok_s: 491.2,
+  decode_tok_s: 63.4,
+  spec: {
+    method: 'mtp',
+    depth: 3,
+    cycles: 10,
+    drafted: 30,
+    accepted: 17,
+    acceptance: 17 / 30,
+    tok_per_cycle: 2.7,
+    by_depth: [
+      { depth: 1, drafted: 10, accepted: 9 },
+      { depth: 2, drafted: 10, accepted: 6 },
+      { depth: 3, drafted: 10, accepted: 2 },
+    ],
+    accepted_hist: [1, 3, 4, 2],
+    parked_cycles: 2,
+    ms: { draft: 40, verify: 120, sample: 20, rollback: 20 },
+    fallback: null,
+  },
+};

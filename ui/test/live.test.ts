@@ -1,0 +1,63 @@
+import { describe, expect, it } from 'vitest';
+import { LiveFeed } from '../src/live';
+import { SAMPLE_STATS } from './helpers';
+
+describe('LiveFeed', () => {
+  it("takes a chunk's stats and charts its decode rate", () => {
+    let now = 1_000_000;
+    const feed = new LiveFeed(() => now);
+    feed.generationStarted('tandem-tiny');
+    expect(feed.state.generating).toBe(true);
+    feed.chunk(SAMPLE_STATS, 1);
+    expect(feed.state.stats).toBe(SAMPLE_STATS);
+    expect(feed.state.tokS).toBe(63.4);
+    now += 1000;
+    feed.chunk({ ...SAMPLE_STATS, decode_tok_s: 70 }, 1);
+    expect(feed.state.series.map((p) => p.tokS)).toEqual([63.4, 70]);
+    feed.generationEnded(SAMPLE_STATS);
+    expect(feed.state.generating).toBe(false);
+    expect(feed.state.tokS).toBe(63.4);
+  });
+
+  it('measures the rate itself when chunks carry no stats', () => {
+    let now = 0;
+    const feed = new LiveFeed(() => now);
+    feed.generationStarted('m');
+    feed.chunk(undefined, 1); // first token: the clock starts
+    for (let i = 0; i < 10; i++) {
+      now += 100;
+      feed.chunk(undefined, 1);
+    }
+    expect(feed.state.tokS).toBeCloseTo(10);
+  });
+
+  it("lets this window's chat win over the stream while it runs, and takes the stream's memory and models always", () => {
+    const feed = new LiveFeed(() => 0);
+    feed.generationStarted('mine');
+    feed.snapshot({ generating: true, model: 'other', tok_s: 5, stats: { ...SAMPLE_STATS, decode_tok_s: 5 }, memory: { active_bytes: 9 }, loaded_models: ['mine'] });
+    expect(feed.state.model).toBe('mine');
+    expect(feed.state.stats).toBeNull();
+    expect(feed.state.memory).toEqual({ active_bytes: 9 });
+    expect(feed.state.loadedModels).toEqual(['mine']);
+    feed.generationEnded();
+    feed.snapshot({ generating: true, model: 'other', tok_s: 5, stats: SAMPLE_STATS });
+    expect(feed.state.model).toBe('other');
+    expect(feed.state.tokS).toBe(5);
+    expect(feed.state.stats).toBe(SAMPLE_STATS);
+  });
+});
+
+describe('chartData', () => {
+  it('places points in seconds before the newest, in the narrowest window that holds them', async () => {
+    const { chartData } = await import('../src/components/chart');
+    expect(chartData([])).toEqual({ data: [[], []], windowS: 10 });
+    expect(chartData([{ t: 100, tokS: 1 }, { t: 104, tokS: 2 }])).toEqual({ data: [[-4, 0], [1, 2]], windowS: 10 });
+    expect(chartData([{ t: 100, tokS: 1 }, { t: 250, tokS: 2 }, { t: 340, tokS: 3 }, { t: 370, tokS: 4 }])).toEqual({
+      data: [
+        [-120, -30, 0],
+        [2, 3, 4],
+      ],
+      windowS: 120,
+    });
+  });
+});
