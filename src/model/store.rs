@@ -11,7 +11,8 @@ use super::weights::{Checkpoint, Layout, TensorRef};
 use super::LoadError;
 
 /// How a tensor's stored name looked, which tells whose conventions its values follow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Provenance {
     /// Named as in a raw Hugging Face checkpoint (`model.language_model.*`, top-level `mtp.*`).
     Hf,

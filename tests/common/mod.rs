@@ -55,3 +55,29 @@ pub fn random_hf_model(dir: &Path, extra: &[&str]) {
     args.extend_from_slice(extra);
     mlx_lm_ref(&args);
 }
+
+/// Reads an integer tensor (I64 or I32) as token ids.
+pub fn read_ids(path: &Path, name: &str) -> Vec<u32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor(name).unwrap_or_else(|_| panic!("{}: no tensor {name}", path.display()));
+    match t.dtype() {
+        safetensors::Dtype::I64 => t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect(),
+        safetensors::Dtype::I32 => t.data().chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32).collect(),
+        d => panic!("{name}: expected integer ids, got {d:?}"),
+    }
+}
+
+pub fn tiny_model_dir() -> PathBuf {
+    repo().join("assets/models/tandem-tiny")
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    repo().join("tests/fixtures").join(name)
+}
+
+/// Largest absolute difference.
+pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}

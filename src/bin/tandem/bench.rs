@@ -1,0 +1,118 @@
+//! `tandem bench`: prefill and decode speed, and MTP at several depths, on one model and prompt.
+
+use anyhow::{bail, Result};
+use clap::Args;
+use serde::Serialize;
+use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams, Stats};
+
+use crate::model_arg;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    prompt_tokens: usize,
+    #[arg(long, default_value_t = 128)]
+    gen_tokens: usize,
+    /// MTP depths to measure; 0 is plain decoding.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2,3")]
+    depths: Vec<usize>,
+    /// Also run with the adaptive controller on, at the largest depth.
+    #[arg(long)]
+    adaptive: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Run {
+    depth: usize,
+    adaptive: bool,
+    speedup: f64,
+    peak_memory_bytes: usize,
+    stats: Stats,
+}
+
+#[derive(Serialize)]
+struct Report {
+    model: String,
+    device: String,
+    mlx: String,
+    prompt_tokens: usize,
+    gen_tokens: usize,
+    runs: Vec<Run>,
+}
+
+/// Public-domain text (Moby-Dick, chapter 1) repeated to the requested prompt length.
+const TEXT: &str = "Call me Ishmael. Some years ago, never mind how long precisely, having little or no money in my \
+purse, and nothing particular to interest me on shore, I thought I would sail about a little and see the watery \
+part of the world. It is a way I have of driving off the spleen and regulating the circulation. Whenever I find \
+myself growing grim about the mouth; whenever it is a damp, drizzly November in my soul; then, I account it high \
+time to get to sea as soon as I can. ";
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    if a.prompt_tokens == 0 || a.gen_tokens < 2 {
+        bail!("--prompt-tokens must be at least 1 and --gen-tokens at least 2");
+    }
+    if let Some(d) = a.depths.iter().find(|&&d| d > 8) {
+        bail!("--depths: {d} is outside 0..=8");
+    }
+    let l = model_arg::load(a.model.as_deref())?;
+    let mut ids = Vec::new();
+    while ids.len() < a.prompt_tokens {
+        ids.extend(l.tokenizer.encode(TEXT, false)?);
+    }
+    ids.truncate(a.prompt_tokens);
+    let opts_for = |depth: usize, adaptive: bool| GenerateOptions {
+        max_tokens: a.gen_tokens,
+        sampling: SamplingParams::greedy(),
+        stop_ids: vec![], // always generate gen_tokens
+        mtp: MtpOptions { enabled: depth > 0, depth: depth.max(1), adaptive, exact_verify: false },
+        ..Default::default()
+    };
+    // Warm-up: first-use allocations and kernel setup stay out of the figures.
+    generate(&l.model, &ids[..ids.len().min(16)], &GenerateOptions { max_tokens: 4, ..opts_for(1, false) }, &mut |_| Control::Continue)?;
+
+    let mut plan: Vec<(usize, bool)> = a.depths.iter().map(|&d| (d, false)).collect();
+    if a.adaptive {
+        plan.push((a.depths.iter().copied().max().unwrap_or(3).max(1), true));
+    }
+    let mut runs: Vec<Run> = Vec::new();
+    for (depth, adaptive) in plan {
+        mlx::device::reset_peak_memory();
+        let out = generate(&l.model, &ids, &opts_for(depth, adaptive), &mut |_| Control::Continue)?;
+        let base = runs.iter().find(|r| r.depth == 0).map(|r| r.stats.decode_tok_s);
+        let speedup = base.map_or(1.0, |b| out.stats.decode_tok_s / b.max(1e-9));
+        runs.push(Run { depth, adaptive, speedup, peak_memory_bytes: mlx::device::memory_stats().peak, stats: out.stats });
+        if !a.json {
+            let r = runs.last().expect("just pushed");
+            let (acc, tpc) = r.stats.spec.as_ref().map_or((String::from("-"), String::from("1.00")), |s| {
+                (format!("{:.1}%", s.acceptance * 100.0), format!("{:.2}", s.tok_per_cycle))
+            });
+            eprintln!(
+                "depth {}{:<10} prefill {:>8.1} tok/s  decode {:>7.1} tok/s  tok/cycle {:>5}  acceptance {:>6}  speedup {:.2}x  peak {:.1} MB",
+                r.depth,
+                if r.adaptive { " adaptive" } else { "" },
+                r.stats.prefill_tok_s,
+                r.stats.decode_tok_s,
+                tpc,
+                acc,
+                r.speedup,
+                r.peak_memory_bytes as f64 / 1e6
+            );
+        }
+    }
+    if a.json {
+        let report = Report {
+            model: model_arg::display_name(&l.dir),
+            device: format!("{:?}", mlx::device::default_device()),
+            mlx: mlx::device::version(),
+            prompt_tokens: ids.len(),
+            gen_tokens: a.gen_tokens,
+            runs,
+        };
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}
