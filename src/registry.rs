@@ -1,0 +1,1151 @@
+//! models.toml and the models folder: which models exist, where they live, and their settings.
+//!
+//! ```toml
+//! models_dir = "~/.tandem/models"   # scanned for model folders; converted models go here
+//! default = "tandem-tiny"
+//! [[model]]
+//! name = "tandem-tiny"
+//! path = "assets/models/tandem-tiny"   # relative to this file's folder
+//! mtp = { enabled = true, depth = 3 }
+//! sampling = { temperature = 0.7, top_p = 0.95, max_tokens = 512 }
+//! ```
+//! Settings changed through [`Registry::update_settings`] are written back in place with `toml_edit`,
+//! so the user's comments and layout survive, and atomically, so a crash never leaves half a file.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use toml_edit::{DocumentMut, InlineTable, Item, Table, TableLike};
+
+/// Where models live when models.toml does not say.
+pub const DEFAULT_MODELS_DIR: &str = "~/.tandem/models";
+
+/// Valid MTP draft depths.
+pub const MTP_DEPTHS: std::ops::RangeInclusive<u32> = 1..=8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    #[error("cannot write {}: {source}", path.display())]
+    Write { path: PathBuf, source: io::Error },
+    /// TOML syntax, an unknown key or a value of the wrong type; `message` names the line and key.
+    #[error("{}:{message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    #[error("{}: model `{model}`: {field} = {value}: must be {expected}", path.display())]
+    OutOfRange {
+        path: PathBuf,
+        model: String,
+        field: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("{}: model `{name}`: {message}", path.display())]
+    InvalidModel {
+        path: PathBuf,
+        name: String,
+        message: String,
+    },
+    #[error("{}: model `{name}` is defined twice", path.display())]
+    DuplicateName { path: PathBuf, name: String },
+    #[error("{}: default = \"{name}\" names no model (known: {})", path.display(), known.join(", "))]
+    UnknownDefault {
+        path: PathBuf,
+        name: String,
+        known: Vec<String>,
+    },
+    #[error("no model named `{name}` and no model folder at that path (known: {})", known.join(", "))]
+    UnknownModel { name: String, known: Vec<String> },
+    #[error("{}: not a model folder (it needs config.json and *.safetensors)", path.display())]
+    NotAModelFolder { path: PathBuf },
+    #[error("{}: no model configured and none found in {}", path.display(), models_dir.display())]
+    NoModels { path: PathBuf, models_dir: PathBuf },
+}
+
+type Result<T, E = RegistryError> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MtpSettings {
+    pub enabled: bool,
+    /// Drafts per cycle, within [`MTP_DEPTHS`].
+    pub depth: u32,
+}
+
+impl Default for MtpSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            depth: 3,
+        }
+    }
+}
+
+/// Sampling defaults of a model. The neutral values turn a filter off: `top_k` 0, `min_p` 0,
+/// `repetition_penalty` 1.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingSettings {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub max_tokens: u32,
+}
+
+impl Default for SamplingSettings {
+    fn default() -> Self {
+        Self {
+            temperature: 0.7,
+            top_p: 0.95,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            max_tokens: 512,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelSource {
+    /// A `[[model]]` entry of models.toml.
+    Configured,
+    /// A folder found in `models_dir`.
+    Scanned,
+    /// A folder given by path, known to neither.
+    Path,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelEntry {
+    pub name: String,
+    /// The model folder, absolute unless models.toml's own path was relative.
+    pub path: PathBuf,
+    pub source: ModelSource,
+    pub mtp: MtpSettings,
+    pub sampling: SamplingSettings,
+}
+
+impl ModelEntry {
+    fn with_defaults(name: String, path: PathBuf, source: ModelSource) -> Self {
+        Self {
+            name,
+            path,
+            source,
+            mtp: MtpSettings::default(),
+            sampling: SamplingSettings::default(),
+        }
+    }
+}
+
+/// A change of settings: what is `None` stays as it is. Deserializes from the same shape as
+/// models.toml's entries, e.g. the JSON `{"mtp": {"depth": 2}, "sampling": {"temperature": 0.2}}`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SettingsPatch {
+    pub mtp: MtpPatch,
+    pub sampling: SamplingPatch,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MtpPatch {
+    pub enabled: Option<bool>,
+    pub depth: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingPatch {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub max_tokens: Option<u32>,
+}
+
+impl SettingsPatch {
+    /// The patch as (table, key, value) edits of a `[[model]]` entry.
+    fn edits(&self) -> Vec<(&'static str, &'static str, toml_edit::Value)> {
+        let (m, s) = (&self.mtp, &self.sampling);
+        let int = |x: u32| toml_edit::Value::from(i64::from(x));
+        [
+            ("mtp", "enabled", m.enabled.map(toml_edit::Value::from)),
+            ("mtp", "depth", m.depth.map(int)),
+            ("sampling", "temperature", s.temperature.map(float)),
+            ("sampling", "top_p", s.top_p.map(float)),
+            ("sampling", "top_k", s.top_k.map(int)),
+            ("sampling", "min_p", s.min_p.map(float)),
+            (
+                "sampling",
+                "repetition_penalty",
+                s.repetition_penalty.map(float),
+            ),
+            ("sampling", "max_tokens", s.max_tokens.map(int)),
+        ]
+        .into_iter()
+        .filter_map(|(table, key, value)| Some((table, key, value?)))
+        .collect()
+    }
+}
+
+/// An f32 as the TOML float a person would write: 0.7, not 0.699999988079071.
+fn float(x: f32) -> toml_edit::Value {
+    toml_edit::Value::from(x.to_string().parse::<f64>().unwrap_or(f64::from(x)))
+}
+
+// The file as written; `deny_unknown_fields` makes a misspelt key an error instead of a silent default.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSpec {
+    models_dir: Option<String>,
+    default: Option<String>,
+    #[serde(default)]
+    model: Vec<EntrySpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntrySpec {
+    name: String,
+    path: String,
+    #[serde(default)]
+    mtp: MtpSettings,
+    #[serde(default)]
+    sampling: SamplingSettings,
+}
+
+/// models.toml, loaded and validated, and the models folder it names.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    path: PathBuf,
+    /// `models_dir` as written (e.g. with `~`), used for the paths of entries added for scanned models.
+    models_dir_setting: String,
+    models_dir: PathBuf,
+    default: Option<String>,
+    configured: Vec<ModelEntry>,
+}
+
+impl Registry {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| RegistryError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// The models.toml this registry was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The folder scanned for models, `~` expanded.
+    pub fn models_dir(&self) -> &Path {
+        &self.models_dir
+    }
+
+    /// Configured models in file order, then the model folders of `models_dir` by name; a configured
+    /// entry hides a folder of the same name.
+    pub fn list(&self) -> Vec<ModelEntry> {
+        let mut models = self.configured.clone();
+        for found in scan(&self.models_dir) {
+            if !models.iter().any(|m| m.name == found.name) {
+                models.push(found);
+            }
+        }
+        models
+    }
+
+    pub fn get(&self, name: &str) -> Option<ModelEntry> {
+        self.list().into_iter().find(|m| m.name == name)
+    }
+
+    /// A model by name, or by the path of a model folder (a configured entry for that folder keeps
+    /// its settings).
+    pub fn resolve(&self, name_or_path: &str) -> Result<ModelEntry> {
+        let models = self.list();
+        if let Some(model) = models.iter().find(|m| m.name == name_or_path) {
+            return Ok(model.clone());
+        }
+        let path = expand_home(name_or_path);
+        if !path.is_dir() {
+            let known = models.into_iter().map(|m| m.name).collect();
+            return Err(RegistryError::UnknownModel {
+                name: name_or_path.to_owned(),
+                known,
+            });
+        }
+        if !is_model_folder(&path) {
+            return Err(RegistryError::NotAModelFolder { path });
+        }
+        let canonical = path.canonicalize().ok();
+        if let Some(model) = models
+            .iter()
+            .find(|m| m.path.canonicalize().ok() == canonical)
+        {
+            return Ok(model.clone());
+        }
+        Ok(ModelEntry::with_defaults(
+            folder_name(&path),
+            path,
+            ModelSource::Path,
+        ))
+    }
+
+    /// The `default` model, or else the first one listed.
+    pub fn default_model(&self) -> Result<ModelEntry> {
+        let models = self.list();
+        let found = match &self.default {
+            Some(name) => models.iter().find(|m| &m.name == name),
+            None => models.first(),
+        };
+        match (found, &self.default) {
+            (Some(model), _) => Ok(model.clone()),
+            (None, Some(name)) => Err(self.unknown_default(name, &models)),
+            (None, None) => Err(RegistryError::NoModels {
+                path: self.path.clone(),
+                models_dir: self.models_dir.clone(),
+            }),
+        }
+    }
+
+    /// Changes a model's settings and writes them to models.toml. The file is read again first, so
+    /// edits made by hand since loading are kept; a scanned model gets its own `[[model]]` entry.
+    /// Nothing is written unless the result is valid.
+    pub fn update_settings(&mut self, name: &str, patch: &SettingsPatch) -> Result<ModelEntry> {
+        let text = std::fs::read_to_string(&self.path).map_err(|source| RegistryError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        let current = Self::parse(&self.path, &text)?;
+        let mut doc: DocumentMut = text
+            .parse()
+            .map_err(|e| parse_error(&self.path, &text, e))?;
+        if model_entry(&mut doc, name).is_none() {
+            let scanned = current
+                .get(name)
+                .filter(|m| m.source == ModelSource::Scanned);
+            let Some(model) = scanned else {
+                let known = current.list().into_iter().map(|m| m.name).collect();
+                return Err(RegistryError::UnknownModel {
+                    name: name.to_owned(),
+                    known,
+                });
+            };
+            add_model_entry(&mut doc, name, &current.scanned_path_setting(&model));
+        }
+        let Some(entry) = model_entry(&mut doc, name) else {
+            return Err(RegistryError::InvalidModel {
+                path: self.path.clone(),
+                name: name.to_owned(),
+                message: "`model` must be an array of tables to add an entry".into(),
+            });
+        };
+        for (table, key, value) in patch.edits() {
+            set_value(entry, table, key, value);
+        }
+        let text = doc.to_string();
+        let updated = Self::parse(&self.path, &text)?;
+        write_atomic(&self.path, &text)?;
+        *self = updated;
+        self.get(name).ok_or_else(|| RegistryError::UnknownModel {
+            name: name.to_owned(),
+            known: Vec::new(),
+        })
+    }
+
+    fn parse(path: &Path, text: &str) -> Result<Self> {
+        let deserializer =
+            toml_edit::de::Deserializer::parse(text).map_err(|e| parse_error(path, text, e))?;
+        let spec: FileSpec = serde_path_to_error::deserialize(deserializer)
+            .map_err(|e| deserialize_error(path, text, e))?;
+
+        let base = path.parent().unwrap_or(Path::new(""));
+        let models_dir_setting = spec
+            .models_dir
+            .unwrap_or_else(|| DEFAULT_MODELS_DIR.to_owned());
+        let mut configured: Vec<ModelEntry> = Vec::new();
+        for entry in spec.model {
+            validate(path, &entry)?;
+            if configured.iter().any(|m| m.name == entry.name) {
+                return Err(RegistryError::DuplicateName {
+                    path: path.to_owned(),
+                    name: entry.name,
+                });
+            }
+            let model_path = base.join(expand_home(&entry.path));
+            configured.push(ModelEntry {
+                name: entry.name,
+                path: model_path,
+                source: ModelSource::Configured,
+                mtp: entry.mtp,
+                sampling: entry.sampling,
+            });
+        }
+        let registry = Self {
+            path: path.to_owned(),
+            models_dir: base.join(expand_home(&models_dir_setting)),
+            models_dir_setting,
+            default: spec.default,
+            configured,
+        };
+        if let Some(name) = &registry.default {
+            let models = registry.list();
+            if !models.iter().any(|m| &m.name == name) {
+                return Err(registry.unknown_default(name, &models));
+            }
+        }
+        Ok(registry)
+    }
+
+    fn unknown_default(&self, name: &str, models: &[ModelEntry]) -> RegistryError {
+        let known = models.iter().map(|m| m.name.clone()).collect();
+        RegistryError::UnknownDefault {
+            path: self.path.clone(),
+            name: name.to_owned(),
+            known,
+        }
+    }
+
+    /// The `path` to write for a scanned model: under `models_dir` as the user wrote it, so that a
+    /// `~` stays a `~`.
+    fn scanned_path_setting(&self, model: &ModelEntry) -> String {
+        format!(
+            "{}/{}",
+            self.models_dir_setting.trim_end_matches('/'),
+            folder_name(&model.path)
+        )
+    }
+}
+
+/// A TOML error as "LINE: message", from the byte span the parser reports.
+fn at_line(text: &str, span: Option<std::ops::Range<usize>>, message: &str) -> String {
+    match span {
+        Some(span) => {
+            let line = text.as_bytes()[..span.start.min(text.len())]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count()
+                + 1;
+            format!("{line}: {message}")
+        }
+        None => format!(" {message}"),
+    }
+}
+
+/// A type or key error as "LINE: KEY: message", e.g. "4: model[0].mtp.depth: invalid type: ...".
+fn deserialize_error(
+    path: &Path,
+    text: &str,
+    error: serde_path_to_error::Error<toml_edit::de::Error>,
+) -> RegistryError {
+    let mut key = error.path().to_string();
+    let inner = error.into_inner();
+    // The path of an unknown key ends with that key, which the message names already.
+    if inner.message().starts_with("unknown field") {
+        key = key
+            .rsplit_once('.')
+            .map_or(".".into(), |(parent, _)| parent.to_owned());
+    }
+    let message = match key.as_str() {
+        "." => inner.message().to_owned(),
+        key => format!("{key}: {}", inner.message()),
+    };
+    RegistryError::Parse {
+        path: path.to_owned(),
+        message: at_line(text, inner.span(), &message),
+    }
+}
+
+fn parse_error(path: &Path, text: &str, error: impl Into<toml_edit::TomlError>) -> RegistryError {
+    let error = error.into();
+    RegistryError::Parse {
+        path: path.to_owned(),
+        message: at_line(text, error.span(), error.message()),
+    }
+}
+
+fn validate(path: &Path, entry: &EntrySpec) -> Result<()> {
+    let invalid = |message: &str| RegistryError::InvalidModel {
+        path: path.to_owned(),
+        name: entry.name.clone(),
+        message: message.to_owned(),
+    };
+    if entry.name.trim().is_empty() {
+        return Err(invalid("the name is empty"));
+    }
+    if entry.path.trim().is_empty() {
+        return Err(invalid("the path is empty"));
+    }
+    let (mtp, s) = (&entry.mtp, &entry.sampling);
+    let checks: [(&'static str, f64, bool, &'static str); 6] = [
+        (
+            "mtp.depth",
+            mtp.depth.into(),
+            MTP_DEPTHS.contains(&mtp.depth),
+            "in 1..=8",
+        ),
+        (
+            "sampling.temperature",
+            s.temperature.into(),
+            s.temperature >= 0.0 && s.temperature.is_finite(),
+            "0 or more",
+        ),
+        (
+            "sampling.top_p",
+            s.top_p.into(),
+            s.top_p > 0.0 && s.top_p <= 1.0,
+            "in (0, 1]",
+        ),
+        (
+            "sampling.min_p",
+            s.min_p.into(),
+            (0.0..=1.0).contains(&s.min_p),
+            "in [0, 1]",
+        ),
+        (
+            "sampling.repetition_penalty",
+            s.repetition_penalty.into(),
+            s.repetition_penalty > 0.0 && s.repetition_penalty.is_finite(),
+            "more than 0",
+        ),
+        (
+            "sampling.max_tokens",
+            s.max_tokens.into(),
+            s.max_tokens >= 1,
+            "1 or more",
+        ),
+    ];
+    match checks.into_iter().find(|(_, _, ok, _)| !ok) {
+        Some((field, value, _, expected)) => Err(RegistryError::OutOfRange {
+            path: path.to_owned(),
+            model: entry.name.clone(),
+            field,
+            value: (value as f32).to_string(),
+            expected,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `~` and `~/...` name the home folder, as in a shell.
+fn expand_home(path: &str) -> PathBuf {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    match (path.strip_prefix('~'), home) {
+        (Some(""), Some(home)) => home,
+        (Some(rest), Some(home)) if rest.starts_with('/') => home.join(&rest[1..]),
+        _ => PathBuf::from(path),
+    }
+}
+
+fn folder_name(path: &Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+/// A folder with config.json and at least one .safetensors file.
+pub fn is_model_folder(dir: &Path) -> bool {
+    let has_weights = || {
+        std::fs::read_dir(dir).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.path().extension().is_some_and(|ext| ext == "safetensors"))
+        })
+    };
+    dir.join("config.json").is_file() && has_weights()
+}
+
+/// The model folders directly inside `models_dir`, by name. A missing folder holds no models.
+fn scan(models_dir: &Path) -> Vec<ModelEntry> {
+    let entries = match std::fs::read_dir(models_dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!("cannot scan {}: {e}", models_dir.display());
+            }
+            return Vec::new();
+        }
+    };
+    let mut models: Vec<ModelEntry> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && is_model_folder(p))
+        .map(|p| ModelEntry::with_defaults(folder_name(&p), p, ModelSource::Scanned))
+        .collect();
+    models.sort_by(|a, b| a.name.cmp(&b.name));
+    models
+}
+
+/// The `[[model]]` entry with this name (also when written as an inline array of inline tables).
+fn model_entry<'d>(doc: &'d mut DocumentMut, name: &str) -> Option<&'d mut dyn TableLike> {
+    let named = |t: &dyn TableLike| t.get("name").and_then(Item::as_str) == Some(name);
+    match doc.get_mut("model")? {
+        Item::ArrayOfTables(tables) => tables
+            .iter_mut()
+            .find(|t| named(*t))
+            .map(|t| t as &mut dyn TableLike),
+        Item::Value(toml_edit::Value::Array(array)) => array
+            .iter_mut()
+            .filter_map(toml_edit::Value::as_inline_table_mut)
+            .find(|t| named(*t))
+            .map(|t| t as &mut dyn TableLike),
+        _ => None,
+    }
+}
+
+/// Appends a model entry with a name and a path, in the style the file already uses.
+fn add_model_entry(doc: &mut DocumentMut, name: &str, path: &str) {
+    match doc
+        .entry("model")
+        .or_insert(Item::ArrayOfTables(Default::default()))
+    {
+        Item::ArrayOfTables(tables) => {
+            let mut table = Table::new();
+            table.insert("name", toml_edit::value(name));
+            table.insert("path", toml_edit::value(path));
+            tables.push(table);
+        }
+        Item::Value(toml_edit::Value::Array(array)) => {
+            let mut table = InlineTable::new();
+            table.insert("name", name.into());
+            table.insert("path", path.into());
+            array.push(table);
+        }
+        _ => {} // not a list of models: the caller reports it
+    }
+}
+
+/// Sets `table.key` in a model entry, creating `table` as an inline table (the style of DESIGN.md)
+/// if needed. A replaced value keeps its surrounding whitespace and trailing comment.
+fn set_value(entry: &mut dyn TableLike, table: &str, key: &str, mut value: toml_edit::Value) {
+    let section = entry
+        .entry(table)
+        .or_insert(Item::Value(InlineTable::new().into()));
+    if let Some(Item::Value(old)) = section.as_table_like_mut().and_then(|t| t.get_mut(key)) {
+        *value.decor_mut() = old.decor().clone();
+        *old = value;
+        return;
+    }
+    match section {
+        Item::Value(toml_edit::Value::InlineTable(inline)) => {
+            // The space before `}` belongs to the last value: hand it on to the new last one.
+            if let Some((_, last)) = inline.iter_mut().last() {
+                if let Some(suffix) = last.decor().suffix().cloned() {
+                    last.decor_mut().set_suffix("");
+                    value.decor_mut().set_suffix(suffix);
+                }
+            }
+            inline.insert(key, value);
+        }
+        // Anything but a table was rejected when the file was parsed.
+        other => {
+            if let Some(table) = other.as_table_like_mut() {
+                table.insert(key, Item::Value(value));
+            }
+        }
+    }
+}
+
+/// Replaces `path` with `text` in one step: a temporary file in the same folder (so that the rename
+/// stays on one file system), flushed to disk, then renamed over the target. On failure the old file
+/// is untouched and the temporary file is removed.
+fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    // Write through a symlink to its target rather than replacing the link.
+    let target = path.canonicalize().unwrap_or_else(|_| path.to_owned());
+    let dir = target
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let write_error = |source| RegistryError::Write {
+        path: target.clone(),
+        source,
+    };
+    let mut file = tempfile::Builder::new()
+        .prefix(".models.toml.")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(write_error)?;
+    file.write_all(text.as_bytes()).map_err(write_error)?;
+    if let Ok(meta) = std::fs::metadata(&target) {
+        file.as_file()
+            .set_permissions(meta.permissions())
+            .map_err(write_error)?;
+    }
+    file.as_file().sync_all().map_err(write_error)?;
+    file.persist(&target).map_err(|e| write_error(e.error))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tempfile::TempDir;
+
+    /// A folder holding models.toml with `text`.
+    fn registry_file(text: &str) -> (TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("models.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    fn make_model_folder(dir: &Path, weights: bool) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("config.json"), "{}").unwrap();
+        if weights {
+            std::fs::write(dir.join("model.safetensors"), "").unwrap();
+        }
+    }
+
+    /// Temporary files left in a folder by a write.
+    fn leftovers(dir: &Path) -> Vec<String> {
+        let names = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned());
+        names.filter(|n| n.starts_with(".models.toml.")).collect()
+    }
+
+    fn load_error(text: &str) -> String {
+        let (_dir, path) = registry_file(text);
+        let error = Registry::load(&path).unwrap_err().to_string();
+        error.replace(&path.display().to_string(), "models.toml")
+    }
+
+    const MODELS: &str = r#"# My models
+models_dir = "models"  # where they live
+default = "a"
+
+[[model]]
+name = "a"   # the first
+path = "/m/a"
+mtp = { enabled = true, depth = 3 }  # drafting
+sampling = { temperature = 0.7, top_p = 0.95, max_tokens = 512 }
+
+[[model]]
+name = "b"
+path = "b"
+
+[model.sampling]
+temperature = 1.0 # hot
+"#;
+
+    #[test]
+    fn repo_models_toml_names_the_bundled_model() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let registry = Registry::load(&root.join("models.toml")).unwrap();
+        let tiny = registry.default_model().unwrap();
+        assert_eq!(tiny.name, "tandem-tiny");
+        assert_eq!(tiny.path, root.join("assets/models/tandem-tiny"));
+        assert_eq!(tiny.source, ModelSource::Configured);
+        assert_eq!(
+            tiny.mtp,
+            MtpSettings {
+                enabled: true,
+                depth: 3
+            }
+        );
+        assert_eq!(tiny.sampling, SamplingSettings::default());
+    }
+
+    #[test]
+    fn defaults_fill_what_is_left_out() {
+        let (_dir, path) =
+            registry_file("[[model]]\nname = \"a\"\npath = \"/m/a\"\nsampling = { top_k = 20 }\n");
+        let registry = Registry::load(&path).unwrap();
+        let home = PathBuf::from(std::env::var_os("HOME").unwrap());
+        assert_eq!(registry.models_dir(), home.join(".tandem/models"));
+        let a = registry.default_model().unwrap();
+        assert_eq!(
+            a.mtp,
+            MtpSettings {
+                enabled: true,
+                depth: 3
+            }
+        );
+        let expected = SamplingSettings {
+            temperature: 0.7,
+            top_p: 0.95,
+            top_k: 20,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            max_tokens: 512,
+        };
+        assert_eq!(a.sampling, expected);
+    }
+
+    #[test]
+    fn paths_expand_home_and_resolve_against_the_file() {
+        let home = PathBuf::from(std::env::var_os("HOME").unwrap());
+        assert_eq!(expand_home("~"), home);
+        assert_eq!(expand_home("~/.tandem/models"), home.join(".tandem/models"));
+        assert_eq!(expand_home("~other/x"), PathBuf::from("~other/x"));
+        assert_eq!(expand_home("/abs/~"), PathBuf::from("/abs/~"));
+
+        let (dir, path) = registry_file(MODELS);
+        let registry = Registry::load(&path).unwrap();
+        assert_eq!(registry.models_dir(), dir.path().join("models"));
+        assert_eq!(registry.get("a").unwrap().path, PathBuf::from("/m/a"));
+        assert_eq!(registry.get("b").unwrap().path, dir.path().join("b"));
+    }
+
+    #[test]
+    fn list_adds_scanned_folders_and_configured_entries_win() {
+        let (dir, path) = registry_file(MODELS);
+        let models = dir.path().join("models");
+        make_model_folder(&models.join("z-converted"), true);
+        make_model_folder(&models.join("c-converted"), true);
+        make_model_folder(&models.join("a"), true); // hidden by the configured "a"
+        make_model_folder(&models.join("no-weights"), false);
+        std::fs::write(models.join("stray.txt"), "").unwrap();
+        let registry = Registry::load(&path).unwrap();
+        let listed: Vec<(String, ModelSource)> = registry
+            .list()
+            .into_iter()
+            .map(|m| (m.name, m.source))
+            .collect();
+        let expected = [
+            ("a", ModelSource::Configured),
+            ("b", ModelSource::Configured),
+            ("c-converted", ModelSource::Scanned),
+            ("z-converted", ModelSource::Scanned),
+        ];
+        assert_eq!(listed, expected.map(|(n, s)| (n.to_owned(), s)));
+        let c = registry.get("c-converted").unwrap();
+        assert_eq!(
+            (c.path, c.mtp, c.sampling),
+            (
+                models.join("c-converted"),
+                MtpSettings::default(),
+                SamplingSettings::default()
+            )
+        );
+    }
+
+    #[test]
+    fn resolve_takes_a_name_or_a_model_folder() {
+        let (dir, path) = registry_file(MODELS);
+        make_model_folder(&dir.path().join("b"), true);
+        make_model_folder(&dir.path().join("elsewhere/x"), true);
+        make_model_folder(&dir.path().join("half"), false);
+        let registry = Registry::load(&path).unwrap();
+        assert_eq!(registry.resolve("a").unwrap().path, PathBuf::from("/m/a"));
+        // The path of a configured model is that model, with its settings.
+        let b = registry
+            .resolve(&format!("{}/./b", dir.path().display()))
+            .unwrap();
+        assert_eq!(
+            (b.name.as_str(), b.source, b.sampling.temperature),
+            ("b", ModelSource::Configured, 1.0)
+        );
+        let x = registry
+            .resolve(dir.path().join("elsewhere/x").to_str().unwrap())
+            .unwrap();
+        assert_eq!((x.name.as_str(), x.source), ("x", ModelSource::Path));
+
+        let error = registry.resolve("nope").unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "no model named `nope` and no model folder at that path (known: a, b)"
+        );
+        let half = dir.path().join("half");
+        let error = registry
+            .resolve(half.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            format!(
+                "{}: not a model folder (it needs config.json and *.safetensors)",
+                half.display()
+            )
+        );
+    }
+
+    #[test]
+    fn default_model_is_the_first_when_unset() {
+        let (_dir, path) = registry_file("[[model]]\nname = \"first\"\npath = \"f\"\n[[model]]\nname = \"second\"\npath = \"s\"\n");
+        assert_eq!(
+            Registry::load(&path).unwrap().default_model().unwrap().name,
+            "first"
+        );
+        let (_dir, path) = registry_file("models_dir = \"empty\"\n");
+        let error = Registry::load(&path)
+            .unwrap()
+            .default_model()
+            .unwrap_err()
+            .to_string();
+        let expected = format!(
+            "no model configured and none found in {}",
+            path.with_file_name("empty").display()
+        );
+        assert!(error.ends_with(&expected), "{error}");
+    }
+
+    #[test]
+    fn update_keeps_comments_and_layout() {
+        let (dir, path) = registry_file(MODELS);
+        let mut registry = Registry::load(&path).unwrap();
+        let patch = SettingsPatch {
+            mtp: MtpPatch {
+                depth: Some(2),
+                ..Default::default()
+            },
+            sampling: SamplingPatch {
+                temperature: Some(0.2),
+                top_k: Some(40),
+                ..Default::default()
+            },
+        };
+        let a = registry.update_settings("a", &patch).unwrap();
+        assert_eq!(
+            (
+                a.mtp.depth,
+                a.sampling.temperature,
+                a.sampling.top_k,
+                a.sampling.top_p
+            ),
+            (2, 0.2, 40, 0.95)
+        );
+        let patch = SettingsPatch {
+            mtp: MtpPatch {
+                enabled: Some(false),
+                ..Default::default()
+            },
+            sampling: SamplingPatch {
+                temperature: Some(0.5),
+                ..Default::default()
+            },
+        };
+        registry.update_settings("b", &patch).unwrap();
+        let expected = MODELS
+            .replace("depth = 3 }  # drafting", "depth = 2 }  # drafting")
+            .replace(
+                "temperature = 0.7, top_p = 0.95, max_tokens = 512 }",
+                "temperature = 0.2, top_p = 0.95, max_tokens = 512, top_k = 40 }",
+            )
+            .replace(
+                "path = \"b\"\n",
+                "path = \"b\"\nmtp = { enabled = false }\n",
+            )
+            .replace("temperature = 1.0 # hot", "temperature = 0.5 # hot");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
+        assert!(leftovers(dir.path()).is_empty());
+
+        // What was written reads back the same.
+        let reloaded = Registry::load(&path).unwrap();
+        assert_eq!(reloaded.list(), registry.list());
+        let b = reloaded.get("b").unwrap();
+        assert_eq!((b.mtp.enabled, b.sampling.temperature), (false, 0.5));
+    }
+
+    #[test]
+    fn update_adds_an_entry_for_a_scanned_model() {
+        let (dir, path) = registry_file(MODELS);
+        make_model_folder(&dir.path().join("models/q-4bit"), true);
+        let mut registry = Registry::load(&path).unwrap();
+        let patch = SettingsPatch {
+            mtp: MtpPatch {
+                depth: Some(1),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let q = registry.update_settings("q-4bit", &patch).unwrap();
+        assert_eq!(
+            (q.source, q.mtp.depth, q.path),
+            (ModelSource::Configured, 1, dir.path().join("models/q-4bit"))
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, format!("{MODELS}\n[[model]]\nname = \"q-4bit\"\npath = \"models/q-4bit\"\nmtp = {{ depth = 1 }}\n"));
+
+        let error = registry
+            .update_settings("ghost", &patch)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "no model named `ghost` and no model folder at that path (known: a, b, q-4bit)"
+        );
+    }
+
+    #[test]
+    fn update_keeps_hand_edits_made_since_loading() {
+        let (_dir, path) = registry_file(MODELS);
+        let mut registry = Registry::load(&path).unwrap();
+        std::fs::write(&path, MODELS.replace("# My models", "# My models, edited")).unwrap();
+        let patch = SettingsPatch {
+            sampling: SamplingPatch {
+                max_tokens: Some(64),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        registry.update_settings("a", &patch).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.starts_with("# My models, edited\n") && text.contains("max_tokens = 64 }"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn invalid_update_writes_nothing() {
+        let (dir, path) = registry_file(MODELS);
+        let mut registry = Registry::load(&path).unwrap();
+        let patch = SettingsPatch {
+            mtp: MtpPatch {
+                depth: Some(9),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let error = registry
+            .update_settings("a", &patch)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            format!(
+                "{}: model `a`: mtp.depth = 9: must be in 1..=8",
+                path.display()
+            )
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), MODELS);
+        assert!(leftovers(dir.path()).is_empty());
+        assert_eq!(registry.get("a").unwrap().mtp.depth, 3);
+    }
+
+    #[test]
+    fn failed_write_keeps_the_old_file_and_leaves_no_temporary() {
+        // The rename fails (the target is a non-empty folder), whoever runs the test.
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("models.toml");
+        std::fs::create_dir(&target).unwrap();
+        std::fs::write(target.join("keep"), "x").unwrap();
+        let error = write_atomic(&target, "new").unwrap_err().to_string();
+        assert!(
+            error.starts_with(&format!("cannot write {}: ", target.display())),
+            "{error}"
+        );
+        assert!(target.join("keep").is_file());
+        assert!(leftovers(dir.path()).is_empty());
+
+        // A read-only folder: the temporary file cannot be created.
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, path) = registry_file(MODELS);
+        let mut registry = Registry::load(&path).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o555)).unwrap();
+        let root_ignores_permissions = std::fs::write(dir.path().join("probe"), "").is_ok();
+        let patch = SettingsPatch {
+            mtp: MtpPatch {
+                depth: Some(2),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let result = registry.update_settings("a", &patch);
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        if root_ignores_permissions {
+            eprintln!(
+                "skipped the read-only folder case: running as root, which ignores permissions"
+            );
+            return;
+        }
+        let error = result.unwrap_err().to_string();
+        assert!(
+            error.starts_with(&format!("cannot write {}", path.display())),
+            "{error}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), MODELS);
+        assert!(leftovers(dir.path()).is_empty());
+        assert_eq!(
+            registry.get("a").unwrap().mtp.depth,
+            3,
+            "the registry is unchanged too"
+        );
+    }
+
+    #[test]
+    fn writing_through_a_symlink_keeps_the_link() {
+        let (dir, path) = registry_file(MODELS);
+        let link = dir.path().join("link.toml");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let mut registry = Registry::load(&link).unwrap();
+        let patch = SettingsPatch {
+            mtp: MtpPatch {
+                depth: Some(4),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        registry.update_settings("a", &patch).unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(std::fs::read_to_string(&path)
+            .unwrap()
+            .contains("depth = 4 }"));
+    }
+
+    #[test]
+    fn bad_files_are_named() {
+        let model = "[[model]]\nname = \"a\"\npath = \"a\"\n";
+        let cases = [
+            ("models_dirr = \"x\"\n".to_owned(), "models.toml:1: unknown field `models_dirr`, expected one of `models_dir`, `default`, `model`"),
+            (format!("{model}colour = 1\n"), "models.toml:4: model[0]: unknown field `colour`, expected one of `name`, `path`, `mtp`, `sampling`"),
+            (format!("{model}mtp = {{ depht = 2 }}\n"), "models.toml:4: model[0].mtp: unknown field `depht`, expected `enabled` or `depth`"),
+            (format!("{model}mtp = {{ depth = \"3\" }}\n"), "models.toml:4: model[0].mtp.depth: invalid type: string \"3\", expected u32"),
+            (format!("{model}mtp = {{ depth = -1 }}\n"), "models.toml:4: model[0].mtp.depth: invalid value: integer `-1`, expected u32"),
+            (format!("{model}sampling = {{ temperature = \"hot\" }}\n"), "models.toml:4: model[0].sampling.temperature: invalid type: string \"hot\", expected f32"),
+            (format!("{model}mtp = {{ depth = 0 }}\n"), "models.toml: model `a`: mtp.depth = 0: must be in 1..=8"),
+            (format!("{model}mtp = {{ depth = 9 }}\n"), "models.toml: model `a`: mtp.depth = 9: must be in 1..=8"),
+            (format!("{model}sampling = {{ top_p = 1.5 }}\n"), "models.toml: model `a`: sampling.top_p = 1.5: must be in (0, 1]"),
+            (format!("{model}sampling = {{ temperature = -0.5 }}\n"), "models.toml: model `a`: sampling.temperature = -0.5: must be 0 or more"),
+            (format!("{model}sampling = {{ max_tokens = 0 }}\n"), "models.toml: model `a`: sampling.max_tokens = 0: must be 1 or more"),
+            (format!("{model}{model}"), "models.toml: model `a` is defined twice"),
+            (format!("default = \"b\"\nmodels_dir = \"none\"\n{model}"), "models.toml: default = \"b\" names no model (known: a)"),
+            ("[[model]]\nname = \"a\"\n".to_owned(), "models.toml:1: model[0]: missing field `path`"),
+            ("[[model]]\nname = \"\"\npath = \"a\"\n".to_owned(), "models.toml: model ``: the name is empty"),
+            ("model = 3\n".to_owned(), "models.toml:1: model: invalid type: integer `3`, expected a sequence"),
+            ("default = \n".to_owned(), "models.toml:1: string values must be quoted, expected literal string"),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(load_error(&text), expected, "for:\n{text}");
+        }
+        let error = Registry::load(Path::new("/nonexistent/models.toml"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "/nonexistent/models.toml: No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
+    fn settings_patch_reads_json_and_rejects_unknown_keys() {
+        let patch: SettingsPatch =
+            serde_json::from_str(r#"{"mtp": {"depth": 2}, "sampling": {"temperature": 0.3}}"#)
+                .unwrap();
+        assert_eq!(
+            (
+                patch.mtp.depth,
+                patch.mtp.enabled,
+                patch.sampling.temperature
+            ),
+            (Some(2), None, Some(0.3))
+        );
+        let error = serde_json::from_str::<SettingsPatch>(r#"{"sampling": {"temprature": 0.3}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("unknown field `temprature`"), "{error}");
+    }
+}
