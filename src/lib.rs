@@ -4,5 +4,6 @@
 pub mod cache;
 pub mod generate;
 pub mod model;
+pub mod quant;
 pub mod chat;
 pub mod registry;

@@ -162,6 +162,8 @@ pub struct GatedDeltaNet {
     dv: i32,
     kernel: i32,
     eps: f32,
+    /// Canonical module name (`layers.0.linear_attn`), for taps.
+    prefix: String,
 }
 
 impl GatedDeltaNet {
@@ -195,12 +197,16 @@ impl GatedDeltaNet {
             dv,
             kernel: k,
             eps: c.text.rms_norm_eps,
+            prefix: p.to_string(),
         })
     }
 
-    fn forward(&self, x: &Array, st: &mut LinearState) -> Result<Array> {
+    fn forward(&self, x: &Array, st: &mut LinearState, taps: &mut Taps<'_>) -> Result<Array> {
         let (b, t) = (x.dim(0), x.dim(1));
         let dt = x.dtype();
+        for name in ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"] {
+            taps.see(&self.prefix, name, x);
+        }
         let qkv = self.in_proj_qkv.forward(x)?;
         let z = self.in_proj_z.forward(x)?.reshape(&[b, t, self.hv, self.dv])?;
         let beta = self.in_proj_b.forward(x)?.as_dtype(Dtype::F32)?.sigmoid()?;
@@ -260,7 +266,9 @@ impl GatedDeltaNet {
         // Gated RMSNorm per head: (w * rmsnorm(o)) * silu(z), as transformers orders the casts.
         let n = fast::rms_norm(&o.as_dtype(Dtype::F32)?, None, self.eps)?.as_dtype(dt)?.multiply(&self.norm_weight)?;
         let gated = n.as_dtype(Dtype::F32)?.multiply(&z.as_dtype(Dtype::F32)?.silu()?)?.as_dtype(dt)?;
-        self.out_proj.forward(&gated.reshape(&[b, t, self.hv * self.dv])?)
+        let gated = gated.reshape(&[b, t, self.hv * self.dv])?;
+        taps.see(&self.prefix, "out_proj", &gated);
+        self.out_proj.forward(&gated)
     }
 }
 
@@ -277,6 +285,8 @@ pub struct Attention {
     hd: i32,
     rope_dims: i32,
     rope_theta: f32,
+    /// Canonical module name (`layers.3.self_attn`), for taps.
+    prefix: String,
 }
 
 impl Attention {
@@ -294,11 +304,15 @@ impl Attention {
             hd,
             rope_dims: c.rope_dims,
             rope_theta: c.rope_theta,
+            prefix: p.to_string(),
         })
     }
 
-    fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+    fn forward(&self, x: &Array, cache: &mut KvCache, taps: &mut Taps<'_>) -> Result<Array> {
         let (b, t) = (x.dim(0), x.dim(1));
+        for name in ["q_proj", "k_proj", "v_proj"] {
+            taps.see(&self.prefix, name, x);
+        }
         let qg = self.q_proj.forward(x)?.reshape(&[b, t, self.hq, 2 * self.hd])?;
         let halves = qg.split(2, 3)?;
         let gate = halves[1].reshape(&[b, t, self.hq * self.hd])?;
@@ -311,8 +325,26 @@ impl Attention {
         let (keys, values) = cache.update(&k, &v)?;
         let mask = if t > 1 { Mask::Causal } else { Mask::None };
         let o = fast::scaled_dot_product_attention(&q, &keys, &values, 1.0 / (self.hd as f32).sqrt(), mask)?;
-        let o = o.swapaxes(1, 2)?.reshape(&[b, t, self.hq * self.hd])?;
-        self.o_proj.forward(&o.multiply(&gate.sigmoid()?)?)
+        let o = o.swapaxes(1, 2)?.reshape(&[b, t, self.hq * self.hd])?.multiply(&gate.sigmoid()?)?;
+        taps.see(&self.prefix, "o_proj", &o);
+        self.o_proj.forward(&o)
+    }
+}
+
+/// Sees each linear layer's input by its canonical module name (see [`Qwen35::forward_observed`]).
+pub type LinearObserver<'a> = dyn FnMut(&str, &Array) + 'a;
+
+/// An optional observer of linear-layer inputs.
+struct Taps<'a>(Option<&'a mut LinearObserver<'a>>);
+
+impl Taps<'_> {
+    fn active(&self) -> bool {
+        self.0.is_some()
+    }
+    fn see(&mut self, prefix: &str, name: &str, x: &Array) {
+        if let Some(f) = self.0.as_mut() {
+            f(&format!("{prefix}.{name}"), x);
+        }
     }
 }
 
@@ -326,6 +358,8 @@ pub struct DecoderLayer {
     post_attention_layernorm: RmsNorm,
     mixer: Mixer,
     mlp: Mlp,
+    /// Canonical layer name (`layers.3`, `mtp.layers.0`), for taps.
+    prefix: String,
 }
 
 impl DecoderLayer {
@@ -345,18 +379,29 @@ impl DecoderLayer {
                 up_proj: s.linear(&format!("{p}.mlp.up_proj"), i, d, false)?,
                 down_proj: s.linear(&format!("{p}.mlp.down_proj"), d, i, false)?,
             },
+            prefix: format!("{p}.mlp"),
         })
     }
 
-    fn forward(&self, h: &Array, cache: &mut LayerCache) -> Result<Array> {
+    fn forward(&self, h: &Array, cache: &mut LayerCache, taps: &mut Taps<'_>) -> Result<Array> {
         let x = self.input_layernorm.forward(h)?;
         let mixed = match (&self.mixer, cache) {
-            (Mixer::Attention(a), LayerCache::Kv(c)) => a.forward(&x, c)?,
-            (Mixer::Linear(l), LayerCache::Linear(s)) => l.forward(&x, s)?,
+            (Mixer::Attention(a), LayerCache::Kv(c)) => a.forward(&x, c, taps)?,
+            (Mixer::Linear(l), LayerCache::Linear(s)) => l.forward(&x, s, taps)?,
             _ => return Err(mlx::Error::Invalid("cache kind does not match the layer kind".into())),
         };
         let h = h.add(&mixed)?;
-        h.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)
+        let x = self.post_attention_layernorm.forward(&h)?;
+        if !taps.active() {
+            return h.add(&self.mlp.forward(&x)?);
+        }
+        // Mlp::forward, spelled out so that the down projection's input can be observed.
+        let (m, p) = (&self.mlp, &self.prefix);
+        taps.see(p, "gate_proj", &x);
+        taps.see(p, "up_proj", &x);
+        let inner = m.gate_proj.forward(&x)?.silu()?.multiply(&m.up_proj.forward(&x)?)?;
+        taps.see(p, "down_proj", &inner);
+        h.add(&m.down_proj.forward(&inner)?)
     }
 }
 
@@ -488,9 +533,19 @@ impl Qwen35 {
     }
 
     pub fn forward_embeddings(&self, h: &Array, cache: &mut [LayerCache]) -> Result<Array> {
+        self.forward_tapped(h, cache, &mut Taps(None))
+    }
+
+    /// [`forward`](Self::forward) that shows `observe` the input of every linear layer, named by
+    /// its canonical module name (`layers.3.mlp.down_proj`), e.g. to calibrate quantization.
+    pub fn forward_observed(&self, tokens: &Array, cache: &mut [LayerCache], observe: &mut dyn FnMut(&str, &Array)) -> Result<Array> {
+        self.forward_tapped(&self.embed(tokens)?, cache, &mut Taps(Some(observe)))
+    }
+
+    fn forward_tapped(&self, h: &Array, cache: &mut [LayerCache], taps: &mut Taps<'_>) -> Result<Array> {
         let mut h = h.clone();
         for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
-            h = layer.forward(&h, c)?;
+            h = layer.forward(&h, c, taps)?;
         }
         self.norm.forward(&h)
     }
@@ -506,12 +561,24 @@ impl Qwen35 {
     /// One MTP step: for post-norm hidden `h_t` and the token `x_{t+1}` that follows position t,
     /// returns the head's normed output (which both feeds the next draft and gives the logits).
     pub fn mtp_forward(&self, hidden: &Array, next_tokens: &Array, cache: &mut KvCache) -> Result<Array> {
+        self.mtp_forward_tapped(hidden, next_tokens, cache, &mut Taps(None))
+    }
+
+    /// [`mtp_forward`](Self::mtp_forward) that shows `observe` the input of every linear layer of
+    /// the head (`mtp.fc`, `mtp.layers.0.self_attn.q_proj`, ...).
+    pub fn mtp_forward_observed(&self, hidden: &Array, next_tokens: &Array, cache: &mut KvCache, observe: &mut dyn FnMut(&str, &Array)) -> Result<Array> {
+        self.mtp_forward_tapped(hidden, next_tokens, cache, &mut Taps(Some(observe)))
+    }
+
+    fn mtp_forward_tapped(&self, hidden: &Array, next_tokens: &Array, cache: &mut KvCache, taps: &mut Taps<'_>) -> Result<Array> {
         let head = self.mtp.as_ref().ok_or_else(|| mlx::Error::Invalid("this model has no MTP head loaded".into()))?;
         let e = head.pre_fc_norm_embedding.forward(&self.embed(next_tokens)?)?;
         let hh = head.pre_fc_norm_hidden.forward(hidden)?;
-        let u = head.fc.forward(&concatenate(&[&e, &hh], -1)?)?;
+        let cat = concatenate(&[&e, &hh], -1)?;
+        taps.see("mtp", "fc", &cat);
+        let u = head.fc.forward(&cat)?;
         let mut lc = LayerCache::Kv(std::mem::take(cache));
-        let u = head.layer.forward(&u, &mut lc);
+        let u = head.layer.forward(&u, &mut lc, taps);
         if let LayerCache::Kv(c) = lc {
             *cache = c;
         }
@@ -555,6 +622,15 @@ fn load_mtp(s: &Store, c: &Config) -> std::result::Result<(Option<MtpHead>, MtpS
             "config declares {declared} MTP layer(s) but the checkpoint lacks {} of its 15 tensors (e.g. mtp.{}); MTP is off",
             missing.len(),
             missing[0]
+        ));
+        s.skip_prefix("mtp.");
+        return Ok((None, status));
+    }
+    let twice = mtp_norms_shifted_twice(s)?;
+    if !twice.is_empty() {
+        status.reason = Some(format!(
+            "MTP head norms look shifted twice (1 added two times): {}; MTP is off (`tandem convert --repair` writes a fixed copy)",
+            twice.join(", ")
         ));
         s.skip_prefix("mtp.");
         return Ok((None, status));
@@ -615,4 +691,27 @@ pub fn mtp_norm_conventions(s: &Store) -> std::result::Result<(Vec<(&'static str
         msg
     });
     Ok((out, repaired))
+}
+
+/// The MTP norms whose stored weights look shifted twice (`2 + w`, e.g. a converted head shifted
+/// again by a second converter): neither convention explains them, so the head must not run. Like
+/// [`mtp_norm_conventions`], this compares with the backbone's final norm and needs a clear margin.
+pub fn mtp_norms_shifted_twice(s: &Store) -> std::result::Result<Vec<String>, LoadError> {
+    let backbone_mean = s.mean("norm.weight")?;
+    let backbone_scale = if s.provenance("norm.weight") == Some(Provenance::Mlx) { backbone_mean } else { 1.0 + backbone_mean };
+    let mut out = Vec::new();
+    for name in MTP_NORMS {
+        let full = format!("mtp.{name}");
+        if !s.has(&full) {
+            continue;
+        }
+        let mean = s.mean(&full)?;
+        let as_zero = (1.0 + mean - backbone_scale).abs();
+        let as_shifted = (mean - backbone_scale).abs();
+        let as_twice = (mean - 1.0 - backbone_scale).abs();
+        if as_twice + 0.5 < as_zero.min(as_shifted) {
+            out.push(format!("{full} (mean {mean:.3})"));
+        }
+    }
+    Ok(out)
 }
