@@ -130,6 +130,11 @@ fn the_convention_matrix_is_reported_loaded_and_repaired() {
     assert!(m.has_mtp(), "{:?}", m.mtp_status);
     let grafted = mtp_logits(&m, &hidden, &next);
     assert!(rel_err(&grafted, &want) < 5e-3);
+    // Converting the grafted model follows each tensor's provenance: one consistent head.
+    convert(&w("grafted"), &w("grafted-q8"), &ConvertOptions { bits: Some(8), ..Default::default() });
+    assert_eq!(quant::inspect(&w("grafted-q8")).unwrap().mtp.verdict, Verdict::Ok);
+    let m = load(&w("grafted-q8"));
+    assert!(m.has_mtp() && m.mtp_status.repaired.is_none());
     let rep = quant::repair(&w("grafted"), &w("grafted-fixed")).unwrap();
     assert_eq!((rep.before, rep.after), (Verdict::Repaired, Verdict::Ok));
     let r = quant::inspect(&w("grafted-fixed")).unwrap();
