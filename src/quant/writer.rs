@@ -1,6 +1,6 @@
 //! Writing a planned model into a folder: shard by shard, header first, then each tensor as it is
 //! computed, so that only one tensor is in memory at a time. The folder is a temporary one beside the
-//! destination (`.NAME.partial-PID`), renamed into place only when complete and removed on error or
+//! destination (`.NAME.partial-PID-N`), renamed into place only when complete and removed on error or
 //! cancellation.
 
 use std::fs::File;
@@ -22,7 +22,7 @@ impl PartialDir {
     pub fn create(dst: &Path) -> Result<PartialDir, ConvertError> {
         let name = dst.file_name().ok_or_else(|| ConvertError::Destination { path: dst.to_path_buf(), message: "has no folder name".into() })?;
         let parent = parent_of(dst);
-        let path = parent.join(format!(".{}.partial-{}", name.to_string_lossy(), std::process::id()));
+        let path = parent.join(format!(".{}.partial-{}-{}", name.to_string_lossy(), std::process::id(), next_nonce()));
         if path.exists() {
             std::fs::remove_dir_all(&path).map_err(|e| ConvertError::io(&path, e))?;
         }
@@ -38,9 +38,10 @@ impl PartialDir {
             }
             // Move the old folder aside first so that the destination is never half-replaced.
             let old = parent_of(&self.dst).join(format!(
-                ".{}.old-{}",
+                ".{}.old-{}-{}",
                 self.dst.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-                std::process::id()
+                std::process::id(),
+                next_nonce()
             ));
             std::fs::rename(&self.dst, &old).map_err(|e| ConvertError::io(&self.dst, e))?;
             std::fs::rename(&self.path, &self.dst).map_err(|e| ConvertError::io(&self.dst, e))?;
@@ -62,6 +63,12 @@ impl Drop for PartialDir {
             }
         }
     }
+}
+
+/// Distinguishes temporary folders of conversions running at once in one process (server jobs).
+fn next_nonce() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The folder `path` is in (`.` for a bare name).
