@@ -7,3 +7,5 @@ pub mod model;
 pub mod quant;
 pub mod chat;
 pub mod registry;
+pub mod engine;
+pub mod server;

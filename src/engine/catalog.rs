@@ -1,0 +1,117 @@
+//! What a model folder holds, read without loading it: format, size, quantization, whether it can
+//! read images and whether its MTP head can run. Cheap: only config.json and safetensors headers.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::model::qwen3_5::MTP_TENSORS;
+use crate::model::weights::Checkpoint;
+use crate::model::Layout;
+
+/// A model folder as found on disk.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct FolderInfo {
+    /// "hf" or "mlx"; None when the folder could not be read.
+    pub format: Option<Layout>,
+    /// Bytes of the weight files (`*.safetensors`).
+    pub size_bytes: u64,
+    /// config.json's `quantization` block, summarized: `{"bits", "group_size", "mode"?, "mixed"}`
+    /// (`mixed`: some modules have their own bits; `bits` is then the default), or null.
+    pub quantization: Option<serde_json::Value>,
+    /// The checkpoint's declared dtype (`torch_dtype` / `dtype`), when it names one.
+    pub dtype: Option<String>,
+    /// The config declares a vision tower.
+    pub vision: bool,
+    /// Whether the files hold a complete MTP head, and if not, why.
+    pub mtp_available: bool,
+    pub mtp_reason: Option<String>,
+    /// The model's context length, when its config states one.
+    pub context_length: Option<u64>,
+    /// Why the folder could not be read (the other fields are then partial).
+    pub error: Option<String>,
+}
+
+/// Reads what can be known of the model in `dir` without loading it.
+pub fn inspect_folder(dir: &Path) -> FolderInfo {
+    let mut info = FolderInfo { size_bytes: weight_bytes(dir), ..Default::default() };
+    let config = match crate::model::read_config(dir) {
+        Ok(config) => config,
+        Err(e) => {
+            info.error = Some(e.to_string());
+            return info;
+        }
+    };
+    let text = config.get("text_config").unwrap_or(&config);
+    let field = |name: &str| text.get(name).or_else(|| config.get(name));
+    info.quantization = config.get("quantization").or_else(|| config.get("quantization_config")).map(summarize_quantization);
+    info.dtype = ["torch_dtype", "dtype"].iter().find_map(|k| field(k).and_then(|v| v.as_str()).map(str::to_owned));
+    info.vision = config.get("vision_config").is_some();
+    info.context_length = field("max_position_embeddings").and_then(|v| v.as_u64());
+    let declared = field("mtp_num_hidden_layers").and_then(|v| v.as_u64()).unwrap_or(0);
+
+    let checkpoint = match Checkpoint::open(dir) {
+        Ok(c) => c,
+        Err(e) => {
+            info.error = Some(e.to_string());
+            info.mtp_reason = Some("the weights could not be read".into());
+            return info;
+        }
+    };
+    info.format = Some(checkpoint.layout());
+    let mtp_names: Vec<&str> = checkpoint
+        .tensors
+        .keys()
+        .filter_map(|k| k.strip_prefix("language_model.").unwrap_or(k).strip_prefix("mtp."))
+        .collect();
+    let missing = MTP_TENSORS.iter().filter(|n| !mtp_names.contains(n)).count();
+    info.mtp_reason = match declared {
+        0 => Some("the model has no MTP head".into()),
+        1 if missing == 0 => None,
+        1 => Some(format!(
+            "config declares 1 MTP layer but the checkpoint lacks {missing} of its {} tensors; MTP is off",
+            MTP_TENSORS.len()
+        )),
+        n => Some(format!("unsupported MTP head ({n} layers)")),
+    };
+    info.mtp_available = info.mtp_reason.is_none();
+    info
+}
+
+/// The block's defaults, without mlx-lm's per-module entries (objects keyed by module path).
+fn summarize_quantization(block: &serde_json::Value) -> serde_json::Value {
+    let Some(map) = block.as_object() else {
+        return block.clone();
+    };
+    let mut out = serde_json::Map::new();
+    let mut mixed = false;
+    for (k, v) in map {
+        if v.is_object() || v.is_boolean() && k.contains('.') {
+            mixed |= v.is_object();
+        } else {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    out.insert("mixed".into(), serde_json::Value::Bool(mixed));
+    serde_json::Value::Object(out)
+}
+
+/// Total size of the `*.safetensors` files directly in `dir` (0 when unreadable).
+pub fn weight_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Memory a model needs once loaded: its weights, plus a margin for caches and activations.
+pub fn memory_needed(weight_bytes: u64) -> u64 {
+    const MARGIN_FIXED: u64 = 256 << 20;
+    weight_bytes + weight_bytes / 10 + MARGIN_FIXED
+}

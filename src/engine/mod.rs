@@ -1,0 +1,791 @@
+//! The running service behind the server, the CLI's interactive chat and the desktop shell.
+//!
+//! Each loaded model lives on its own worker thread, which owns the [`Qwen35`] (MLX arrays are used
+//! from one thread at a time) and runs one generation at a time from a FIFO queue. A request is
+//! tokenized and checked when it is submitted, so that a bad request fails at once; its results
+//! stream back as [`Event`]s on a tokio channel. A generation stops when its [`CancelHandle`] is
+//! cancelled or its receiver is dropped. Live statistics are published as [`StatsSnapshot`]s.
+//!
+//! Nothing here knows about HTTP.
+
+pub mod catalog;
+pub mod live;
+pub mod stop;
+mod worker;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use serde::Serialize;
+use tokio::sync::{broadcast, mpsc};
+
+use crate::chat::{ChatOptions, ContentPart, Message, Tokenizer};
+use crate::generate::{FinishReason, MtpOptions, SamplingParams, Stats};
+use crate::model::{LoadOptions, Qwen35};
+use crate::registry::{ModelEntry, Registry, RegistryError, SettingsPatch, MTP_DEPTHS};
+
+pub use catalog::FolderInfo;
+pub use live::{LastGeneration, LoadedModel, Memory, RunningGeneration, SeriesPoint, StatsSnapshot, Totals};
+
+/// Errors of the engine. Each names the model, value or limit involved.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum EngineError {
+    #[error("no model named `{name}` (known: {})", known.join(", "))]
+    UnknownModel { name: String, known: Vec<String> },
+    #[error("model `{0}` is not loaded")]
+    NotLoaded(String),
+    #[error("model `{model}` is busy: {limit} requests are already waiting; try again later")]
+    Busy { model: String, limit: usize },
+    #[error("model `{model}` needs about {} of memory but only {} is available; unload another model or use a smaller quantization", gib(*.need), gib(*.available))]
+    NotEnoughMemory { model: String, need: u64, available: u64 },
+    #[error("cannot load model `{model}`: {message}")]
+    Load { model: String, message: String },
+    #[error("{0}")]
+    Images(String),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("the prompt has {prompt} tokens and {max_tokens} more were asked for, but model `{model}` has a context of {context} tokens")]
+    ContextLength { model: String, prompt: usize, max_tokens: usize, context: usize },
+    #[error("model `{0}` was unloaded before the request finished")]
+    Unloaded(String),
+    #[error("registry: {0}")]
+    Registry(String),
+    /// A settings change that models.toml's rules refuse (a value out of range).
+    #[error("{0}")]
+    InvalidSettings(String),
+    #[error("generation failed: {0}")]
+    Generate(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+impl From<RegistryError> for EngineError {
+    fn from(e: RegistryError) -> Self {
+        match e {
+            RegistryError::UnknownModel { name, known } => EngineError::UnknownModel { name, known },
+            e @ (RegistryError::OutOfRange { .. } | RegistryError::InvalidModel { .. }) => EngineError::InvalidSettings(e.to_string()),
+            other => EngineError::Registry(other.to_string()),
+        }
+    }
+}
+
+/// How the engine runs.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Requests that may wait behind the running one, per model; one more is refused with
+    /// [`EngineError::Busy`].
+    pub queue_limit: usize,
+    /// Refuse to load a model that would not fit in the available memory.
+    pub memory_check: bool,
+    pub load_options: LoadOptions,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { queue_limit: 16, memory_check: true, load_options: LoadOptions::default() }
+    }
+}
+
+/// One part of a message: text, or an image's encoded bytes (PNG, JPEG, ...).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Text(String),
+    Image(Image),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    pub bytes: Vec<u8>,
+    /// The media type when the client stated one (`image/png`).
+    pub media_type: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatMessage {
+    /// "system", "user", "assistant" or "tool".
+    pub role: String,
+    pub parts: Vec<Part>,
+}
+
+impl ChatMessage {
+    pub fn text(role: impl Into<String>, text: impl Into<String>) -> Self {
+        ChatMessage { role: role.into(), parts: vec![Part::Text(text.into())] }
+    }
+}
+
+/// What the model reads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// A conversation, rendered with the model's chat template (ending with an assistant header).
+    Chat(Vec<ChatMessage>),
+    /// Plain text fed as it is (completion), without the chat template.
+    Raw(String),
+    /// Token ids fed as they are.
+    Tokens(Vec<u32>),
+}
+
+/// Per-request sampling: what is `None` comes from the model's settings in models.toml.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SamplingOverrides {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<u64>,
+}
+
+/// Per-request MTP: what is `None` comes from the model's settings in models.toml.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MtpOverrides {
+    pub enabled: Option<bool>,
+    pub depth: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// A model name known to the registry (or loaded by [`Engine::load_entry`]).
+    pub model: String,
+    pub input: Input,
+    pub sampling: SamplingOverrides,
+    /// None: the model's `max_tokens` setting, shortened to fit the context.
+    pub max_tokens: Option<usize>,
+    /// Generation stops when the text contains one of these; it is cut from the output.
+    pub stop: Vec<String>,
+    pub mtp: MtpOverrides,
+    /// Passed to the chat template when set (Qwen3 templates read `enable_thinking`).
+    pub enable_thinking: Option<bool>,
+    /// Keep generating past end-of-sequence tokens, up to `max_tokens` (benchmarks, tests).
+    pub ignore_eos: bool,
+}
+
+impl Request {
+    pub fn new(model: impl Into<String>, input: Input) -> Self {
+        Request {
+            model: model.into(),
+            input,
+            sampling: SamplingOverrides::default(),
+            max_tokens: None,
+            stop: Vec::new(),
+            mtp: MtpOverrides::default(),
+            enable_thinking: None,
+            ignore_eos: false,
+        }
+    }
+}
+
+/// What a generation sends back, in order: `Started`, any number of `Delta`s, then `Done` or `Failed`.
+#[derive(Debug, Clone)]
+// `Done` is the large one and comes once per generation; boxing it would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+pub enum Event {
+    /// The request left the queue and its prompt is being read.
+    Started,
+    /// New text (possibly empty while a character or a possible stop sequence is incomplete) and
+    /// the token ids generated since the last delta; a few times a second, the running statistics.
+    Delta { text: String, tokens: Vec<u32>, stats: Option<Stats> },
+    Done(Completion),
+    Failed(EngineError),
+}
+
+/// The end of a generation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Completion {
+    /// The whole text, without the stop sequence.
+    pub text: String,
+    /// Generated token ids (up to the one that completed a stop sequence).
+    pub tokens: Vec<u32>,
+    pub stats: Stats,
+    pub finish: FinishReason,
+    /// The stop sequence that ended the text, if one did.
+    pub stop: Option<String>,
+}
+
+/// Cancels a queued or running generation.
+#[derive(Debug, Clone, Default)]
+pub struct CancelHandle(Arc<AtomicBool>);
+
+impl CancelHandle {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A submitted request: its events, and a handle to cancel it. Dropping it cancels the generation.
+pub struct Generation {
+    pub id: u64,
+    pub model: String,
+    pub prompt_tokens: usize,
+    /// The `max_tokens` in force after defaults.
+    pub max_tokens: usize,
+    pub events: mpsc::UnboundedReceiver<Event>,
+    cancel: CancelHandle,
+}
+
+impl Generation {
+    pub fn cancel_handle(&self) -> CancelHandle {
+        self.cancel.clone()
+    }
+
+    /// Waits for the end and returns the completion.
+    pub async fn collect(mut self) -> Result<Completion> {
+        while let Some(event) = self.events.recv().await {
+            match event {
+                Event::Done(c) => return Ok(c),
+                Event::Failed(e) => return Err(e),
+                Event::Started | Event::Delta { .. } => {}
+            }
+        }
+        Err(EngineError::Internal(format!("the worker of model `{}` ended without an answer", self.model)))
+    }
+
+    /// [`Generation::collect`] for code outside an async runtime.
+    pub fn blocking_collect(mut self) -> Result<Completion> {
+        while let Some(event) = self.events.blocking_recv() {
+            match event {
+                Event::Done(c) => return Ok(c),
+                Event::Failed(e) => return Err(e),
+                Event::Started | Event::Delta { .. } => {}
+            }
+        }
+        Err(EngineError::Internal(format!("the worker of model `{}` ended without an answer", self.model)))
+    }
+}
+
+/// A model's state in the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadState {
+    Unloaded,
+    Loading,
+    Loaded,
+}
+
+/// MTP as `/api/models` shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct MtpStatusView {
+    /// The files hold a complete MTP head (once loaded: the head loaded).
+    pub available: bool,
+    /// The setting (models.toml).
+    pub enabled: bool,
+    pub depth: u32,
+    /// Why MTP cannot run, when it cannot.
+    pub reason: Option<String>,
+    /// Set when the loader repaired the head's norm convention.
+    pub repaired: Option<String>,
+}
+
+/// A model as the admin API lists it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ModelStatus {
+    pub id: String,
+    pub name: String,
+    pub path: PathBuf,
+    /// "configured" (models.toml), "scanned" (found in the models folder) or "path".
+    pub source: crate::registry::ModelSource,
+    pub format: Option<crate::model::Layout>,
+    pub size_bytes: u64,
+    pub quantization: Option<serde_json::Value>,
+    pub dtype: Option<String>,
+    pub vision: bool,
+    pub context_length: Option<u64>,
+    pub state: LoadState,
+    pub loaded: bool,
+    pub default: bool,
+    pub mtp: MtpStatusView,
+    pub sampling: crate::registry::SamplingSettings,
+    /// Why the folder cannot be read, when it cannot.
+    pub error: Option<String>,
+}
+
+/// Held while MLX computes (a generation, a load, a conversion): MLX is process-wide state, and two
+/// threads never drive it at once, whichever engine they belong to.
+pub(crate) static COMPUTE: Mutex<()> = Mutex::new(());
+
+struct Inner {
+    config: EngineConfig,
+    registry: RwLock<Registry>,
+    workers: Mutex<BTreeMap<String, Arc<worker::Worker>>>,
+    /// Models being loaded now.
+    loading: Mutex<BTreeSet<String>>,
+    /// Serializes loads, so that each memory check sees the previous load's result.
+    load_lock: Mutex<()>,
+    next_id: AtomicU64,
+    live: live::Live,
+}
+
+/// The engine: cheap to clone, shared by every caller.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Engine {
+    pub fn new(registry: Registry, config: EngineConfig) -> Engine {
+        Engine {
+            inner: Arc::new(Inner {
+                config,
+                registry: RwLock::new(registry),
+                workers: Mutex::default(),
+                loading: Mutex::default(),
+                load_lock: Mutex::new(()),
+                next_id: AtomicU64::new(1),
+                live: live::Live::new(),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// A copy of the registry as it is now.
+    pub fn registry(&self) -> Registry {
+        self.inner.registry.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// A model known to the registry, by name (never by path: names are what clients may send).
+    pub fn entry(&self, name: &str) -> Result<ModelEntry> {
+        if let Some(w) = lock(&self.inner.workers).get(name) {
+            let entry = w.entry();
+            if entry.source == crate::registry::ModelSource::Path {
+                return Ok(entry);
+            }
+        }
+        let registry = self.registry();
+        registry.get(name).ok_or_else(|| EngineError::UnknownModel {
+            name: name.to_owned(),
+            known: registry.list().into_iter().map(|m| m.name).collect(),
+        })
+    }
+
+    /// The registry's default model's name.
+    pub fn default_model(&self) -> Result<String> {
+        Ok(self.registry().default_model()?.name)
+    }
+
+    /// Names of the loaded models.
+    pub fn loaded(&self) -> Vec<String> {
+        lock(&self.inner.workers).keys().cloned().collect()
+    }
+
+    pub fn is_loaded(&self, name: &str) -> bool {
+        lock(&self.inner.workers).contains_key(name)
+    }
+
+    /// Every model of the registry, plus loaded ones it does not list, with what their folders
+    /// hold. Reads config.json and the safetensors headers: call from a blocking context.
+    pub fn models(&self) -> Vec<ModelStatus> {
+        let registry = self.registry();
+        let default = registry.default_model().ok().map(|m| m.name);
+        let mut entries = registry.list();
+        for w in lock(&self.inner.workers).values() {
+            let entry = w.entry();
+            if !entries.iter().any(|e| e.name == entry.name) {
+                entries.push(entry);
+            }
+        }
+        entries.into_iter().map(|e| self.status_of(e, default.as_deref())).collect()
+    }
+
+    /// One model's status (blocking, like [`Engine::models`]).
+    pub fn model_status(&self, name: &str) -> Result<ModelStatus> {
+        let entry = self.entry(name)?;
+        let default = self.registry().default_model().ok().map(|m| m.name);
+        Ok(self.status_of(entry, default.as_deref()))
+    }
+
+    fn status_of(&self, entry: ModelEntry, default: Option<&str>) -> ModelStatus {
+        let info = catalog::inspect_folder(&entry.path);
+        let worker = lock(&self.inner.workers).get(&entry.name).cloned();
+        let state = if worker.is_some() {
+            LoadState::Loaded
+        } else if lock(&self.inner.loading).contains(&entry.name) {
+            LoadState::Loading
+        } else {
+            LoadState::Unloaded
+        };
+        let (available, reason, repaired) = match &worker {
+            Some(w) => (w.info.mtp.loaded, w.info.mtp.reason.clone(), w.info.mtp.repaired.clone()),
+            None => (info.mtp_available, info.mtp_reason.clone(), None),
+        };
+        ModelStatus {
+            id: entry.name.clone(),
+            name: entry.name.clone(),
+            path: entry.path.clone(),
+            source: entry.source,
+            format: info.format,
+            size_bytes: info.size_bytes,
+            quantization: info.quantization,
+            dtype: info.dtype,
+            vision: info.vision,
+            context_length: info.context_length,
+            state,
+            loaded: worker.is_some(),
+            default: default == Some(entry.name.as_str()),
+            mtp: MtpStatusView { available, enabled: entry.mtp.enabled, depth: entry.mtp.depth, reason, repaired },
+            sampling: entry.sampling,
+            error: info.error,
+        }
+    }
+
+    /// Loads a registry model by name (no-op when loaded). Blocks: use [`Engine::load`] from async code.
+    pub fn load_blocking(&self, name: &str) -> Result<()> {
+        let entry = self.entry(name)?;
+        self.load_entry_blocking(entry)
+    }
+
+    /// Loads the model of an entry, e.g. one that [`Registry::resolve`] found by path (the CLI's
+    /// `--model PATH`). It is known by `entry.name` from then on.
+    pub fn load_entry_blocking(&self, entry: ModelEntry) -> Result<()> {
+        let inner = &self.inner;
+        let _serial = lock(&inner.load_lock);
+        if self.is_loaded(&entry.name) {
+            return Ok(());
+        }
+        if inner.config.memory_check {
+            self.check_memory(&entry)?;
+        }
+        lock(&inner.loading).insert(entry.name.clone());
+        self.publish();
+        let result = worker::Worker::spawn(
+            entry.clone(),
+            inner.config.load_options.clone(),
+            inner.config.queue_limit,
+            self.clone_weak(),
+        );
+        lock(&inner.loading).remove(&entry.name);
+        let worker = result?;
+        tracing::info!(model = %entry.name, path = %entry.path.display(), mtp = worker.info.mtp.loaded, "model loaded");
+        lock(&inner.workers).insert(entry.name.clone(), Arc::new(worker));
+        self.publish();
+        Ok(())
+    }
+
+    fn check_memory(&self, entry: &ModelEntry) -> Result<()> {
+        let weights = catalog::weight_bytes(&entry.path);
+        fits_in_memory(&entry.name, weights, self.inner.live.memory().system_available_bytes)
+    }
+
+    /// Loads a model on a blocking thread; the async runtime keeps running.
+    pub async fn load(&self, name: &str) -> Result<()> {
+        let (engine, name) = (self.clone(), name.to_owned());
+        tokio::task::spawn_blocking(move || engine.load_blocking(&name))
+            .await
+            .map_err(|e| EngineError::Internal(format!("the loading task failed: {e}")))?
+    }
+
+    /// Unloads a model: queued requests fail with [`EngineError::Unloaded`], the running one is
+    /// cancelled, and the call returns once the worker has freed the model. False when it was not loaded.
+    pub fn unload_blocking(&self, name: &str) -> bool {
+        let Some(worker) = lock(&self.inner.workers).remove(name) else {
+            return false;
+        };
+        worker.close();
+        worker.join();
+        {
+            let _compute = lock(&COMPUTE);
+            mlx::device::clear_cache();
+        }
+        tracing::info!(model = %name, "model unloaded");
+        self.publish();
+        true
+    }
+
+    pub async fn unload(&self, name: &str) -> Result<bool> {
+        let (engine, name) = (self.clone(), name.to_owned());
+        tokio::task::spawn_blocking(move || engine.unload_blocking(&name))
+            .await
+            .map_err(|e| EngineError::Internal(format!("the unloading task failed: {e}")))
+    }
+
+    /// Unloads every model.
+    pub fn shutdown(&self) {
+        for name in self.loaded() {
+            self.unload_blocking(&name);
+        }
+    }
+
+    /// Changes a model's settings and persists them to models.toml (atomically, through the registry).
+    pub fn update_settings_blocking(&self, name: &str, patch: &SettingsPatch) -> Result<ModelEntry> {
+        if let Some(depth) = patch.mtp.depth {
+            if !MTP_DEPTHS.contains(&depth) {
+                return Err(EngineError::InvalidSettings(format!("mtp.depth = {depth}: must be in 1..=8")));
+            }
+        }
+        if patch.mtp.enabled == Some(true) {
+            // Switching MTP on for a model that cannot run it is refused, with the reason.
+            let current = self.entry(name)?;
+            if !current.mtp.enabled {
+                let status = self.status_of(current, None);
+                if !status.mtp.available {
+                    let why = status.mtp.reason.unwrap_or_else(|| "its MTP head is not usable".into());
+                    return Err(EngineError::InvalidSettings(format!("cannot enable MTP for model `{name}`: {why}")));
+                }
+            }
+        }
+        let mut registry = self.inner.registry.write().unwrap_or_else(|p| p.into_inner());
+        let entry = registry.update_settings(name, patch)?;
+        drop(registry);
+        if let Some(w) = lock(&self.inner.workers).get(name) {
+            w.set_entry(entry.clone());
+        }
+        Ok(entry)
+    }
+
+    pub async fn update_settings(&self, name: &str, patch: SettingsPatch) -> Result<ModelEntry> {
+        let (engine, name) = (self.clone(), name.to_owned());
+        tokio::task::spawn_blocking(move || engine.update_settings_blocking(&name, &patch))
+            .await
+            .map_err(|e| EngineError::Internal(format!("the settings task failed: {e}")))?
+    }
+
+    /// Queues a request on its (loaded) model. Fails at once on a bad request, an image for a
+    /// text-only model, a full queue or a prompt that does not fit the context. Does not block
+    /// beyond tokenizing the prompt.
+    pub fn submit(&self, request: Request) -> Result<Generation> {
+        let worker = lock(&self.inner.workers)
+            .get(&request.model)
+            .cloned()
+            .ok_or_else(|| EngineError::NotLoaded(request.model.clone()))?;
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let job = worker.prepare(id, request)?;
+        let generation = worker.enqueue(job)?;
+        self.publish();
+        Ok(generation)
+    }
+
+    /// Loads the model when needed, then submits. Blocks while loading: use [`Engine::chat`] from
+    /// async code.
+    pub fn chat_blocking(&self, request: Request) -> Result<Generation> {
+        if !self.is_loaded(&request.model) {
+            if image_count(&request.input) > 0 {
+                // Refuse before loading a model only to refuse.
+                let entry = self.entry(&request.model)?;
+                let vision = catalog::inspect_folder(&entry.path).vision;
+                refuse_images(&entry.name, vision, &request.input)?;
+            }
+            self.load_blocking(&request.model)?;
+        }
+        self.submit(request)
+    }
+
+    /// [`Engine::chat_blocking`] on a blocking thread (loading and tokenizing stay off the runtime).
+    pub async fn chat(&self, request: Request) -> Result<Generation> {
+        let engine = self.clone();
+        tokio::task::spawn_blocking(move || engine.chat_blocking(request))
+            .await
+            .map_err(|e| EngineError::Internal(format!("the request task failed: {e}")))?
+    }
+
+    /// Runs `f` while no model computes (MLX is driven by one thread at a time); e.g. a conversion.
+    /// Blocks until the running generation, if any, has finished.
+    pub fn exclusive<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _compute = lock(&COMPUTE);
+        f()
+    }
+
+    /// The live statistics now.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.live.snapshot(self.loaded_models())
+    }
+
+    /// Snapshots published on progress (a few per second while generating), on loads and unloads,
+    /// and at the end of each generation.
+    pub fn subscribe_stats(&self) -> broadcast::Receiver<Arc<StatsSnapshot>> {
+        self.inner.live.subscribe()
+    }
+
+    /// Publishes a snapshot now (e.g. for a periodic memory update).
+    pub fn publish(&self) {
+        self.inner.live.publish(self.loaded_models());
+    }
+
+    fn loaded_models(&self) -> Vec<LoadedModel> {
+        lock(&self.inner.workers).values().map(|w| w.loaded_model()).collect()
+    }
+
+    /// A handle for workers that does not keep the engine alive.
+    fn clone_weak(&self) -> WeakEngine {
+        WeakEngine(Arc::downgrade(&self.inner))
+    }
+}
+
+/// Refuses a model whose weights (plus a margin) exceed the available memory. Unknown (0)
+/// available memory is no reason to refuse.
+fn fits_in_memory(model: &str, weight_bytes: u64, available: u64) -> Result<()> {
+    let need = catalog::memory_needed(weight_bytes);
+    if available > 0 && need > available {
+        return Err(EngineError::NotEnoughMemory { model: model.to_owned(), need, available });
+    }
+    Ok(())
+}
+
+/// The engine as its workers see it: used to publish statistics.
+#[derive(Clone)]
+struct WeakEngine(std::sync::Weak<Inner>);
+
+impl WeakEngine {
+    fn with<R>(&self, f: impl FnOnce(&Engine) -> R) -> Option<R> {
+        self.0.upgrade().map(|inner| f(&Engine { inner }))
+    }
+}
+
+/// What a worker knows of its model, fixed at load time.
+#[derive(Debug, Clone)]
+pub(crate) struct ModelFacts {
+    pub mtp: crate::model::qwen3_5::MtpStatus,
+    pub vision: bool,
+    pub vocab_size: usize,
+    pub context: Option<usize>,
+}
+
+impl ModelFacts {
+    fn of(model: &Qwen35) -> Self {
+        ModelFacts {
+            mtp: model.mtp_status.clone(),
+            vision: model.config.has_vision,
+            vocab_size: model.config.text.vocab_size.max(0) as usize,
+            context: model.config.text.max_position_embeddings.map(|c| c.max(0) as usize),
+        }
+    }
+}
+
+fn image_count(input: &Input) -> usize {
+    match input {
+        Input::Chat(messages) => messages.iter().flat_map(|m| &m.parts).filter(|p| matches!(p, Part::Image(_))).count(),
+        Input::Raw(_) | Input::Tokens(_) => 0,
+    }
+}
+
+/// Images cannot be read yet: the vision tower is not built. Says so, naming the model.
+fn refuse_images(model: &str, vision: bool, input: &Input) -> Result<()> {
+    let images = image_count(input);
+    if images == 0 {
+        return Ok(());
+    }
+    Err(EngineError::Images(if vision {
+        format!("model `{model}` has a vision tower, but Tandem cannot run vision models yet: send text only")
+    } else {
+        format!("model `{model}` is a text-only model and cannot read images; remove the {images} image(s) or pick a vision model")
+    }))
+}
+
+/// Turns the request's input into prompt ids, refusing images (the vision tower is not built yet).
+fn prompt_ids(model: &str, facts: &ModelFacts, tokenizer: &Tokenizer, request: &Request) -> Result<Vec<u32>> {
+    let codec = |e: crate::chat::ChatError| EngineError::InvalidRequest(e.to_string());
+    let ids = match &request.input {
+        Input::Tokens(ids) => ids.clone(),
+        Input::Raw(text) => tokenizer.encode(text, true).map_err(codec)?,
+        Input::Chat(messages) => {
+            refuse_images(model, facts.vision, &request.input)?;
+            let messages: Vec<Message> = messages
+                .iter()
+                .map(|m| {
+                    let content = m
+                        .parts
+                        .iter()
+                        .map(|p| match p {
+                            Part::Text(t) => ContentPart::Text(t.clone()),
+                            Part::Image(_) => ContentPart::Image,
+                        })
+                        .collect();
+                    Message::new(m.role.clone(), content)
+                })
+                .collect();
+            if messages.is_empty() {
+                return Err(EngineError::InvalidRequest("`messages` is empty".into()));
+            }
+            let options = ChatOptions { add_generation_prompt: true, enable_thinking: request.enable_thinking };
+            tokenizer.encode_chat_with(&messages, &options).map_err(codec)?
+        }
+    };
+    if ids.is_empty() {
+        return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+    }
+    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= facts.vocab_size) {
+        return Err(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary of {}", facts.vocab_size)));
+    }
+    Ok(ids)
+}
+
+/// The generation options in force: the model's settings, then the request's overrides.
+fn resolve_options(
+    entry: &ModelEntry,
+    facts: &ModelFacts,
+    tokenizer: &Tokenizer,
+    request: &Request,
+    prompt_len: usize,
+) -> Result<crate::generate::GenerateOptions> {
+    let s = &entry.sampling;
+    let o = &request.sampling;
+    let sampling = SamplingParams {
+        temperature: o.temperature.unwrap_or(s.temperature),
+        top_p: o.top_p.unwrap_or(s.top_p),
+        top_k: o.top_k.unwrap_or(s.top_k as usize),
+        min_p: o.min_p.unwrap_or(s.min_p),
+        repetition_penalty: o.repetition_penalty.unwrap_or(s.repetition_penalty),
+        seed: o.seed,
+        ..SamplingParams::default()
+    };
+    sampling.validate().map_err(EngineError::InvalidRequest)?;
+    let mtp = MtpOptions {
+        enabled: request.mtp.enabled.unwrap_or(entry.mtp.enabled),
+        depth: request.mtp.depth.unwrap_or(entry.mtp.depth as usize),
+        ..MtpOptions::default()
+    };
+    if mtp.enabled && !(1..=8).contains(&mtp.depth) {
+        return Err(EngineError::InvalidRequest(format!("MTP depth {} is outside 1..=8", mtp.depth)));
+    }
+    let max_tokens = match (request.max_tokens, facts.context) {
+        (Some(0), _) => return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into())),
+        (Some(n), Some(context)) if prompt_len + n > context => {
+            return Err(EngineError::ContextLength { model: entry.name.clone(), prompt: prompt_len, max_tokens: n, context })
+        }
+        (Some(n), _) => n,
+        (None, Some(context)) if prompt_len >= context => {
+            return Err(EngineError::ContextLength { model: entry.name.clone(), prompt: prompt_len, max_tokens: 1, context })
+        }
+        // The model's default shortened to what fits.
+        (None, Some(context)) => (s.max_tokens as usize).min(context - prompt_len),
+        (None, None) => s.max_tokens as usize,
+    };
+    Ok(crate::generate::GenerateOptions {
+        max_tokens,
+        sampling,
+        stop_ids: if request.ignore_eos { Vec::new() } else { tokenizer.stop_ids().to_vec() },
+        mtp,
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_check() {
+        let gib = 1u64 << 30;
+        assert!(fits_in_memory("m", gib, 4 * gib).is_ok());
+        assert!(fits_in_memory("m", gib, 0).is_ok(), "unknown available memory");
+        let err = fits_in_memory("big", 20 * gib, 8 * gib).unwrap_err();
+        assert!(matches!(err, EngineError::NotEnoughMemory { .. }));
+        let message = err.to_string();
+        assert!(message.contains("`big`") && message.contains("22.2 GiB") && message.contains("8.0 GiB"), "{message}");
+    }
+}

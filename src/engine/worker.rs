@@ -1,0 +1,344 @@
+//! One loaded model: the thread that owns it, and the FIFO queue of its requests.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::live::LoadedModel;
+use super::stop::StopMatcher;
+use super::{
+    lock, prompt_ids, resolve_options, CancelHandle, Completion, EngineError, Event, Generation, ModelFacts, Request, Result,
+    WeakEngine, COMPUTE,
+};
+use crate::chat::Tokenizer;
+use crate::generate::{generate, Control, FinishReason, GenerateError, GenerateOptions, Progress};
+use crate::model::{LoadOptions, Qwen35};
+use crate::registry::ModelEntry;
+
+/// Running statistics ride along with text deltas at most this often.
+const RUNNING_STATS_EVERY: Duration = Duration::from_millis(250);
+
+/// State shared by the worker thread and the engine.
+#[derive(Default)]
+struct Shared {
+    /// Requests queued or running; bounded by 1 + queue_limit.
+    in_flight: AtomicUsize,
+    busy: AtomicBool,
+    /// Set by unload: queued requests fail, the running one is cancelled.
+    closing: AtomicBool,
+    current: Mutex<Option<CancelHandle>>,
+}
+
+/// Holds one place in the queue; gives it back when dropped.
+struct Slot(Arc<Shared>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A request, checked and tokenized, ready for the queue.
+pub(crate) struct Prepared {
+    id: u64,
+    prompt: Vec<u32>,
+    opts: GenerateOptions,
+    stop: Vec<String>,
+}
+
+struct Job {
+    prepared: Prepared,
+    events: mpsc::UnboundedSender<Event>,
+    cancel: CancelHandle,
+    slot: Slot,
+}
+
+pub(crate) struct Worker {
+    entry: RwLock<ModelEntry>,
+    pub info: ModelFacts,
+    tokenizer: Arc<Tokenizer>,
+    queue_limit: usize,
+    shared: Arc<Shared>,
+    jobs: Mutex<Option<std_mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Worker {
+    /// Loads the model on a new thread, which then serves the queue. Returns once loading is done.
+    pub fn spawn(
+        entry: ModelEntry,
+        load_options: LoadOptions,
+        queue_limit: usize,
+        engine: WeakEngine,
+    ) -> Result<Worker> {
+        let load_error = |message: String| EngineError::Load { model: entry.name.clone(), message };
+        let tokenizer = Arc::new(Tokenizer::from_dir(&entry.path).map_err(|e| load_error(e.to_string()))?);
+        let shared = Arc::new(Shared::default());
+        let (jobs_tx, jobs_rx) = std_mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = std_mpsc::sync_channel::<Result<ModelFacts, String>>(1);
+        let thread = {
+            let (entry, tokenizer, shared) = (entry.clone(), tokenizer.clone(), shared.clone());
+            std::thread::Builder::new()
+                .name(format!("tandem-model-{}", entry.name))
+                .spawn(move || {
+                    let loaded = {
+                        let _compute = lock(&COMPUTE);
+                        catch_unwind(AssertUnwindSafe(|| crate::model::load(&entry.path, &load_options)))
+                    };
+                    let model = match loaded {
+                        Ok(Ok(model)) => model,
+                        Ok(Err(e)) => {
+                            let _ = ready_tx.send(Err(e.to_string()));
+                            return;
+                        }
+                        Err(panic) => {
+                            let _ = ready_tx.send(Err(format!("the loader panicked: {}", panic_message(&panic))));
+                            return;
+                        }
+                    };
+                    if ready_tx.send(Ok(ModelFacts::of(&model))).is_err() {
+                        return;
+                    }
+                    serve(&entry.name, &model, &tokenizer, &jobs_rx, &shared, &engine);
+                    // Freeing MLX memory is MLX work too.
+                    let _compute = lock(&COMPUTE);
+                    drop(model);
+                })
+                .map_err(|e| load_error(format!("cannot start its thread: {e}")))?
+        };
+        let info = match ready_rx.recv() {
+            Ok(Ok(info)) => info,
+            Ok(Err(message)) => {
+                let _ = thread.join();
+                return Err(load_error(message));
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(load_error("the loading thread stopped".into()));
+            }
+        };
+        Ok(Worker {
+            entry: RwLock::new(entry),
+            info,
+            tokenizer,
+            queue_limit,
+            shared,
+            jobs: Mutex::new(Some(jobs_tx)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    pub fn entry(&self) -> ModelEntry {
+        self.entry.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// New settings from models.toml, used by the requests submitted from now on.
+    pub fn set_entry(&self, entry: ModelEntry) {
+        *self.entry.write().unwrap_or_else(|p| p.into_inner()) = entry;
+    }
+
+    pub fn loaded_model(&self) -> LoadedModel {
+        let busy = self.shared.busy.load(Ordering::SeqCst);
+        let in_flight = self.shared.in_flight.load(Ordering::SeqCst);
+        LoadedModel {
+            id: self.entry().name,
+            busy,
+            queued: in_flight.saturating_sub(usize::from(busy)),
+            mtp_loaded: self.info.mtp.loaded,
+            mtp_reason: self.info.mtp.reason.clone(),
+        }
+    }
+
+    /// Checks and tokenizes a request (on the caller's thread).
+    pub fn prepare(&self, id: u64, request: Request) -> Result<Prepared> {
+        let entry = self.entry();
+        let prompt = prompt_ids(&entry.name, &self.info, &self.tokenizer, &request)?;
+        let opts = resolve_options(&entry, &self.info, &self.tokenizer, &request, prompt.len())?;
+        Ok(Prepared { id, prompt, opts, stop: request.stop })
+    }
+
+    /// Puts a prepared request at the end of the queue, or refuses it when the queue is full.
+    pub fn enqueue(&self, prepared: Prepared) -> Result<Generation> {
+        let model = self.entry().name;
+        let limit = 1 + self.queue_limit;
+        self.shared
+            .in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1))
+            .map_err(|_| EngineError::Busy { model: model.clone(), limit: self.queue_limit })?;
+        let slot = Slot(self.shared.clone());
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let cancel = CancelHandle::default();
+        let (id, prompt_tokens, max_tokens) = (prepared.id, prepared.prompt.len(), prepared.opts.max_tokens);
+        let job = Job { prepared, events: events_tx, cancel: cancel.clone(), slot };
+        let jobs = lock(&self.jobs);
+        let Some(sender) = jobs.as_ref() else {
+            return Err(EngineError::Unloaded(model));
+        };
+        sender.send(job).map_err(|_| EngineError::Internal(format!("the worker of model `{model}` has stopped")))?;
+        Ok(Generation { id, model, prompt_tokens, max_tokens, events: events_rx, cancel })
+    }
+
+    /// Starts unloading: queued requests will fail, the running one stops, the thread then ends.
+    pub fn close(&self) {
+        self.shared.closing.store(true, Ordering::SeqCst);
+        if let Some(current) = lock(&self.shared.current).as_ref() {
+            current.cancel();
+        }
+        lock(&self.jobs).take();
+    }
+
+    /// Waits for the thread to end (after [`Worker::close`]).
+    pub fn join(&self) {
+        if let Some(thread) = lock(&self.thread).take() {
+            if thread.join().is_err() {
+                tracing::error!("a model worker thread panicked");
+            }
+        }
+    }
+}
+
+/// The worker's loop: one job at a time, in arrival order, until the queue is closed.
+fn serve(
+    name: &str,
+    model: &Qwen35,
+    tokenizer: &Tokenizer,
+    jobs: &std_mpsc::Receiver<Job>,
+    shared: &Shared,
+    engine: &WeakEngine,
+) {
+    while let Ok(job) = jobs.recv() {
+        let Job { prepared, events, cancel, slot } = job;
+        if shared.closing.load(Ordering::SeqCst) {
+            drop(slot);
+            let _ = events.send(Event::Failed(EngineError::Unloaded(name.to_owned())));
+            continue;
+        }
+        if events.is_closed() {
+            continue;
+        }
+        if cancel.is_cancelled() {
+            drop(slot);
+            let stats = crate::generate::Stats { prompt_tokens: prepared.prompt.len(), ..Default::default() };
+            let done = Completion { text: String::new(), tokens: Vec::new(), stats, finish: FinishReason::Cancelled, stop: None };
+            let _ = events.send(Event::Done(done));
+            continue;
+        }
+        shared.busy.store(true, Ordering::SeqCst);
+        *lock(&shared.current) = Some(cancel.clone());
+        let _ = events.send(Event::Started);
+        let outcome = {
+            let _compute = lock(&COMPUTE);
+            catch_unwind(AssertUnwindSafe(|| run(name, model, tokenizer, &prepared, &events, &cancel, engine)))
+        };
+        let event = match outcome {
+            Ok(Ok(done)) => {
+                engine.with(|e| e.inner.live.finished(name, prepared.id, done.finish, &done.stats));
+                Event::Done(done)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(model = %name, request = prepared.id, "generation failed: {e}");
+                engine.with(|e| e.inner.live.abandoned(name));
+                Event::Failed(e)
+            }
+            Err(panic) => {
+                let message = panic_message(&panic);
+                tracing::error!(model = %name, request = prepared.id, "generation panicked: {message}");
+                engine.with(|e| e.inner.live.abandoned(name));
+                Event::Failed(EngineError::Internal(format!("the generation panicked: {message}")))
+            }
+        };
+        *lock(&shared.current) = None;
+        shared.busy.store(false, Ordering::SeqCst);
+        // The queue place is free before the caller hears the end.
+        drop(slot);
+        let _ = events.send(event);
+        engine.with(|e| e.publish());
+    }
+}
+
+/// One generation: streams text deltas (stop sequences held back and cut) and returns the end.
+fn run(
+    name: &str,
+    model: &Qwen35,
+    tokenizer: &Tokenizer,
+    job: &Prepared,
+    events: &mpsc::UnboundedSender<Event>,
+    cancel: &CancelHandle,
+    engine: &WeakEngine,
+) -> Result<Completion> {
+    let mut decoder = tokenizer.stream_decoder(true);
+    let mut stopper = StopMatcher::new(&job.stop);
+    let mut text = String::new();
+    let mut kept: Vec<u32> = Vec::new();
+    let mut decode_error: Option<String> = None;
+    let mut stats_sent: Option<Instant> = None;
+    let mut on_progress = |p: Progress<'_>| {
+        let mut delta = String::new();
+        let mut ids = Vec::new();
+        for &t in p.new_tokens {
+            if stopper.matched().is_some() || decode_error.is_some() {
+                break;
+            }
+            ids.push(t);
+            match decoder.step(t) {
+                Ok(Some(piece)) => delta.push_str(&stopper.push(&piece)),
+                Ok(None) => {}
+                Err(e) => decode_error = Some(e.to_string()),
+            }
+        }
+        kept.extend_from_slice(&ids);
+        text.push_str(&delta);
+        let stats = if stats_sent.is_none_or(|t| t.elapsed() >= RUNNING_STATS_EVERY) {
+            stats_sent = Some(Instant::now());
+            Some(p.stats.clone())
+        } else {
+            None
+        };
+        let gone = !ids.is_empty() && events.send(Event::Delta { text: delta, tokens: ids, stats }).is_err();
+        if engine.with(|e| e.inner.live.progress(name, job.id, p.stats)) == Some(true) {
+            engine.with(|e| e.publish());
+        }
+        let stop = gone || events.is_closed() || cancel.is_cancelled() || stopper.matched().is_some() || decode_error.is_some();
+        if stop {
+            Control::Stop
+        } else {
+            Control::Continue
+        }
+    };
+    let out = generate(model, &job.prompt, &job.opts, &mut on_progress).map_err(|e| match e {
+        GenerateError::Mlx(e) => EngineError::Generate(e.to_string()),
+        other => EngineError::InvalidRequest(other.to_string()),
+    })?;
+    if let Some(message) = decode_error {
+        return Err(EngineError::Generate(format!("cannot decode the generated tokens: {message}")));
+    }
+    let mut tail = String::new();
+    if stopper.matched().is_none() {
+        let rest = decoder.flush().map_err(|e| EngineError::Generate(format!("cannot decode the generated tokens: {e}")))?;
+        if let Some(rest) = rest {
+            tail.push_str(&stopper.push(&rest));
+        }
+        tail.push_str(&stopper.finish());
+    }
+    if !tail.is_empty() {
+        let _ = events.send(Event::Delta { text: tail.clone(), tokens: Vec::new(), stats: None });
+        text.push_str(&tail);
+    }
+    let stop = stopper.matched().map(str::to_owned);
+    let finish = if stop.is_some() { FinishReason::Stop } else { out.finish };
+    let mut stats = out.stats;
+    stats.completion_tokens = kept.len();
+    Ok(Completion { text, tokens: kept, stats, finish, stop })
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}

@@ -1,0 +1,130 @@
+//! Errors as the API returns them: `{"error": {"message", "type", "code"}}` with the right status,
+//! and the JSON body extractor whose every rejection is such an error.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+
+use crate::engine::EngineError;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// OpenAI's error `type`: invalid_request_error, authentication_error, permission_error,
+    /// not_found_error, rate_limit_error, server_error.
+    pub kind: &'static str,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, kind, code, message: message.into() }
+    }
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", code, message)
+    }
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "permission_error", code, message)
+    }
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found_error", code, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error", message)
+    }
+
+    /// The JSON body, also used inside event streams.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({ "error": { "message": self.message, "type": self.kind, "code": self.code } })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::warn!(status = %self.status, code = self.code, "{}", self.message);
+        }
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        let message = e.to_string();
+        match e {
+            EngineError::UnknownModel { .. } => ApiError::not_found("model_not_found", message),
+            EngineError::NotLoaded(_) => ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "model_not_loaded", message),
+            EngineError::Busy { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "queue_full", message),
+            EngineError::NotEnoughMemory { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "insufficient_memory", message)
+            }
+            EngineError::Load { .. } => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "model_load_failed", message),
+            EngineError::Images(_) => ApiError::bad_request("model_not_multimodal", message),
+            EngineError::InvalidRequest(_) => ApiError::bad_request("invalid_value", message),
+            EngineError::ContextLength { .. } => ApiError::bad_request("context_length_exceeded", message),
+            EngineError::Unloaded(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_unloaded", message),
+            EngineError::InvalidSettings(_) => ApiError::bad_request("invalid_value", message),
+            EngineError::Registry(_) | EngineError::Generate(_) | EngineError::Internal(_) => ApiError::internal(message),
+        }
+    }
+}
+
+/// A JSON body. Unlike `axum::Json`, every rejection is an [`ApiError`]: a body over the limit is
+/// 413, a wrong content type 415, bad JSON or a wrong type 400 with the path of the bad field.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let json_type = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .map(|v| v.trim().to_ascii_lowercase())
+            .is_some_and(|v| v == "application/json" || (v.starts_with("application/") && v.ends_with("+json")));
+        if !json_type {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                "unsupported_media_type",
+                "the body must be JSON, sent with `Content-Type: application/json`",
+            ));
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            let status = rejection.status();
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(status, "invalid_request_error", "body_too_large", "the request body is larger than the server accepts")
+            } else {
+                ApiError::bad_request("invalid_body", format!("cannot read the request body: {}", rejection.body_text()))
+            }
+        })?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// Parses JSON, naming the field where a value has the wrong type.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data => {
+                let at = if path == "." { String::new() } else { format!("`{path}`: ") };
+                ApiError::bad_request("invalid_value", format!("invalid request: {at}{inner}"))
+            }
+            _ => invalid_json(&inner),
+        }
+    })?;
+    de.end().map_err(|e| invalid_json(&e))?;
+    Ok(value)
+}
+
+fn invalid_json(e: &serde_json::Error) -> ApiError {
+    ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
+}

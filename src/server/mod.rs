@@ -1,0 +1,292 @@
+//! `tandem serve`: the OpenAI-compatible API, the admin API, server-sent events and the web UI's
+//! static files, over the [`Engine`].
+//!
+//! Security: binds 127.0.0.1 by default; an API key is required to bind anywhere else; the Host
+//! header must name this server (DNS rebinding); browsers may call only from the app's own origins;
+//! bodies are limited in size; paths in requests stay inside the models folder.
+
+mod admin;
+mod convert;
+pub mod error;
+mod openai;
+mod security;
+mod ui;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use axum::extract::DefaultBodyLimit;
+use axum::http::{header, HeaderValue, Method};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::sync::watch;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+use crate::engine::{Engine, EngineConfig};
+use crate::registry::Registry;
+use error::ApiError;
+
+pub const DEFAULT_PORT: u16 = 11435;
+/// Request bodies up to this size (images travel inside them as data URLs).
+pub const DEFAULT_MAX_BODY: usize = 32 << 20;
+
+/// How to serve.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// An IP address, or `localhost`.
+    pub host: String,
+    /// 0 picks a free port.
+    pub port: u16,
+    /// models.toml.
+    pub registry: PathBuf,
+    /// Required as `Authorization: Bearer <key>` on /v1 and /api (except /api/health) when set;
+    /// must be set to bind beyond loopback. `ServeConfig::new` reads `TANDEM_API_KEY`.
+    pub api_key: Option<String>,
+    /// The built web UI (`ui/dist`).
+    pub ui_dir: PathBuf,
+    pub max_body_bytes: usize,
+    /// Browser origins allowed besides the Tauri app's and the server's own (e.g. a UI dev server).
+    pub extra_origins: Vec<String>,
+    /// Host names accepted besides loopback names and the bound address.
+    pub extra_hosts: Vec<String>,
+    pub engine: EngineConfig,
+}
+
+impl ServeConfig {
+    pub fn new(registry: impl Into<PathBuf>) -> Self {
+        ServeConfig {
+            host: "127.0.0.1".into(),
+            port: DEFAULT_PORT,
+            registry: registry.into(),
+            api_key: std::env::var("TANDEM_API_KEY").ok().filter(|k| !k.trim().is_empty()),
+            ui_dir: default_ui_dir(),
+            max_body_bytes: DEFAULT_MAX_BODY,
+            extra_origins: Vec::new(),
+            extra_hosts: Vec::new(),
+            engine: EngineConfig::default(),
+        }
+    }
+}
+
+/// `TANDEM_UI_DIR`, else `ui/dist` in the current folder, else the source tree's (development builds).
+fn default_ui_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TANDEM_UI_DIR") {
+        return PathBuf::from(dir);
+    }
+    let here = PathBuf::from("ui/dist");
+    if here.is_dir() {
+        return here;
+    }
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/ui/dist"))
+}
+
+/// What every handler shares.
+pub(crate) struct AppState {
+    engine: Engine,
+    policy: security::Policy,
+    ui_dir: PathBuf,
+    max_body_bytes: usize,
+    jobs: convert::Jobs,
+    started: Instant,
+    started_unix: u64,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl AppState {
+    /// Resolves when the server starts shutting down; long streams end on it.
+    fn shutdown_signal(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.shutdown.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    }
+}
+
+/// A server running on a tokio runtime.
+pub struct RunningServer {
+    addr: SocketAddr,
+    engine: Engine,
+    shutdown: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningServer {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// A handle that stops the server from elsewhere (e.g. a signal handler).
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.shutdown.clone())
+    }
+
+    /// Stops accepting, ends open streams, and waits (at most 5 s) for responses in flight.
+    /// Models stay loaded: the engine belongs to the caller.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let _ = self.shutdown.send(true);
+        self.wait().await
+    }
+
+    /// Waits until the server stops (after a shutdown, or on an error).
+    pub async fn wait(mut self) -> anyhow::Result<()> {
+        let mut stop = self.shutdown.subscribe();
+        tokio::select! {
+            result = &mut self.task => return result.context("the server task failed")?.context("the server failed"),
+            _ = stop.wait_for(|s| *s) => {}
+        }
+        match tokio::time::timeout(Duration::from_secs(5), &mut self.task).await {
+            Ok(result) => result.context("the server task failed")?.context("the server failed"),
+            Err(_) => {
+                tracing::warn!("responses still open 5 s after shutdown; closing them");
+                self.task.abort();
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Stops a [`RunningServer`].
+#[derive(Clone)]
+pub struct ShutdownHandle(watch::Sender<bool>);
+
+impl ShutdownHandle {
+    pub fn shutdown(&self) {
+        let _ = self.0.send(true);
+    }
+}
+
+/// Serves until Ctrl-C or SIGTERM, on a runtime of its own, then unloads the models.
+pub fn serve(config: ServeConfig) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let server = start(config).await?;
+        let engine = server.engine().clone();
+        let handle = server.shutdown_handle();
+        tracing::info!("Tandem is serving on {} (UI and API)", server.url());
+        eprintln!("Tandem is serving on {}  (Ctrl-C stops it)", server.url());
+        tokio::spawn(async move {
+            stop_signal().await;
+            eprintln!("stopping...");
+            handle.shutdown();
+        });
+        let result = server.wait().await;
+        let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
+        result
+    })
+}
+
+async fn stop_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await;
+}
+
+/// Loads models.toml, makes an engine and starts serving; returns once listening.
+pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
+    let registry = Registry::load(&config.registry).with_context(|| format!("cannot load {}", config.registry.display()))?;
+    let engine = Engine::new(registry, config.engine.clone());
+    start_with_engine(config, engine).await
+}
+
+/// Starts serving an existing engine (the desktop shell shares its engine with the tray).
+pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::Result<RunningServer> {
+    let ip: IpAddr = if config.host.eq_ignore_ascii_case("localhost") {
+        IpAddr::from([127, 0, 0, 1])
+    } else {
+        config.host.parse().with_context(|| format!("--host `{}` is not an IP address", config.host))?
+    };
+    if !ip.is_loopback() && config.api_key.is_none() {
+        bail!(
+            "refusing to listen on {ip}: beyond this machine the API needs a key; set TANDEM_API_KEY \
+             (clients then send `Authorization: Bearer <key>`) or bind to 127.0.0.1"
+        );
+    }
+    let listener = tokio::net::TcpListener::bind((ip, config.port))
+        .await
+        .with_context(|| format!("cannot listen on {ip}:{}", config.port))?;
+    let addr = listener.local_addr().context("cannot read the bound address")?;
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let policy = security::Policy::new(addr, config.api_key.clone(), config.extra_hosts.clone(), config.extra_origins.clone());
+    let state = Arc::new(AppState {
+        engine: engine.clone(),
+        policy,
+        ui_dir: config.ui_dir.clone(),
+        max_body_bytes: config.max_body_bytes,
+        jobs: convert::Jobs::default(),
+        started: Instant::now(),
+        started_unix: crate::engine::live::unix_ms() / 1000,
+        shutdown: shutdown_rx,
+    });
+    let app = router(state.clone());
+    let signal = state.shutdown_signal();
+    let task = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(signal).await });
+    Ok(RunningServer { addr, engine, shutdown: shutdown_tx, task })
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    let origins: Vec<HeaderValue> = state.policy.origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
+    let cors = CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins))
+        .allow_methods([Method::GET, Method::POST, Method::PATCH, Method::DELETE, Method::OPTIONS])
+        .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION, header::ACCEPT])
+        .max_age(Duration::from_secs(600));
+    Router::new()
+        .route("/v1/models", get(openai::list_models))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/api/health", get(admin::health))
+        .route("/api/models", get(admin::models))
+        .route("/api/models/{id}", get(admin::model))
+        .route("/api/models/{id}/load", post(admin::load))
+        .route("/api/models/{id}/unload", post(admin::unload))
+        .route("/api/models/{id}/settings", axum::routing::patch(admin::settings))
+        .route("/api/stats", get(admin::stats))
+        .route("/api/stats/stream", get(admin::stats_stream))
+        .route("/api/convert", post(convert::start).get(convert::list))
+        .route("/api/convert/{job}", get(convert::get).delete(convert::delete))
+        .route("/api/convert/{job}/events", get(convert::events))
+        .fallback(ui::fallback)
+        .method_not_allowed_fallback(ui::method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), security::guard))
+        .layer(cors)
+        .layer(CatchPanicLayer::custom(panic_response))
+        .with_state(state)
+}
+
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    tracing::error!("a request handler panicked: {message}");
+    ApiError::internal(format!("the server hit a bug while handling this request: {message}")).into_response()
+}

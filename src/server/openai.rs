@@ -1,0 +1,423 @@
+//! The OpenAI-compatible API: `GET /v1/models` and `POST /v1/chat/completions`, streaming (SSE
+//! chunks as OpenAI writes them, ending with `data: [DONE]`) and not.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine as _;
+use futures::{Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::{ApiError, ApiJson};
+use super::AppState;
+use crate::engine::{ChatMessage, Completion, Event, Generation, Image, Input, MtpOverrides, Part, Request, SamplingOverrides};
+use crate::generate::{FinishReason, Stats};
+
+pub async fn list_models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let registry = state.engine.registry();
+    let created = state.started_unix;
+    // The default model first: clients (the UI among them) pick the first one.
+    let default = registry.default_model().ok().map(|m| m.name);
+    let mut models = registry.list();
+    models.sort_by_key(|m| Some(&m.name) != default.as_ref());
+    let data: Vec<Value> = models
+        .into_iter()
+        .map(|m| json!({ "id": m.name, "object": "model", "created": created, "owned_by": "tandem" }))
+        .collect();
+    Ok(Json(json!({ "object": "list", "data": data })))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    #[serde(default)]
+    model: String,
+    messages: Vec<InMessage>,
+    #[serde(default)]
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<u64>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
+    seed: Option<i64>,
+    stop: Option<StopIn>,
+    n: Option<u64>,
+    /// Tandem's extension: `{"enabled": bool, "depth": k}` overrides the model's MTP settings.
+    mtp: Option<MtpIn>,
+    /// Passed to the chat template (Qwen3 reads `enable_thinking`), as vLLM accepts it.
+    chat_template_kwargs: Option<TemplateKwargs>,
+    enable_thinking: Option<bool>,
+    /// vLLM's extension: generate up to max_tokens even past end-of-sequence.
+    ignore_eos: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    include_usage: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MtpIn {
+    enabled: Option<bool>,
+    depth: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TemplateKwargs {
+    enable_thinking: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum StopIn {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+struct InMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<InContent>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum InContent {
+    Text(String),
+    Parts(Vec<InPart>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum InPart {
+    Text { text: String },
+    ImageUrl { image_url: ImageUrlIn },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ImageUrlIn {
+    Object { url: String },
+    Url(String),
+}
+
+/// What the handler needs besides the engine request.
+struct Parsed {
+    request: Request,
+    stream: bool,
+    include_usage: bool,
+}
+
+const MAX_STOPS: usize = 16;
+
+fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
+    if let Some(n) = req.n.filter(|&n| n != 1) {
+        return Err(ApiError::bad_request("invalid_value", format!("`n` = {n}: only one choice per request is supported")));
+    }
+    let model = if req.model.trim().is_empty() { state.engine.default_model()? } else { req.model };
+    let mut messages = Vec::with_capacity(req.messages.len());
+    for (i, m) in req.messages.into_iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            "tool" => "tool",
+            other => {
+                return Err(ApiError::bad_request(
+                    "invalid_value",
+                    format!("`messages[{i}].role` = `{other}`: must be system, developer, user, assistant or tool"),
+                ))
+            }
+        };
+        let parts = match m.content {
+            None => Vec::new(),
+            Some(InContent::Text(text)) => vec![Part::Text(text)],
+            Some(InContent::Parts(parts)) => parts
+                .into_iter()
+                .enumerate()
+                .map(|(j, p)| match p {
+                    InPart::Text { text } => Ok(Part::Text(text)),
+                    InPart::ImageUrl { image_url } => {
+                        let url = match image_url {
+                            ImageUrlIn::Object { url } | ImageUrlIn::Url(url) => url,
+                        };
+                        read_image(&url, state).map(Part::Image).map_err(|e| ApiError {
+                            message: format!("`messages[{i}].content[{j}].image_url`: {}", e.message),
+                            ..e
+                        })
+                    }
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        messages.push(ChatMessage { role: role.to_owned(), parts });
+    }
+    if messages.is_empty() {
+        return Err(ApiError::bad_request("invalid_value", "`messages` is empty"));
+    }
+    let stop = match req.stop {
+        None => Vec::new(),
+        Some(StopIn::One(s)) => vec![s],
+        Some(StopIn::Many(v)) => v,
+    };
+    if stop.len() > MAX_STOPS {
+        return Err(ApiError::bad_request("invalid_value", format!("`stop` has {} sequences; at most {MAX_STOPS}", stop.len())));
+    }
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens).map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    let thinking = req.chat_template_kwargs.and_then(|k| k.enable_thinking).or(req.enable_thinking);
+    let mtp = req.mtp.map(|m| MtpOverrides { enabled: m.enabled, depth: m.depth }).unwrap_or_default();
+    let request = Request {
+        model,
+        input: Input::Chat(messages),
+        sampling: SamplingOverrides {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k.map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
+            min_p: req.min_p,
+            repetition_penalty: req.repetition_penalty,
+            // OpenAI's seed is a signed integer; every value names a distinct stream.
+            seed: req.seed.map(|s| s as u64),
+        },
+        max_tokens,
+        stop,
+        mtp,
+        enable_thinking: thinking,
+        ignore_eos: req.ignore_eos.unwrap_or(false),
+    };
+    let stream = req.stream.unwrap_or(false);
+    let include_usage = stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+    Ok(Parsed { request, stream, include_usage })
+}
+
+/// An image from a `data:` URL, or (for a server on loopback) a local `file:` URL.
+fn read_image(url: &str, state: &AppState) -> Result<Image, ApiError> {
+    let bad = |message: String| ApiError::bad_request("invalid_image", message);
+    let (bytes, media_type) = if let Some(rest) = url.strip_prefix("data:") {
+        let (meta, data) = rest.split_once(',').ok_or_else(|| bad("a data URL needs a comma before its data".into()))?;
+        let Some(media_type) = meta.strip_suffix(";base64") else {
+            return Err(bad("only base64 data URLs (`data:image/png;base64,...`) are accepted".into()));
+        };
+        let data: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data.as_bytes())
+            .map_err(|e| bad(format!("the data URL is not valid base64: {e}")))?;
+        (bytes, (!media_type.is_empty()).then(|| media_type.to_owned()))
+    } else if url.starts_with("file:") {
+        if !state.policy.loopback_only() {
+            return Err(ApiError::forbidden(
+                "path_forbidden",
+                "file URLs are only read by a server bound to loopback; send the image as a data URL",
+            ));
+        }
+        let path = url::Url::parse(url)
+            .ok()
+            .and_then(|u| u.to_file_path().ok())
+            .ok_or_else(|| bad(format!("`{url}` is not a valid file URL")))?;
+        let meta = std::fs::metadata(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+        if !meta.is_file() {
+            return Err(bad(format!("{}: not a file", path.display())));
+        }
+        if meta.len() > state.max_body_bytes as u64 {
+            return Err(bad(format!("{}: {} bytes is more than the {} accepted", path.display(), meta.len(), state.max_body_bytes)));
+        }
+        let bytes = std::fs::read(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+        (bytes, None)
+    } else if url.starts_with("http://") || url.starts_with("https://") {
+        return Err(bad("remote image URLs are not fetched; send the image as a data URL".into()));
+    } else {
+        return Err(bad("expected a `data:` or `file:` URL".into()));
+    };
+    let kind = image_kind(&bytes).ok_or_else(|| bad("not a PNG, JPEG, GIF, WebP or BMP image".into()))?;
+    Ok(Image { bytes, media_type: media_type.or_else(|| Some(kind.to_owned())) })
+}
+
+/// The media type from the file's first bytes.
+fn image_kind(b: &[u8]) -> Option<&'static str> {
+    if b.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if b.starts_with(&[0xff, 0xd8, 0xff]) {
+        Some("image/jpeg")
+    } else if b.starts_with(b"GIF87a") || b.starts_with(b"GIF89a") {
+        Some("image/gif")
+    } else if b.len() >= 12 && &b[..4] == b"RIFF" && &b[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else if b.starts_with(b"BM") {
+        Some("image/bmp")
+    } else {
+        None
+    }
+}
+
+pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(body): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
+    let parsed = {
+        let state = state.clone();
+        // Reading a file URL is blocking I/O.
+        tokio::task::spawn_blocking(move || parse(body, &state))
+            .await
+            .map_err(|e| ApiError::internal(format!("request parsing failed: {e}")))??
+    };
+    let generation = state.engine.chat(parsed.request).await?;
+    let meta = ChunkMeta { id: format!("chatcmpl-{:x}{:08x}", state.started_unix, generation.id), created: now_unix(), model: generation.model.clone() };
+    if parsed.stream {
+        let stream = chunks(generation, meta, parsed.include_usage).take_until(state.shutdown_signal());
+        Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
+    } else {
+        let completion = generation.collect().await?;
+        if completion.finish == FinishReason::Cancelled {
+            return Err(cancelled());
+        }
+        let body = json!({
+            "id": meta.id,
+            "object": "chat.completion",
+            "created": meta.created,
+            "model": meta.model,
+            "system_fingerprint": Value::Null,
+            "choices": [{
+                "index": 0,
+                "message": { "role": "assistant", "content": completion.text, "refusal": Value::Null },
+                "logprobs": Value::Null,
+                "finish_reason": finish_reason(completion.finish),
+            }],
+            "usage": usage(&completion.stats),
+            "stats": completion.stats,
+        });
+        Ok(Json(body).into_response())
+    }
+}
+
+fn cancelled() -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "cancelled",
+        "the generation was stopped by the server (model unloaded or server stopping)",
+    )
+}
+
+fn now_unix() -> u64 {
+    crate::engine::live::unix_ms() / 1000
+}
+
+fn finish_reason(finish: FinishReason) -> &'static str {
+    match finish {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::Cancelled => "stop",
+    }
+}
+
+fn usage(stats: &Stats) -> Value {
+    json!({
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+    })
+}
+
+struct ChunkMeta {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl ChunkMeta {
+    fn chunk(&self, choices: Value, include_usage: bool) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": Value::Null,
+            "choices": choices,
+        });
+        if include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    fn delta(&self, delta: Value, finish: Option<&str>, include_usage: bool) -> Value {
+        self.chunk(json!([{ "index": 0, "delta": delta, "logprobs": Value::Null, "finish_reason": finish }]), include_usage)
+    }
+}
+
+fn data(value: &Value) -> SseEvent {
+    SseEvent::default().data(value.to_string())
+}
+
+/// The event stream of one generation: a first chunk with the role, one chunk per text delta, a
+/// last chunk with the finish reason (and Tandem's `stats`), the usage chunk when asked for, then
+/// `[DONE]`. Errors after the start are sent as `{"error": ...}` before `[DONE]`.
+fn chunks(generation: Generation, meta: ChunkMeta, include_usage: bool) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    struct St {
+        generation: Generation,
+        meta: ChunkMeta,
+        include_usage: bool,
+        started: bool,
+        done: bool,
+    }
+    let st = St { generation, meta, include_usage, started: false, done: false };
+    futures::stream::unfold(st, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        if !st.started {
+            st.started = true;
+            let first = st.meta.delta(json!({ "role": "assistant", "content": "" }), None, st.include_usage);
+            return Some((vec![data(&first)], st));
+        }
+        loop {
+            let events = match st.generation.events.recv().await {
+                Some(Event::Started) => continue,
+                Some(Event::Delta { text, .. }) if text.is_empty() => continue,
+                Some(Event::Delta { text, stats, .. }) => {
+                    let mut chunk = st.meta.delta(json!({ "content": text }), None, st.include_usage);
+                    // Tandem's extension: running statistics a few times a second.
+                    if let Some(stats) = stats {
+                        chunk["stats"] = json!(stats);
+                    }
+                    vec![data(&chunk)]
+                }
+                Some(Event::Done(completion)) => {
+                    st.done = true;
+                    finish_events(&st.meta, &completion, st.include_usage)
+                }
+                Some(Event::Failed(e)) => {
+                    st.done = true;
+                    vec![data(&ApiError::from(e).body()), SseEvent::default().data("[DONE]")]
+                }
+                None => {
+                    st.done = true;
+                    let e = ApiError::internal("the model's worker stopped without finishing the answer");
+                    vec![data(&e.body()), SseEvent::default().data("[DONE]")]
+                }
+            };
+            return Some((events, st));
+        }
+    })
+    .flat_map(|events| futures::stream::iter(events.into_iter().map(Ok)))
+}
+
+fn finish_events(meta: &ChunkMeta, completion: &Completion, include_usage: bool) -> Vec<SseEvent> {
+    if completion.finish == FinishReason::Cancelled {
+        return vec![data(&cancelled().body()), SseEvent::default().data("[DONE]")];
+    }
+    let mut last = meta.delta(json!({}), Some(finish_reason(completion.finish)), include_usage);
+    last["stats"] = json!(completion.stats);
+    let mut events = vec![data(&last)];
+    if include_usage {
+        let mut chunk = meta.chunk(json!([]), false);
+        chunk["usage"] = usage(&completion.stats);
+        chunk["stats"] = json!(completion.stats);
+        events.push(data(&chunk));
+    }
+    events.push(SseEvent::default().data("[DONE]"));
+    events
+}

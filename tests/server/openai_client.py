@@ -1,0 +1,153 @@
+"""The official `openai` Python client against a running `tandem serve` (started by
+tests/server_api.rs, test `openai_python_client`).
+
+    python tests/server/openai_client.py --base-url http://127.0.0.1:PORT/v1 --model NAME --model-dir DIR
+
+Checks, with Hugging Face `transformers` as the independent oracle for token counts:
+- /v1/models lists the model;
+- non-streaming: content arrives, `usage` is right (prompt tokens equal transformers' count of the
+  chat template's ids; completion tokens equal max_tokens when the finish reason is "length"),
+  Tandem's `stats` object is present and agrees with `usage`;
+- streaming with include_usage: chunks in OpenAI's shape, the same text as non-streaming (greedy),
+  a final usage chunk with empty choices;
+- stop sequences (streaming and not), max_completion_tokens, seeded sampling reproducible;
+- errors surface as the client's typed exceptions (404 unknown model, 400 bad value).
+Prints one line per check; exits non-zero on the first failure.
+"""
+
+import argparse
+import sys
+
+import openai
+from transformers import AutoTokenizer
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL: {what}", flush=True)
+        sys.exit(1)
+    print(f"ok: {what}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--api-key", default="not-needed")
+    args = ap.parse_args()
+
+    client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=120)
+    tok = AutoTokenizer.from_pretrained(args.model_dir)
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Tell me a short story about a cat."},
+    ]
+    enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    expected_prompt = len(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc)
+
+    ids = [m.id for m in client.models.list().data]
+    check(args.model in ids, f"/v1/models lists {args.model} ({ids})")
+
+    # Non-streaming, greedy, long enough to run into the length limit.
+    r = client.chat.completions.create(
+        model=args.model, messages=messages, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+    )
+    text = r.choices[0].message.content
+    check(r.object == "chat.completion" and r.id.startswith("chatcmpl-"), "completion object and id")
+    check(isinstance(text, str) and len(text) > 0, f"content arrives ({text!r})")
+    check(r.choices[0].message.role == "assistant", "role is assistant")
+    check(r.choices[0].finish_reason == "length", f"finish_reason length ({r.choices[0].finish_reason})")
+    u = r.usage
+    check(u.prompt_tokens == expected_prompt, f"usage.prompt_tokens {u.prompt_tokens} == transformers' {expected_prompt}")
+    check(u.completion_tokens == 24, f"usage.completion_tokens {u.completion_tokens} == max_tokens 24")
+    check(u.total_tokens == u.prompt_tokens + u.completion_tokens, "usage.total_tokens is the sum")
+    stats = (r.model_extra or {}).get("stats")
+    check(isinstance(stats, dict), "stats object present")
+    for key in ["prompt_tokens", "completion_tokens", "ttft_ms", "prefill_tok_s", "decode_tok_s", "spec"]:
+        check(key in stats, f"stats.{key} present")
+    check(stats["prompt_tokens"] == u.prompt_tokens and stats["completion_tokens"] == u.completion_tokens, "stats agree with usage")
+    spec = stats["spec"]
+    check(spec is not None and spec["method"] == "mtp" and spec["fallback"] is None, f"MTP ran (fallback: {spec and spec.get('fallback')})")
+    for key in ["depth", "cycles", "drafted", "accepted", "acceptance", "tok_per_cycle", "by_depth", "accepted_hist", "parked_cycles", "ms"]:
+        check(key in spec, f"stats.spec.{key} present")
+
+    # Streaming with usage: same text (greedy), OpenAI's chunk shape.
+    chunks = list(
+        client.chat.completions.create(
+            model=args.model,
+            messages=messages,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    check(len(chunks) >= 3, f"several chunks ({len(chunks)})")
+    check(all(c.object == "chat.completion.chunk" for c in chunks), "every chunk is a chat.completion.chunk")
+    check(len({c.id for c in chunks}) == 1, "one id across chunks")
+    check(chunks[0].choices[0].delta.role == "assistant", "first delta carries the role")
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    check(streamed == text, f"streamed text equals non-streamed ({streamed!r} vs {text!r})")
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    check(finishes == ["length"], f"one finish_reason chunk ({finishes})")
+    last = chunks[-1]
+    check(last.choices == [] and last.usage is not None, "last chunk: empty choices, usage")
+    check(
+        (last.usage.prompt_tokens, last.usage.completion_tokens) == (u.prompt_tokens, u.completion_tokens),
+        f"streamed usage equals non-streamed ({last.usage})",
+    )
+    check(all(c.usage is None for c in chunks[:-1]), "usage is null on the other chunks")
+    check(isinstance((last.model_extra or {}).get("stats"), dict), "stats on the usage chunk")
+
+    # Streaming without include_usage: no usage chunk.
+    plain = list(client.chat.completions.create(model=args.model, messages=messages, max_tokens=4, temperature=0, stream=True))
+    check(all(c.choices for c in plain) and all(c.usage is None for c in plain), "no usage chunk unless asked")
+
+    # Stop sequences: cut the greedy text at a word in its middle.
+    words = [w for w in text.split(" ") if len(w) >= 2]
+    if len(words) >= 2:
+        stop = words[len(words) // 2]
+        cut = text[: text.find(stop)]
+        r2 = client.chat.completions.create(
+            model=args.model, messages=messages, max_tokens=24, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
+        )
+        check(r2.choices[0].message.content == cut, f"stop {stop!r}: text cut before it ({r2.choices[0].message.content!r})")
+        check(r2.choices[0].finish_reason == "stop", "stop: finish_reason stop")
+        s2 = client.chat.completions.create(
+            model=args.model, messages=messages, max_tokens=24, temperature=0, stop=stop, stream=True, extra_body={"ignore_eos": True}
+        )
+        streamed_cut = "".join(c.choices[0].delta.content or "" for c in s2 if c.choices)
+        check(streamed_cut == cut, f"stop while streaming: same cut ({streamed_cut!r})")
+    else:
+        print(f"skip: stop check (greedy text has too few words: {text!r})")
+
+    # max_completion_tokens wins over max_tokens.
+    r3 = client.chat.completions.create(
+        model=args.model, messages=messages, max_tokens=20, max_completion_tokens=3, temperature=0, extra_body={"ignore_eos": True}
+    )
+    check(r3.usage.completion_tokens == 3, f"max_completion_tokens honoured ({r3.usage.completion_tokens})")
+
+    # Seeded sampling is reproducible.
+    kw = dict(model=args.model, messages=messages, max_tokens=16, temperature=1.0, top_p=0.9, seed=1234)
+    a = client.chat.completions.create(**kw).choices[0].message.content
+    b = client.chat.completions.create(**kw).choices[0].message.content
+    check(a == b, "same seed, same text")
+
+    # Errors as typed exceptions.
+    try:
+        client.chat.completions.create(model="no-such-model", messages=messages)
+        check(False, "unknown model raises")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404 and e.body and e.body.get("code") == "model_not_found", f"unknown model: 404 model_not_found ({e.body})")
+    try:
+        client.chat.completions.create(model=args.model, messages=messages, temperature=-1)
+        check(False, "negative temperature raises")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400, f"bad temperature: 400 ({e.body})")
+    print("all checks passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,725 @@
+//! `tandem serve` end to end, on loopback ephemeral ports, with the bundled model
+//! (assets/models/tandem-tiny): the official `openai` Python client, concurrent clients with
+//! cancellations and the queue limit, the admin API, and each kind of bad request.
+//!
+//! HTTP is spoken by hand over a TcpStream (`Connection: close`), so that the tests can send what
+//! no client library would: a bad Host, broken JSON, oversized bodies.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tandem::engine::{Engine, EngineConfig, Event, Input, Request};
+use tandem::registry::Registry;
+use tandem::server::{start_with_engine, RunningServer, ServeConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const MODEL: &str = "tiny";
+
+fn tiny_dir() -> PathBuf {
+    common::repo().join("assets/models/tandem-tiny")
+}
+
+/// A models.toml in a fresh folder: `tiny` (the bundled model, greedy by default) and an empty
+/// models folder beside it.
+struct Setup {
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = common::tempdir();
+        std::fs::create_dir_all(dir.path().join("models")).unwrap();
+        let toml = format!(
+            "# test registry\nmodels_dir = \"{}\"\ndefault = \"{MODEL}\"\n\n[[model]]\nname = \"{MODEL}\"\npath = \"{}\"\n\
+             mtp = {{ enabled = true, depth = 3 }}   # keep this comment\n\
+             sampling = {{ temperature = 0.0, top_p = 1.0, max_tokens = 32 }}\n",
+            dir.path().join("models").display(),
+            tiny_dir().display()
+        );
+        std::fs::write(dir.path().join("models.toml"), toml).unwrap();
+        Setup { dir }
+    }
+
+    fn registry_path(&self) -> PathBuf {
+        self.dir.path().join("models.toml")
+    }
+
+    fn config(&self) -> ServeConfig {
+        let mut config = ServeConfig::new(self.registry_path());
+        config.port = 0;
+        config.api_key = None;
+        config.ui_dir = self.dir.path().join("ui-dist");
+        config
+    }
+
+    fn engine(&self, queue_limit: usize) -> Engine {
+        let registry = Registry::load(&self.registry_path()).unwrap();
+        Engine::new(registry, EngineConfig { queue_limit, ..EngineConfig::default() })
+    }
+
+    async fn start(&self, config: ServeConfig, queue_limit: usize) -> RunningServer {
+        start_with_engine(config, self.engine(queue_limit)).await.expect("server starts")
+    }
+}
+
+/// A response read to the end.
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    /// The `data:` payloads of an event stream.
+    fn events(&self) -> Vec<String> {
+        self.text().lines().filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:"))).map(str::to_owned).collect()
+    }
+    /// Asserts an error reply: the status and the JSON error shape with this code.
+    fn assert_error(&self, status: u16, code: &str) {
+        assert_eq!(self.status, status, "body: {}", self.text());
+        let v = self.json();
+        let e = &v["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "error.message in {v}");
+        assert!(e["type"].as_str().is_some(), "error.type in {v}");
+        assert_eq!(e["code"], code, "error.code in {v}");
+    }
+}
+
+/// Sends one request; `head` lines are added verbatim (a `Host` is added unless one is given).
+async fn send(addr: std::net::SocketAddr, method: &str, path: &str, head: &[&str], body: &[u8]) -> Reply {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let mut req = format!("{method} {path} HTTP/1.1\r\n");
+    if !head.iter().any(|h| h.to_ascii_lowercase().starts_with("host:")) {
+        req.push_str(&format!("Host: 127.0.0.1:{}\r\n", addr.port()));
+    }
+    for h in head {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\nConnection: close\r\n\r\n", body.len()));
+    let (mut rd, mut wr) = stream.split();
+    let write = async {
+        // The server may answer (413) before reading everything; a failed write is then expected.
+        let _ = wr.write_all(req.as_bytes()).await;
+        let _ = wr.write_all(body).await;
+    };
+    let mut raw = Vec::new();
+    let read = rd.read_to_end(&mut raw);
+    let (_, read) = tokio::join!(write, read);
+    if let Err(e) = read {
+        assert!(!raw.is_empty(), "{method} {path}: connection failed before any response: {e}");
+    }
+    parse_reply(&raw)
+}
+
+async fn get(addr: std::net::SocketAddr, path: &str) -> Reply {
+    send(addr, "GET", path, &[], b"").await
+}
+
+async fn post_json(addr: std::net::SocketAddr, path: &str, body: &Value) -> Reply {
+    send(addr, "POST", path, &["Content-Type: application/json"], body.to_string().as_bytes()).await
+}
+
+fn parse_reply(raw: &[u8]) -> Reply {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete response head");
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).expect("status line");
+    let headers: Vec<(String, String)> =
+        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned())).collect();
+    let mut body = raw[end + 4..].to_vec();
+    let chunked = headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    if chunked {
+        body = dechunk(&body);
+    }
+    Reply { status, headers, body }
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = data.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(String::from_utf8_lossy(&data[..eol]).trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let start = eol + 2;
+        let stop = (start + size).min(data.len());
+        out.extend_from_slice(&data[start..stop]);
+        data = &data[(stop + 2).min(data.len())..];
+    }
+    out
+}
+
+fn chat_body(content: &str, max_tokens: u32, stream: bool) -> Value {
+    json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+}
+
+/// Waits until the engine is idle: nothing running, nothing queued on any model.
+async fn wait_idle(engine: &Engine) {
+    let t0 = Instant::now();
+    loop {
+        let stats = engine.stats();
+        if stats.running.is_empty() && stats.models.iter().all(|m| !m.busy && m.queued == 0) {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "engine not idle after 60 s: {:?}", stats.models);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn openai_python_client() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config(), 16).await;
+    let url = format!("{}/v1", server.url());
+    let script = common::repo().join("tests/server/openai_client.py");
+    let python = common::python();
+    let model_dir = tiny_dir();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python)
+            .arg(script)
+            .args(["--base-url", &url, "--model", MODEL, "--model-dir"])
+            .arg(model_dir)
+            .env("HF_HUB_OFFLINE", "1")
+            .env("TRANSFORMERS_VERBOSITY", "error")
+            .output()
+            .expect("run python")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "openai client checks failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+    eprintln!("{stdout}");
+    wait_idle(server.engine()).await;
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_requests_get_json_errors() {
+    let setup = Setup::new();
+    let mut config = setup.config();
+    config.max_body_bytes = 1 << 20;
+    let server = setup.start(config, 16).await;
+    let a = server.addr();
+    let json_ct = "Content-Type: application/json";
+
+    send(a, "POST", "/v1/chat/completions", &[json_ct], b"{\"model\": \"tiny\", \"messages\": [").await.assert_error(400, "invalid_json");
+    send(a, "POST", "/v1/chat/completions", &[json_ct], br#"{"model": "tiny", "messages": []} trailing"#).await.assert_error(400, "invalid_json");
+    let r = post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": "hello"})).await;
+    r.assert_error(400, "invalid_value");
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("messages"), "names the field: {}", r.text());
+    let r = post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"})).await;
+    r.assert_error(400, "invalid_value");
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("temperature"), "{}", r.text());
+    post_json(a, "/v1/chat/completions", &json!({"messages": []})).await.assert_error(400, "invalid_value");
+    post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]})).await.assert_error(400, "invalid_value");
+    post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 2})).await.assert_error(400, "invalid_value");
+    send(a, "POST", "/v1/chat/completions", &["Content-Type: text/plain"], chat_body("hi", 4, false).to_string().as_bytes())
+        .await
+        .assert_error(415, "unsupported_media_type");
+    post_json(a, "/v1/chat/completions", &json!({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}))
+        .await
+        .assert_error(404, "model_not_found");
+    // A body over the limit (1 MiB here; 32 MiB by default).
+    let big = json!({"model": MODEL, "messages": [{"role": "user", "content": "x".repeat(2 << 20)}]});
+    post_json(a, "/v1/chat/completions", &big).await.assert_error(413, "body_too_large");
+
+    // Images: a broken data URL, a remote URL, and a valid PNG for a text-only model.
+    let image = |url: &str| {
+        json!({"model": MODEL, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]})
+    };
+    post_json(a, "/v1/chat/completions", &image("data:image/png;base64,@@@")).await.assert_error(400, "invalid_image");
+    post_json(a, "/v1/chat/completions", &image("https://example.com/cat.png")).await.assert_error(400, "invalid_image");
+    let png = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+    let r = post_json(a, "/v1/chat/completions", &image(png)).await;
+    r.assert_error(400, "model_not_multimodal");
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("text-only"), "{}", r.text());
+    let png_file = setup.dir.path().join("pixel.png");
+    std::fs::write(&png_file, base64_decode(png.split_once(',').unwrap().1)).unwrap();
+    post_json(a, "/v1/chat/completions", &image(&format!("file://{}", png_file.display()))).await.assert_error(400, "model_not_multimodal");
+    assert!(!server.engine().is_loaded(MODEL), "an image request does not load a text-only model to refuse it");
+
+    // Host and Origin.
+    send(a, "GET", "/v1/models", &["Host: evil.example:11435"], b"").await.assert_error(403, "forbidden_host");
+    send(a, "GET", "/api/health", &["Host: 192.168.1.20"], b"").await.assert_error(403, "forbidden_host");
+    assert_eq!(send(a, "GET", "/api/health", &["Host: localhost"], b"").await.status, 200);
+    send(a, "POST", "/api/models/tiny/load", &["Origin: https://evil.example"], b"").await.assert_error(403, "forbidden_origin");
+    let own = format!("Origin: http://127.0.0.1:{}", a.port());
+    let r = send(a, "GET", "/api/health", &[&own], b"").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("access-control-allow-origin"), Some(own.trim_start_matches("Origin: ")));
+    let r = send(a, "GET", "/api/health", &["Origin: tauri://localhost"], b"").await;
+    assert_eq!(r.header("access-control-allow-origin"), Some("tauri://localhost"));
+
+    // Paths outside the models folder.
+    let outside = common::tempdir();
+    post_json(a, "/api/convert", &json!({"src": "/etc", "bits": 4})).await.assert_error(403, "path_forbidden");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "dst": outside.path().join("x"), "bits": 4})).await.assert_error(403, "path_forbidden");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "dst": "../escape", "bits": 4})).await.assert_error(403, "path_forbidden");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "calibration": "/etc/passwd", "bits": 4})).await.assert_error(403, "path_forbidden");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "bits": "four"})).await.assert_error(400, "invalid_value");
+
+    // Unknown routes and methods, unknown models and jobs.
+    get(a, "/api/nope").await.assert_error(404, "not_found");
+    get(a, "/v1/chat/completions").await.assert_error(405, "method_not_allowed");
+    send(a, "POST", "/api/models/nope/load", &[], b"").await.assert_error(404, "model_not_found");
+    send(a, "POST", "/api/models/nope/unload", &[], b"").await.assert_error(404, "model_not_found");
+    get(a, "/api/convert/12345").await.assert_error(404, "job_not_found");
+    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"mtp": {"depth": 99}}"#).await.assert_error(400, "invalid_value");
+    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"mtp": {"colour": 1}}"#).await.assert_error(400, "invalid_value");
+    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"sampling": {"top_p": 0}}"#).await.assert_error(400, "invalid_value");
+
+    // The UI: a short page while it is not built, then the files and index.html for app routes.
+    let r = get(a, "/").await;
+    assert_eq!(r.status, 200);
+    assert!(r.text().contains("not built"), "{}", r.text());
+    let ui = setup.dir.path().join("ui-dist");
+    std::fs::create_dir_all(ui.join("assets")).unwrap();
+    std::fs::write(ui.join("index.html"), "<html>tandem ui</html>").unwrap();
+    std::fs::write(ui.join("assets/app.js"), "console.log(1)").unwrap();
+    assert!(get(a, "/").await.text().contains("tandem ui"));
+    assert_eq!(get(a, "/assets/app.js").await.text(), "console.log(1)");
+    assert!(get(a, "/settings/models").await.text().contains("tandem ui"));
+    assert_eq!(get(a, "/../../etc/passwd").await.status / 100, 4, "no way out of ui/dist");
+    server.shutdown().await.unwrap();
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(s).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn api_key_and_binding() {
+    let setup = Setup::new();
+    let mut config = setup.config();
+    config.api_key = Some("s3cret".into());
+    let server = setup.start(config, 16).await;
+    let a = server.addr();
+    get(a, "/v1/models").await.assert_error(401, "invalid_api_key");
+    send(a, "GET", "/api/models", &["Authorization: Bearer wrong"], b"").await.assert_error(401, "invalid_api_key");
+    assert_eq!(send(a, "GET", "/v1/models", &["Authorization: Bearer s3cret"], b"").await.status, 200);
+    assert_eq!(get(a, "/api/health").await.status, 200, "health stays open");
+    server.shutdown().await.unwrap();
+
+    // Beyond loopback without a key: refused before binding anything.
+    let mut config = setup.config();
+    config.host = "0.0.0.0".into();
+    let err = start_with_engine(config, setup.engine(16)).await.err().expect("refused");
+    assert!(err.to_string().contains("TANDEM_API_KEY"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admin_models_settings_and_stats() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config(), 16).await;
+    let a = server.addr();
+
+    let health = get(a, "/api/health").await.json();
+    assert_eq!(health["status"], "ok");
+
+    let models = get(a, "/api/models").await.json();
+    assert_eq!(models["default"], MODEL);
+    let m = &models["models"][0];
+    assert_eq!(m["id"], MODEL);
+    assert_eq!(m["format"], "hf");
+    assert_eq!(m["loaded"], false);
+    assert_eq!(m["state"], "unloaded");
+    assert_eq!(m["size_bytes"].as_u64(), Some(std::fs::metadata(tiny_dir().join("model.safetensors")).unwrap().len()));
+    assert_eq!(m["quantization"], Value::Null);
+    assert_eq!(m["vision"], false);
+    assert_eq!(m["mtp"]["available"], true, "{m}");
+    assert_eq!(m["mtp"]["enabled"], true);
+    assert_eq!(m["mtp"]["depth"], 3);
+    assert_eq!(m["mtp"]["reason"], Value::Null);
+
+    let v1 = get(a, "/v1/models").await.json();
+    assert_eq!(v1["object"], "list");
+    assert_eq!(v1["data"][0]["id"], MODEL);
+    assert_eq!(v1["data"][0]["object"], "model");
+
+    let r = send(a, "POST", "/api/models/tiny/load", &[], b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["loaded"], true);
+    assert_eq!(r.json()["state"], "loaded");
+
+    // Settings persist to models.toml, comments kept.
+    let r = send(a, "PATCH", "/api/models/tiny/settings", &["Content-Type: application/json"], br#"{"mtp": {"depth": 2}, "sampling": {"temperature": 0.5}}"#).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["mtp"]["depth"], 2);
+    let toml = std::fs::read_to_string(setup.registry_path()).unwrap();
+    assert!(toml.contains("depth = 2") && toml.contains("temperature = 0.5") && toml.contains("# keep this comment"), "{toml}");
+    assert_eq!(Registry::load(&setup.registry_path()).unwrap().get(MODEL).unwrap().mtp.depth, 2);
+
+    // A generation with the new depth shows in the stats.
+    let r = post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 12, "temperature": 0, "ignore_eos": true})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["stats"]["spec"]["depth"], 2, "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 12);
+
+    let stats = get(a, "/api/stats").await.json();
+    assert_eq!(stats["last"]["model"], MODEL);
+    assert_eq!(stats["last"]["stats"]["completion_tokens"], 12);
+    assert_eq!(stats["totals"]["generations"], 1);
+    assert!(stats["memory"]["rss_bytes"].as_u64().unwrap() > 0, "{stats}");
+    assert!(stats["memory"]["system_total_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(stats["generating"], false);
+    assert_eq!(stats["model"], MODEL);
+    assert_eq!(stats["stats"]["completion_tokens"], 12);
+    assert_eq!(stats["loaded_models"], json!([MODEL]));
+    assert!(stats["acceptance"].as_f64().is_some_and(|a| (0.0..=1.0).contains(&a)), "{stats}");
+    assert!(stats["tok_per_cycle"].as_f64().is_some_and(|t| t >= 1.0), "{stats}");
+    assert!(stats["series"].as_array().is_some_and(|s| !s.is_empty()), "{stats}");
+    assert_eq!(stats["models"][0]["id"], MODEL);
+    assert_eq!(stats["models"][0]["mtp_loaded"], true);
+
+    // The stats stream: a snapshot at once (read one event, then hang up).
+    let mut stream = TcpStream::connect(a).await.unwrap();
+    stream
+        .write_all(format!("GET /api/stats/stream HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAccept: text/event-stream\r\n\r\n", a.port()).as_bytes())
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    let t0 = Instant::now();
+    while !String::from_utf8_lossy(&got).contains("\n\n") || !String::from_utf8_lossy(&got).contains("data:") {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await.expect("an event in time").unwrap();
+        assert!(n > 0 && t0.elapsed() < Duration::from_secs(10), "stream closed early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.to_ascii_lowercase().contains("content-type: text/event-stream"), "{text}");
+    let data = text.lines().find_map(|l| l.strip_prefix("data: ")).expect("a data line");
+    let snapshot: Value = serde_json::from_str(data).expect("snapshot JSON");
+    assert!(snapshot["memory"].is_object() && snapshot["last"].is_object(), "{snapshot}");
+
+    let r = send(a, "POST", "/api/models/tiny/unload", &[], b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["loaded"], false);
+    assert!(server.engine().loaded().is_empty());
+
+    // Shutting down ends the open stats stream instead of waiting for it.
+    let t0 = Instant::now();
+    server.shutdown().await.unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(4), "shutdown took {:?}", t0.elapsed());
+    let mut rest = Vec::new();
+    let end = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+    assert!(end.is_ok(), "the stats stream was closed by the shutdown");
+}
+
+/// Streams a chat request and returns the reply; with `hang_up_after` chunks, drops the connection
+/// after that many `data:` events have arrived (a client cancelling).
+async fn stream_chat(addr: std::net::SocketAddr, body: &Value, hang_up_after: Option<usize>) -> Result<Reply, usize> {
+    let body = body.to_string();
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        addr.port(),
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).await.unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        if let Some(k) = hang_up_after {
+            let seen = String::from_utf8_lossy(&raw).matches("data: ").count();
+            if seen >= k {
+                return Err(seen);
+            }
+        }
+    }
+    Ok(parse_reply(&raw))
+}
+
+/// A streamed reply is complete: role first, a finish chunk, `[DONE]` last.
+fn assert_complete_stream(reply: &Reply) {
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let events = reply.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    let first: Value = serde_json::from_str(&events[0]).unwrap();
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    let finishes: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter(|v| !v["choices"][0]["finish_reason"].is_null())
+        .collect();
+    assert_eq!(finishes.len(), 1, "{events:?}");
+    assert!(finishes[0]["stats"].is_object());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_limit_and_cancellation() {
+    let setup = Setup::new();
+    // One running and one waiting; a third is refused.
+    let server = setup.start(setup.config(), 1).await;
+    let a = server.addr();
+    assert_eq!(send(a, "POST", "/api/models/tiny/load", &[], b"").await.status, 200);
+
+    let long = json!({"model": MODEL, "messages": [{"role": "user", "content": "Tell me everything."}],
+        "max_tokens": 3000, "stream": true, "ignore_eos": true});
+    let short = json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 8, "stream": true, "ignore_eos": true});
+
+    // A: runs; its first content chunk proves it is on the worker.
+    let (a_tx, a_rx) = tokio::sync::oneshot::channel::<()>();
+    let long_task = tokio::spawn(async move {
+        let mut stream = TcpStream::connect(a).await.unwrap();
+        let body = long.to_string();
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            a.port(),
+            body.len()
+        );
+        stream.write_all(req.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        while String::from_utf8_lossy(&raw).matches("data: ").count() < 3 {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "A ended early: {}", String::from_utf8_lossy(&raw));
+            raw.extend_from_slice(&buf[..n]);
+        }
+        let _ = a_tx.send(());
+        // Hold the connection until told to hang up.
+        stream
+    });
+    a_rx.await.expect("A started");
+    // B: waits behind A.
+    let b_task = tokio::spawn(async move { stream_chat(a, &short, None).await });
+    let t0 = Instant::now();
+    while server.engine().stats().models[0].queued < 1 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "B never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // C: over the limit.
+    let r = post_json(a, "/v1/chat/completions", &chat_body("Hello", 4, false)).await;
+    r.assert_error(429, "queue_full");
+    // A hangs up: its generation stops, B runs to completion.
+    let a_stream = long_task.await.unwrap();
+    drop(a_stream);
+    let b = tokio::time::timeout(Duration::from_secs(60), b_task).await.expect("B finishes").unwrap().expect("B complete");
+    assert_complete_stream(&b);
+    wait_idle(server.engine()).await;
+    let stats = server.engine().stats();
+    let last = stats.last.expect("a last generation");
+    assert_eq!(last.stats.completion_tokens, 8, "B was the last to finish");
+    assert_eq!(stats.totals.generations, 2, "A (cancelled) and B");
+    assert!(stats.totals.completion_tokens < 3000, "A stopped when its client hung up: {:?}", stats.totals);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_clients_with_cancellations() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config(), 4).await;
+    let a = server.addr();
+    const CLIENTS: usize = 12;
+    let mut tasks = Vec::new();
+    for i in 0..CLIENTS {
+        tasks.push(tokio::spawn(async move {
+            let body = json!({"model": MODEL, "messages": [{"role": "user", "content": format!("Story number {i}.")}],
+                "max_tokens": 16 + i, "stream": i % 3 != 2, "ignore_eos": true});
+            match i % 3 {
+                // Hang up after the first content chunk.
+                0 => match stream_chat(a, &body, Some(2)).await {
+                    Err(_) => "cancelled",
+                    Ok(r) if r.status == 429 => "busy",
+                    Ok(r) => panic!("client {i}: {} {}", r.status, r.text()),
+                },
+                1 => match stream_chat(a, &body, None).await {
+                    Ok(r) if r.status == 429 => {
+                        r.assert_error(429, "queue_full");
+                        "busy"
+                    }
+                    Ok(r) => {
+                        assert_complete_stream(&r);
+                        "complete"
+                    }
+                    Err(_) => unreachable!(),
+                },
+                _ => {
+                    let r = post_json(a, "/v1/chat/completions", &body).await;
+                    if r.status == 429 {
+                        r.assert_error(429, "queue_full");
+                        return "busy";
+                    }
+                    assert_eq!(r.status, 200, "client {i}: {}", r.text());
+                    let v = r.json();
+                    assert_eq!(v["usage"]["completion_tokens"], 16 + i, "{v}");
+                    "complete"
+                }
+            }
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(tokio::time::timeout(Duration::from_secs(240), t).await.expect("no client hangs").expect("client ok"));
+    }
+    let complete = outcomes.iter().filter(|o| **o == "complete").count();
+    assert!(complete >= 1, "{outcomes:?}");
+    // Nothing leaked: the queue drains and the worker still answers.
+    wait_idle(server.engine()).await;
+    let r = post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "user", "content": "Still there?"}], "max_tokens": 4, "ignore_eos": true})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["completion_tokens"], 4);
+    eprintln!("outcomes: {outcomes:?}");
+    server.shutdown().await.unwrap();
+}
+
+/// The engine without HTTP: FIFO order, cancellation by handle while queued and while running,
+/// a dropped receiver, and the queue count back to zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_queue_and_cancel() {
+    let setup = Setup::new();
+    let engine = setup.engine(8);
+    engine.load(MODEL).await.unwrap();
+    let request = |n: usize| {
+        let mut r = Request::new(MODEL, Input::Raw(format!("Once upon a time {n}")));
+        r.max_tokens = Some(n);
+        r.ignore_eos = true;
+        r
+    };
+    let mut running = engine.submit(request(2000)).unwrap();
+    // Wait until it runs.
+    loop {
+        match running.events.recv().await.unwrap() {
+            Event::Delta { .. } => break,
+            Event::Started => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let queued_cancelled = engine.submit(request(5)).unwrap();
+    let dropped = engine.submit(request(6)).unwrap();
+    let last = engine.submit(request(7)).unwrap();
+    assert_eq!(engine.stats().models[0].queued, 3);
+    queued_cancelled.cancel_handle().cancel();
+    drop(dropped);
+    running.cancel_handle().cancel();
+    let done = running.collect().await.unwrap();
+    assert_eq!(done.finish, tandem::generate::FinishReason::Cancelled);
+    assert!(done.tokens.len() < 2000);
+    let c = queued_cancelled.collect().await.unwrap();
+    assert_eq!(c.finish, tandem::generate::FinishReason::Cancelled);
+    assert!(c.tokens.is_empty());
+    let l = last.collect().await.unwrap();
+    assert_eq!(l.tokens.len(), 7);
+    assert_eq!(l.finish, tandem::generate::FinishReason::Length);
+    wait_idle(&engine).await;
+    // Unloading fails what waits and frees the worker.
+    let mut long = engine.submit(request(3000)).unwrap();
+    let waiting = engine.submit(request(3)).unwrap();
+    while !matches!(long.events.recv().await, Some(Event::Delta { .. })) {}
+    assert!(engine.unload(MODEL).await.unwrap());
+    assert!(matches!(waiting.collect().await, Err(tandem::engine::EngineError::Unloaded(_))));
+    let mut finished = None;
+    while let Some(e) = long.events.recv().await {
+        if let Event::Done(c) = e {
+            finished = Some(c.finish);
+        }
+    }
+    assert_eq!(finished, Some(tandem::generate::FinishReason::Cancelled));
+    assert!(matches!(engine.submit(request(3)), Err(tandem::engine::EngineError::NotLoaded(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conversion_job() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config(), 16).await;
+    let a = server.addr();
+    let r = post_json(a, "/api/convert", &json!({"src": MODEL, "dst": "tiny-4bit", "bits": 4, "group_size": 64})).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let job = r.json()["job"].as_str().expect("job id").to_owned();
+    // The event stream replays and then follows the job until its end.
+    let events = tokio::time::timeout(Duration::from_secs(300), get(a, &format!("/api/convert/{job}/events"))).await.expect("job ends");
+    assert_eq!(events.status, 200);
+    let events: Vec<Value> = events.events().iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(kinds.last(), Some(&"finished"), "{events:?}");
+    assert_eq!(kinds.first(), Some(&"validated"), "{kinds:?}");
+    assert!(kinds.contains(&"planned"), "{kinds:?}");
+    let last = events.last().unwrap();
+    assert!(last["bytes"].as_u64().unwrap() > 0 && last["bpw"].as_f64().unwrap() > 4.0, "{last}");
+    let status = get(a, &format!("/api/convert/{job}")).await.json();
+    assert_eq!(status["state"], "finished", "{status}");
+    assert!(status["report"]["bytes"].as_u64().unwrap() > 0);
+    assert!(status["done"].as_u64().unwrap() > 0 && status["done"] == status["total"], "{status}");
+    let dst = setup.dir.path().join("models/tiny-4bit");
+    assert_eq!(status["path"].as_str().map(PathBuf::from), Some(dst.clone()));
+    // The same name again is a conflict; the UI's spelling (`name`, recipe, mtp_bits null) is understood.
+    post_json(a, "/api/convert", &json!({"src": MODEL, "name": "tiny-4bit", "bits": 4})).await.assert_error(409, "already_exists");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "name": "x", "recipe": "mixed_9_9"})).await.assert_error(400, "invalid_value");
+    let r = post_json(a, "/api/convert", &json!({"src": MODEL, "name": "tiny-mixed", "bits": 3, "group_size": 64,
+        "recipe": "mixed_3_6", "mtp": "keep", "mtp_bits": null})).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(r.json()["options"]["recipe"], "mixed36");
+    assert_eq!(r.json()["options"]["mtp_bits"], "dense");
+    let mixed = r.json()["job"].as_str().unwrap().to_owned();
+    // Cancel it (it may already be done on a fast machine).
+    let d = send(a, "DELETE", &format!("/api/convert/{mixed}"), &[], b"").await;
+    assert!(d.status == 202 || d.status == 200, "{}", d.text());
+    if d.status == 202 {
+        let end = tokio::time::timeout(Duration::from_secs(300), get(a, &format!("/api/convert/{mixed}/events"))).await.expect("ends");
+        let last: Value = serde_json::from_str(end.events().last().expect("an event")).unwrap();
+        assert!(last["event"] == "cancelled" || last["event"] == "finished", "{last}");
+        if last["event"] == "cancelled" {
+            assert!(!setup.dir.path().join("models/tiny-mixed").exists(), "a cancelled job writes nothing");
+        }
+    }
+    assert!(dst.join("config.json").is_file());
+    // The new model is listed (found in the models folder) as an MLX 4-bit model with its MTP head.
+    let models = get(a, "/api/models").await.json();
+    let m = models["models"].as_array().unwrap().iter().find(|m| m["id"] == "tiny-4bit").expect("listed").clone();
+    assert_eq!(m["format"], "mlx");
+    assert_eq!(m["quantization"]["bits"], 4);
+    assert_eq!(m["mtp"]["available"], true, "{m}");
+    // A model converted without its head: MTP unavailable, with the reason; switching it on is refused.
+    let r = post_json(a, "/api/convert", &json!({"src": MODEL, "name": "tiny-nomtp", "mtp": "drop"})).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let nomtp = r.json()["job"].as_str().unwrap().to_owned();
+    let end = tokio::time::timeout(Duration::from_secs(300), get(a, &format!("/api/convert/{nomtp}/events"))).await.expect("ends");
+    assert!(end.events().last().is_some_and(|e| e.contains("\"finished\"")), "{:?}", end.events());
+    let m = get(a, "/api/models/tiny-nomtp").await.json();
+    assert_eq!(m["mtp"]["available"], false, "{m}");
+    assert!(m["mtp"]["reason"].as_str().is_some_and(|r| r.contains("no MTP head")), "{m}");
+    let patch = |enabled: bool| format!(r#"{{"mtp": {{"enabled": {enabled}, "depth": 2}}}}"#);
+    let r = send(a, "PATCH", "/api/models/tiny-nomtp/settings", &["Content-Type: application/json"], patch(false).as_bytes()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = send(a, "PATCH", "/api/models/tiny-nomtp/settings", &["Content-Type: application/json"], patch(true).as_bytes()).await;
+    r.assert_error(400, "invalid_value");
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("no MTP head"), "{}", r.text());
+    // Forgetting a finished job.
+    assert_eq!(send(a, "DELETE", &format!("/api/convert/{job}"), &[], b"").await.status, 200);
+    get(a, &format!("/api/convert/{job}")).await.assert_error(404, "job_not_found");
+    let _ = Path::new(&dst);
+    server.shutdown().await.unwrap();
+}
