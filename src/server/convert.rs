@@ -126,9 +126,9 @@ impl Job {
             // The end is announced once, with the report, when `convert` has returned.
             ConvertEvent::Finished { .. } => return,
             other => {
-                if let ConvertEvent::Planned { predicted_bytes, predicted_bpw, tensors, .. } = other {
+                if let ConvertEvent::Planned { predicted_bytes, predicted_bpw, .. } = other {
                     let mut view = lock(&self.view);
-                    (view.predicted_bytes, view.predicted_bpw, view.total) = (Some(*predicted_bytes), Some(*predicted_bpw), *tensors);
+                    (view.predicted_bytes, view.predicted_bpw) = (Some(*predicted_bytes), Some(*predicted_bpw));
                 }
                 serde_json::to_value(other).unwrap_or(Value::Null)
             }
