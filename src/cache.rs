@@ -15,6 +15,9 @@ pub struct KvCache {
     values: Option<Array>,
     /// Number of positions held (the next token's position).
     pub offset: i32,
+    /// Added to `offset` to get the next token's RoPE position: 0 for text, and after images the
+    /// M-RoPE delta (text after an image resumes at the image's largest position + 1).
+    pub rope_delta: i32,
 }
 
 impl KvCache {

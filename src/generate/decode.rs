@@ -10,6 +10,9 @@ use super::mtp::SpecDecoder;
 use super::sampler::{Sampler, SamplingParams};
 use super::stats::{SpecStats, Stats};
 use crate::cache::LayerCache;
+use crate::model::qwen3_5::set_rope_delta;
+use crate::model::vision::{rope_index, GridThw};
+use crate::model::vision_input::{expand_image_pads, ImageInput};
 use crate::model::Qwen35;
 
 #[derive(Debug, Error)]
@@ -24,6 +27,10 @@ pub enum GenerateError {
     Sampling(String),
     #[error("MTP depth {0} is outside 1..=8")]
     Depth(usize),
+    #[error("model `{model}` has no vision tower: it cannot read images{} (send text only, or choose a vision model)", .reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default())]
+    NoVision { model: String, reason: Option<String> },
+    #[error("images: {0}")]
+    Images(String),
     #[error(transparent)]
     Mlx(#[from] mlx::Error),
 }
@@ -90,13 +97,54 @@ pub struct Output {
     pub finish: FinishReason,
 }
 
+/// A prompt that may hold images.
+#[derive(Debug, Clone, Default)]
+pub struct Prompt {
+    /// Token ids. Each image is either one `<|image_pad|>` (as the chat template renders it), which
+    /// is expanded here, or already its [`ImageInput::tokens`] pads (`vision_input::expand_image_pads`).
+    pub ids: Vec<u32>,
+    /// The images, in the order of their pads (`vision_input::ImageProcessor` makes them).
+    pub images: Vec<ImageInput>,
+}
+
+impl Prompt {
+    pub fn text(ids: Vec<u32>) -> Prompt {
+        Prompt { ids, images: Vec::new() }
+    }
+}
+
 /// Runs the prompt and generates up to `max_tokens` tokens.
 pub fn generate(model: &Qwen35, prompt: &[u32], opts: &GenerateOptions, on_progress: &mut dyn FnMut(Progress<'_>) -> Control) -> Result<Output> {
+    generate_with(model, prompt, &[], opts, on_progress)
+}
+
+/// [`generate`] for a prompt with images: the vision tower encodes them and their features replace
+/// the image pads during prefill, at M-RoPE positions. A model without a vision tower refuses.
+pub fn generate_prompt(model: &Qwen35, prompt: &Prompt, opts: &GenerateOptions, on_progress: &mut dyn FnMut(Progress<'_>) -> Control) -> Result<Output> {
+    if prompt.images.is_empty() {
+        return generate(model, &prompt.ids, opts, on_progress);
+    }
+    let vision = model.vision().ok_or_else(|| no_vision(model))?;
+    let image_id = vision.config.image_token_id.ok_or_else(|| GenerateError::Images(format!("model `{}`: config.json has no image_token_id", model.name())))?;
+    let pads = prompt.ids.iter().filter(|&&id| id == image_id).count();
+    let ids = if pads == prompt.images.len() && pads != prompt.images.iter().map(ImageInput::tokens).sum::<usize>() {
+        expand_image_pads(&prompt.ids, image_id, &prompt.images).map_err(|e| GenerateError::Images(e.to_string()))?
+    } else {
+        prompt.ids.clone()
+    };
+    generate_with(model, &ids, &prompt.images, opts, on_progress)
+}
+
+fn generate_with(model: &Qwen35, prompt: &[u32], images: &[ImageInput], opts: &GenerateOptions, on_progress: &mut dyn FnMut(Progress<'_>) -> Control) -> Result<Output> {
     check(model, prompt, opts)?;
     let mut sampler = Sampler::new(opts.sampling.clone())?;
     let mut cache = model.make_cache();
     let t0 = Instant::now();
-    let hidden = prefill(model, prompt, &mut cache, opts.prefill_chunk)?;
+    let hidden = if images.is_empty() {
+        prefill(model, prompt, &mut cache, opts.prefill_chunk)?
+    } else {
+        prefill_images(model, prompt, images, &mut cache, opts.prefill_chunk)?
+    };
     let mut history: Vec<u32> = prompt.to_vec();
     let first = sample_last(model, &mut sampler, &hidden, &history)?;
     let ttft = t0.elapsed().as_secs_f64();
@@ -216,6 +264,73 @@ pub fn prefill(model: &Qwen35, prompt: &[u32], cache: &mut [LayerCache], chunk: 
         hidden_parts.push(h);
     }
     // Callers need every prompt position's hidden state (the MTP head is primed on all of them).
+    let refs: Vec<&Array> = hidden_parts.iter().collect();
+    Ok(mlx::concatenate(&refs, 1)?)
+}
+
+fn no_vision(model: &Qwen35) -> GenerateError {
+    GenerateError::NoVision { model: model.name().to_string(), reason: model.vision_status.clone() }
+}
+
+/// [`prefill`] for a prompt with images (its pads already expanded, one per vision feature): the
+/// vision tower's features replace the pads' embeddings, positions follow M-RoPE, and every KV cache
+/// keeps the rope delta so that decoding continues after the images' largest position.
+pub fn prefill_images(model: &Qwen35, prompt: &[u32], images: &[ImageInput], cache: &mut [LayerCache], chunk: usize) -> Result<Array> {
+    let vision = model.vision().ok_or_else(|| no_vision(model))?;
+    let vc = &vision.config;
+    let image_id = vc.image_token_id.ok_or_else(|| GenerateError::Images(format!("model `{}`: config.json has no image_token_id", model.name())))?;
+    for img in images {
+        let expected = (vc.patch_dim() as usize, vc.spatial_merge_size as u32);
+        if (img.patch_dim, img.merge_size) != expected || img.pixel_values.len() != img.tokens() * img.merge_size.pow(2) as usize * img.patch_dim {
+            return Err(GenerateError::Images(format!(
+                "{}: preprocessed for {} values per patch and merge size {} ({} values), but model `{}` takes {} and {}",
+                img.source,
+                img.patch_dim,
+                img.merge_size,
+                img.pixel_values.len(),
+                model.name(),
+                expected.0,
+                expected.1
+            )));
+        }
+    }
+    let grids: Vec<GridThw> = images.iter().map(|i| i.grid_thw).collect();
+    let (positions, delta) = rope_index(prompt, image_id, &grids, vc.spatial_merge_size as u32).map_err(GenerateError::Images)?;
+    let pixels: Vec<f32> = images.iter().flat_map(|i| i.pixel_values.iter().copied()).collect();
+    let patches = (pixels.len() / vc.patch_dim() as usize) as i32;
+    let features = vision.encode(&Array::from_slice(&pixels, &[patches, vc.patch_dim()])?, &grids)?;
+
+    // Each pad's embedding row is replaced by the next feature row: gather from [embeddings; features].
+    let t = prompt.len() as i32;
+    let ids: Vec<i32> = prompt.iter().map(|&id| id as i32).collect();
+    let embeds = model.embed(&Array::from_slice(&ids, &[t])?)?;
+    let mut next_feature = t;
+    let rows: Vec<i32> = (0..t)
+        .zip(prompt)
+        .map(|(p, &id)| {
+            if id == image_id {
+                next_feature += 1;
+                next_feature - 1
+            } else {
+                p
+            }
+        })
+        .collect();
+    let table = mlx::concatenate(&[&embeds, &features.as_dtype(embeds.dtype())?], 0)?;
+    let h = table.take(&Array::from_slice(&rows, &[t])?, 0)?.expand_dims(&[0])?;
+    let positions = Array::from_slice(&positions.concat(), &[3, t])?;
+
+    let mut hidden_parts = Vec::new();
+    let step = chunk.max(1) as i32;
+    for start in (0..t).step_by(step as usize) {
+        let end = (start + step).min(t);
+        let out = model.forward_embeddings_at(&h.slice_axis(1, start, end)?, cache, &positions.slice_axis(1, start, end)?)?;
+        let mut arrays: Vec<&Array> = cache.iter().flat_map(|c| c.arrays()).collect();
+        arrays.push(&out);
+        mlx::device::eval(&arrays)?;
+        hidden_parts.push(out);
+    }
+    set_rope_delta(cache, delta);
     let refs: Vec<&Array> = hidden_parts.iter().collect();
     Ok(mlx::concatenate(&refs, 1)?)
 }

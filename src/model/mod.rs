@@ -3,6 +3,8 @@
 pub mod layers;
 pub mod qwen3_5;
 pub mod store;
+pub mod vision;
+pub mod vision_input;
 pub mod weights;
 
 use std::path::{Path, PathBuf};

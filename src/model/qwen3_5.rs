@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use super::layers::{Embedding, Linear, Mlp, NormConvention, Result, RmsNorm};
 use super::store::{Provenance, Store};
+use super::vision::{GridThw, VisionConfig, VisionTower};
 use super::weights::{Checkpoint, Layout};
 use super::{LoadError, LoadOptions};
 use crate::cache::{KvCache, LayerCache, LinearState, Recording};
@@ -90,6 +91,9 @@ pub struct Config {
     pub full_attention: Vec<bool>,
     pub rope_theta: f32,
     pub rope_dims: i32,
+    /// M-RoPE: how many of the `rope_dims / 2` frequencies follow the t, h and w position axes.
+    pub mrope_section: Vec<i32>,
+    pub mrope_interleaved: bool,
     pub has_vision: bool,
 }
 
@@ -126,7 +130,17 @@ impl Config {
         // The text config's flag wins over the top level's (a common source of tied/untied mix-ups).
         let tie_word_embeddings =
             text.tie_word_embeddings.or_else(|| v.get("tie_word_embeddings").and_then(|t| t.as_bool())).unwrap_or(false);
-        Ok(Config { tie_word_embeddings, full_attention, rope_theta, rope_dims, has_vision: v.get("vision_config").is_some(), text })
+        let (mrope_section, mrope_interleaved) = rope.map(|r| (r.mrope_section, r.mrope_interleaved)).unwrap_or_default();
+        Ok(Config {
+            tie_word_embeddings,
+            full_attention,
+            rope_theta,
+            rope_dims,
+            mrope_section,
+            mrope_interleaved,
+            has_vision: v.get("vision_config").is_some(),
+            text,
+        })
     }
 
     fn key_dim(&self) -> i32 {
@@ -308,7 +322,7 @@ impl Attention {
         })
     }
 
-    fn forward(&self, x: &Array, cache: &mut KvCache, taps: &mut Taps<'_>) -> Result<Array> {
+    fn forward(&self, x: &Array, cache: &mut KvCache, rope: Option<&MRope>, taps: &mut Taps<'_>) -> Result<Array> {
         let (b, t) = (x.dim(0), x.dim(1));
         for name in ["q_proj", "k_proj", "v_proj"] {
             taps.see(&self.prefix, name, x);
@@ -319,15 +333,76 @@ impl Attention {
         let q = self.q_norm.forward(&halves[0])?.swapaxes(1, 2)?;
         let k = self.k_norm.forward(&self.k_proj.forward(x)?.reshape(&[b, t, self.hkv, self.hd])?)?.swapaxes(1, 2)?;
         let v = self.v_proj.forward(x)?.reshape(&[b, t, self.hkv, self.hd])?.swapaxes(1, 2)?;
-        let pos = cache.offset;
-        let q = fast::rope(&q, self.rope_dims, false, self.rope_theta, 1.0, pos)?;
-        let k = fast::rope(&k, self.rope_dims, false, self.rope_theta, 1.0, pos)?;
+        let (q, k) = match rope {
+            Some(r) => (r.apply(&q)?, r.apply(&k)?),
+            None => {
+                // After images, text positions run `rope_delta` behind (or ahead of) the token count.
+                let pos = cache.offset + cache.rope_delta;
+                (fast::rope(&q, self.rope_dims, false, self.rope_theta, 1.0, pos)?, fast::rope(&k, self.rope_dims, false, self.rope_theta, 1.0, pos)?)
+            }
+        };
         let (keys, values) = cache.update(&k, &v)?;
         let mask = if t > 1 { Mask::Causal } else { Mask::None };
         let o = fast::scaled_dot_product_attention(&q, &keys, &values, 1.0 / (self.hd as f32).sqrt(), mask)?;
         let o = o.swapaxes(1, 2)?.reshape(&[b, t, self.hq * self.hd])?.multiply(&gate.sigmoid()?)?;
         taps.see(&self.prefix, "o_proj", &o);
         self.o_proj.forward(&o)
+    }
+}
+
+/// Explicit M-RoPE rotation for one pass (spec 3.3): cos and sin `[T, rope_dims]` built from position
+/// ids `[3, T]` (t, h, w), each frequency taking its position from the axis `mrope_section` assigns it.
+struct MRope {
+    cos: Array,
+    sin: Array,
+    dims: i32,
+}
+
+impl MRope {
+    fn new(c: &Config, position_ids: &Array, dtype: Dtype) -> Result<MRope> {
+        let half = c.rope_dims / 2;
+        let t = position_ids.dim(1);
+        if position_ids.shape() != [3, t] {
+            return Err(mlx::Error::Invalid(format!("M-RoPE position ids have shape {:?}, expected [3, T]", position_ids.shape())));
+        }
+        let inv: Vec<f32> = (0..half).map(|i| 1.0 / c.rope_theta.powf((2 * i) as f32 / c.rope_dims as f32)).collect();
+        let sec = |i: usize| c.mrope_section.get(i).copied().unwrap_or(0);
+        let axis: Vec<i32> = (0..half)
+            .map(|i| {
+                if c.mrope_interleaved {
+                    // transformers: all t, then h at 1, 4, .. < 3*sec[1], w at 2, 5, .. < 3*sec[2].
+                    match i % 3 {
+                        1 if i < 3 * sec(1) => 1,
+                        2 if i < 3 * sec(2) => 2,
+                        _ => 0,
+                    }
+                } else if i < sec(0) {
+                    0
+                } else if i < sec(0) + sec(1) {
+                    1
+                } else {
+                    2
+                }
+            })
+            .collect();
+        let freqs = position_ids.as_dtype(Dtype::F32)?.expand_dims(&[2])?.multiply(&Array::from_slice(&inv, &[1, 1, half])?)?;
+        let pick = Array::from_slice(&axis, &[1, 1, half])?.broadcast_to(&[1, t, half])?;
+        let f = freqs.take_along_axis(&pick, 0)?.squeeze(&[0])?; // [T, half]
+        let emb = concatenate(&[&f, &f], -1)?;
+        Ok(MRope { cos: emb.cos()?.as_dtype(dtype)?, sin: emb.sin()?.as_dtype(dtype)?, dims: c.rope_dims })
+    }
+
+    /// Rotate-half rotation of the first `dims` features of x `[B, H, T, hd]`.
+    fn apply(&self, x: &Array) -> Result<Array> {
+        let hd = x.dim(-1);
+        let parts = x.split_at(&[self.dims / 2, self.dims], -1)?;
+        let rotated = concatenate(&[&parts[1].negative()?, &parts[0]], -1)?;
+        let y = x.slice_axis(-1, 0, self.dims)?.multiply(&self.cos)?.add(&rotated.multiply(&self.sin)?)?;
+        if self.dims == hd {
+            Ok(y)
+        } else {
+            concatenate(&[&y, &parts[2]], -1)
+        }
     }
 }
 
@@ -383,10 +458,10 @@ impl DecoderLayer {
         })
     }
 
-    fn forward(&self, h: &Array, cache: &mut LayerCache, taps: &mut Taps<'_>) -> Result<Array> {
+    fn forward(&self, h: &Array, cache: &mut LayerCache, rope: Option<&MRope>, taps: &mut Taps<'_>) -> Result<Array> {
         let x = self.input_layernorm.forward(h)?;
         let mixed = match (&self.mixer, cache) {
-            (Mixer::Attention(a), LayerCache::Kv(c)) => a.forward(&x, c, taps)?,
+            (Mixer::Attention(a), LayerCache::Kv(c)) => a.forward(&x, c, rope, taps)?,
             (Mixer::Linear(l), LayerCache::Linear(s)) => l.forward(&x, s, taps)?,
             _ => return Err(mlx::Error::Invalid("cache kind does not match the layer kind".into())),
         };
@@ -470,6 +545,11 @@ pub struct Qwen35 {
     lm_head: Option<Linear>,
     mtp: Option<MtpHead>,
     pub mtp_status: MtpStatus,
+    vision: Option<VisionTower>,
+    /// Why a vision tower declared by the config is not loaded (None when loaded or not declared).
+    pub vision_status: Option<String>,
+    /// The model folder's name, for messages.
+    name: String,
 }
 
 fn mlx_err(context: &str, e: mlx::Error) -> LoadError {
@@ -497,12 +577,22 @@ impl Qwen35 {
             Some(store.linear("lm_head", v, d, false)?)
         };
         let (mtp, mtp_status) = load_mtp(&store, &c)?;
-        if c.has_vision || !store.names_with_prefix("visual.").is_empty() {
-            tracing::info!("vision tower present: not used for text-only chat");
+        // A tower whose tensors are all there loads strictly; a text-only conversion (mlx-lm drops
+        // `visual.*` but keeps `vision_config`) or an unsupported vision config loads as text only.
+        let has_tensors = !store.names_with_prefix("visual.").is_empty();
+        let (vision, vision_status) = match VisionConfig::from_json(config) {
+            Ok(Some(vc)) if has_tensors => (Some(VisionTower::load(&store, &vc)?), None),
+            Ok(Some(_)) => (None, Some("the checkpoint has no visual.* tensors (a text-only conversion)".to_string())),
+            Ok(None) => (None, has_tensors.then(|| "visual.* tensors but no vision_config in config.json".to_string())),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        if let Some(why) = &vision_status {
+            tracing::warn!("{}: vision tower not loaded: {why}", dir.display());
             store.skip_prefix("visual.");
         }
         store.finish()?;
-        Ok(Qwen35 { config: c, layout: store.layout, embed_tokens, layers, norm, lm_head, mtp, mtp_status })
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
+        Ok(Qwen35 { config: c, layout: store.layout, embed_tokens, layers, norm, lm_head, mtp, mtp_status, vision, vision_status, name })
     }
 
     /// Fresh per-sequence state: one cache per decoder layer.
@@ -533,19 +623,50 @@ impl Qwen35 {
     }
 
     pub fn forward_embeddings(&self, h: &Array, cache: &mut [LayerCache]) -> Result<Array> {
-        self.forward_tapped(h, cache, &mut Taps(None))
+        self.forward_tapped(h, cache, None, &mut Taps(None))
+    }
+
+    /// [`forward_embeddings`](Self::forward_embeddings) at explicit M-RoPE position ids `[3, T]`
+    /// (t, h, w), for a pass over a prompt that holds images. Later passes without explicit ids run
+    /// at `offset + rope_delta` of each KV cache (see [`set_rope_delta`]).
+    pub fn forward_embeddings_at(&self, h: &Array, cache: &mut [LayerCache], position_ids: &Array) -> Result<Array> {
+        let rope = MRope::new(&self.config, position_ids, h.dtype())?;
+        self.forward_tapped(h, cache, Some(&rope), &mut Taps(None))
+    }
+
+    /// The folder the model was loaded from (its name), for messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn has_vision(&self) -> bool {
+        self.vision.is_some()
+    }
+
+    pub fn vision(&self) -> Option<&VisionTower> {
+        self.vision.as_ref()
+    }
+
+    /// The vision tower's merged features `[tokens, hidden]` for images stacked in `pixel_values`
+    /// `[patches, C*T*P*P]` with grids `[t, h, w]` (see `model::vision_input`).
+    pub fn encode_images(&self, pixel_values: &Array, grid_thw: &[GridThw]) -> Result<Array> {
+        let v = self.vision.as_ref().ok_or_else(|| {
+            let why = self.vision_status.as_deref().map(|w| format!(" ({w})")).unwrap_or_default();
+            mlx::Error::Invalid(format!("model `{}` has no vision tower: it cannot read images{why}", self.name))
+        })?;
+        v.encode(pixel_values, grid_thw)
     }
 
     /// [`forward`](Self::forward) that shows `observe` the input of every linear layer, named by
     /// its canonical module name (`layers.3.mlp.down_proj`), e.g. to calibrate quantization.
     pub fn forward_observed(&self, tokens: &Array, cache: &mut [LayerCache], observe: &mut dyn FnMut(&str, &Array)) -> Result<Array> {
-        self.forward_tapped(&self.embed(tokens)?, cache, &mut Taps(Some(observe)))
+        self.forward_tapped(&self.embed(tokens)?, cache, None, &mut Taps(Some(observe)))
     }
 
-    fn forward_tapped(&self, h: &Array, cache: &mut [LayerCache], taps: &mut Taps<'_>) -> Result<Array> {
+    fn forward_tapped(&self, h: &Array, cache: &mut [LayerCache], rope: Option<&MRope>, taps: &mut Taps<'_>) -> Result<Array> {
         let mut h = h.clone();
         for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
-            h = layer.forward(&h, c, taps)?;
+            h = layer.forward(&h, c, rope, taps)?;
         }
         self.norm.forward(&h)
     }
@@ -578,7 +699,7 @@ impl Qwen35 {
         taps.see("mtp", "fc", &cat);
         let u = head.fc.forward(&cat)?;
         let mut lc = LayerCache::Kv(std::mem::take(cache));
-        let u = head.layer.forward(&u, &mut lc, taps);
+        let u = head.layer.forward(&u, &mut lc, None, taps);
         if let LayerCache::Kv(c) = lc {
             *cache = c;
         }
@@ -591,6 +712,13 @@ impl Qwen35 {
 
     pub fn linear_kernel(&self) -> i32 {
         self.config.text.linear_conv_kernel_dim
+    }
+}
+
+/// Sets the M-RoPE delta of every KV cache of a sequence: text after images sits at `index + delta`.
+pub fn set_rope_delta(cache: &mut [LayerCache], delta: i32) {
+    for kv in cache.iter_mut().filter_map(LayerCache::as_kv) {
+        kv.rope_delta = delta;
     }
 }
 
