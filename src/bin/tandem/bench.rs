@@ -105,14 +105,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if a.json {
         let report = Report {
-            model: model_arg::display_name(&l.dir),
+            model: l.entry.name.clone(),
             device: format!("{:?}", mlx::device::default_device()),
             mlx: mlx::device::version(),
             prompt_tokens: ids.len(),
             gen_tokens: a.gen_tokens,
             runs,
         };
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::out::line(format!("{}", serde_json::to_string_pretty(&report)?));
     }
     Ok(())
 }

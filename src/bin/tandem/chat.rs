@@ -1,11 +1,12 @@
 //! `tandem chat`: one prompt or an interactive conversation, streamed to the terminal.
 
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem::chat::{ContentPart, Message};
-use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, Output, SamplingParams, Stats};
+use tandem::generate::{generate_prompt, Control, GenerateOptions, MtpOptions, Output, Prompt, SamplingParams, Stats};
+use tandem::model::vision_input::{ImageInput, ImageProcessor};
 
 use crate::model_arg::{self, Loaded};
 
@@ -23,39 +24,54 @@ pub struct ChatArgs {
     /// Images to attach (vision models).
     #[arg(long)]
     image: Vec<std::path::PathBuf>,
-    #[arg(long, default_value_t = 512)]
-    max_tokens: usize,
-    /// Sampling temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.7)]
-    temp: f32,
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
+    /// Default: the model's setting in models.toml.
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Sampling temperature (0 = greedy). Default: the model's setting.
+    #[arg(long)]
+    temp: Option<f32>,
+    #[arg(long)]
+    top_p: Option<f32>,
     #[arg(long)]
     seed: Option<u64>,
-    /// MTP speculative decoding.
-    #[arg(long, value_parser = ["on", "off"], default_value = "on")]
-    mtp: String,
-    /// Drafts per cycle.
-    #[arg(long, default_value_t = 3)]
-    depth: usize,
+    /// MTP speculative decoding. Default: the model's setting.
+    #[arg(long, value_parser = ["on", "off"])]
+    mtp: Option<String>,
+    /// Drafts per cycle (1 to 8). Default: the model's setting.
+    #[arg(long)]
+    depth: Option<usize>,
     /// Print one JSON object {model, text, token_ids, stats} at the end.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
-    if !a.image.is_empty() {
-        bail!("--image: this build's models are text-only (the vision tower is not available yet)");
-    }
     if a.raw && a.prompt.is_none() {
         bail!("--raw needs --prompt");
     }
+    if !a.image.is_empty() && (a.raw || a.prompt.is_none()) {
+        bail!("--image needs --prompt and the chat template (not --raw)");
+    }
     let loaded = model_arg::load(a.model.as_deref())?;
+    let images = load_images(&loaded, &a.image)?;
+    let (s, m) = (&loaded.entry.sampling, &loaded.entry.mtp);
     let opts = GenerateOptions {
-        max_tokens: a.max_tokens,
-        sampling: SamplingParams { temperature: a.temp, top_p: a.top_p, seed: a.seed, ..Default::default() },
+        max_tokens: a.max_tokens.unwrap_or(s.max_tokens as usize),
+        sampling: SamplingParams {
+            temperature: a.temp.unwrap_or(s.temperature),
+            top_p: a.top_p.unwrap_or(s.top_p),
+            top_k: s.top_k as usize,
+            min_p: s.min_p,
+            repetition_penalty: s.repetition_penalty,
+            seed: a.seed,
+            ..Default::default()
+        },
         stop_ids: loaded.tokenizer.stop_ids().to_vec(),
-        mtp: MtpOptions { enabled: a.mtp == "on", depth: a.depth, ..Default::default() },
+        mtp: MtpOptions {
+            enabled: a.mtp.as_deref().map_or(m.enabled, |v| v == "on"),
+            depth: a.depth.unwrap_or(m.depth as usize),
+            ..Default::default()
+        },
         ..Default::default()
     };
     match &a.prompt {
@@ -63,19 +79,22 @@ pub fn run(a: ChatArgs) -> Result<()> {
             let ids = if a.raw {
                 loaded.tokenizer.encode(p, true)?
             } else {
-                loaded.tokenizer.encode_chat(&[Message::user(p.clone())], true)?
+                let mut parts = vec![ContentPart::Image; images.len()];
+                parts.push(ContentPart::Text(p.clone()));
+                loaded.tokenizer.encode_chat(&[Message::new("user", parts)], true)?
             };
-            let (text, out) = complete(&loaded, &ids, &opts, !a.json)?;
+            let prompt = Prompt { ids, images };
+            let (text, out) = complete(&loaded, &prompt, &opts, !a.json)?;
             if a.json {
                 let obj = serde_json::json!({
-                    "model": model_arg::display_name(&loaded.dir),
+                    "model": loaded.entry.name,
                     "text": text,
                     "token_ids": out.tokens,
                     "stats": out.stats,
                 });
-                println!("{}", serde_json::to_string(&obj)?);
+                crate::out::line(format!("{}", serde_json::to_string(&obj)?));
             } else {
-                println!();
+                crate::out::line("");
                 eprintln!("{}", summary(&out.stats));
             }
             Ok(())
@@ -84,18 +103,29 @@ pub fn run(a: ChatArgs) -> Result<()> {
     }
 }
 
-/// Generates from `ids`, streaming text to stdout when `stream` is set; returns the full text.
-fn complete(l: &Loaded, ids: &[u32], opts: &GenerateOptions, stream: bool) -> Result<(String, Output)> {
+/// Decodes the images for a vision model; a text-only model refuses them, naming itself.
+fn load_images(l: &Loaded, paths: &[std::path::PathBuf]) -> Result<Vec<ImageInput>> {
+    if paths.is_empty() {
+        return Ok(vec![]);
+    }
+    if !l.model.has_vision() {
+        bail!("model `{}` has no vision tower: it cannot read images (remove --image or pick a vision model)", l.entry.name);
+    }
+    let processor = ImageProcessor::from_model_dir(&l.entry.path)?;
+    paths.iter().map(|p| Ok(processor.load_file(p)?)).collect()
+}
+
+/// Generates from `prompt`, streaming text to stdout when `stream` is set; returns the full text.
+fn complete(l: &Loaded, prompt: &Prompt, opts: &GenerateOptions, stream: bool) -> Result<(String, Output)> {
     let mut dec = l.tokenizer.stream_decoder(true);
     let mut text = String::new();
     let mut err = None;
-    let out = generate(&l.model, ids, opts, &mut |p| {
+    let out = generate_prompt(&l.model, prompt, opts, &mut |p| {
         for &t in p.new_tokens {
             match dec.step(t) {
                 Ok(Some(s)) => {
                     if stream {
-                        print!("{s}");
-                        let _ = std::io::stdout().flush();
+                        crate::out::text(&s);
                     }
                     text.push_str(&s);
                 }
@@ -113,7 +143,7 @@ fn complete(l: &Loaded, ids: &[u32], opts: &GenerateOptions, stream: bool) -> Re
     }
     if let Some(s) = dec.flush()? {
         if stream {
-            print!("{s}");
+            crate::out::text(&s);
         }
         text.push_str(&s);
     }
@@ -121,7 +151,7 @@ fn complete(l: &Loaded, ids: &[u32], opts: &GenerateOptions, stream: bool) -> Re
 }
 
 fn interactive(l: &Loaded, opts: &GenerateOptions) -> Result<()> {
-    eprintln!("Chatting with {} (empty line or Ctrl-D to quit)", model_arg::display_name(&l.dir));
+    eprintln!("Chatting with {} (empty line or Ctrl-D to quit)", l.entry.name);
     let mut messages: Vec<Message> = Vec::new();
     let stdin = std::io::stdin();
     loop {
@@ -132,8 +162,8 @@ fn interactive(l: &Loaded, opts: &GenerateOptions) -> Result<()> {
         }
         messages.push(Message::user(line.trim_end().to_string()));
         let ids = l.tokenizer.encode_chat(&messages, true)?;
-        let (text, out) = complete(l, &ids, opts, true)?;
-        println!();
+        let (text, out) = complete(l, &Prompt::text(ids), opts, true)?;
+        crate::out::line("");
         eprintln!("{}", summary(&out.stats));
         messages.push(Message::new("assistant", vec![ContentPart::Text(text)]));
     }

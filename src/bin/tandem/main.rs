@@ -2,7 +2,11 @@
 
 mod bench;
 mod chat;
+mod convert;
 mod model_arg;
+mod models;
+mod out;
+mod serve;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -20,6 +24,14 @@ enum Command {
     Chat(chat::ChatArgs),
     /// Measure prefill and decode speed, with MTP at several depths.
     Bench(bench::BenchArgs),
+    /// Convert and quantize a model, keeping its MTP head.
+    Convert(convert::ConvertArgs),
+    /// Format, parameters, quantization and the MTP report of a model folder.
+    Inspect(convert::InspectArgs),
+    /// Serve the HTTP API and the web UI.
+    Serve(serve::ServeArgs),
+    /// List the models in models.toml and the models folder.
+    Models(models::ModelsArgs),
 }
 
 fn main() {
@@ -37,5 +49,9 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Chat(a) => chat::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Models(a) => models::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Convert(a) => convert::run(a),
+        Command::Inspect(a) => convert::inspect(a),
     }
 }

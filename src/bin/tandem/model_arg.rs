@@ -1,50 +1,60 @@
-//! Resolving `--model NAME|PATH` to a model folder, and loading it with its tokenizer.
+//! Resolving `--model NAME|PATH` through models.toml, and loading a model with its tokenizer.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use tandem::chat::Tokenizer;
 use tandem::model::{self, LoadOptions, Qwen35};
+use tandem::registry::{ModelEntry, ModelSource, Registry};
 
-/// The bundled model's folder: next to the executable's repository checkout, or the current folder.
-fn bundled() -> Option<PathBuf> {
-    let rel = Path::new("assets/models/tandem-tiny");
-    let mut candidates = vec![];
-    if let Some(home) = std::env::var_os("TANDEM_HOME") {
-        candidates.push(PathBuf::from(home).join(rel));
+/// models.toml: `$TANDEM_CONFIG`, else `./models.toml`, else the one beside the sources or the
+/// executable's checkout, else `~/.tandem/models.toml`.
+pub fn config_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("TANDEM_CONFIG") {
+        return Some(PathBuf::from(p));
     }
-    candidates.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel));
+    let mut candidates = vec![PathBuf::from("models.toml"), PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models.toml")];
     if let Ok(exe) = std::env::current_exe() {
-        candidates.extend(exe.ancestors().skip(1).take(4).map(|d| d.join(rel)));
+        candidates.extend(exe.ancestors().skip(1).take(4).map(|d| d.join("models.toml")));
     }
-    candidates.push(rel.to_path_buf());
-    candidates.into_iter().find(|p| p.join("config.json").exists())
+    if let Some(home) = std::env::var_os("HOME") {
+        candidates.push(PathBuf::from(home).join(".tandem/models.toml"));
+    }
+    candidates.into_iter().find(|p| p.is_file())
 }
 
-/// A model folder from a path, or the bundled model when none is given.
-pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
-    match model {
-        None => bundled().context("the bundled model assets/models/tandem-tiny was not found (set TANDEM_HOME)"),
-        Some(m) if Path::new(m).join("config.json").exists() => Ok(PathBuf::from(m)),
-        Some(m) if Path::new(m).exists() => bail!("{m}: not a model folder (no config.json)"),
-        Some(m) => bail!("model `{m}` not found: give a path to a model folder"),
+pub fn registry() -> Result<Registry> {
+    let path = config_path().context("models.toml not found (set TANDEM_CONFIG, or run from the Tandem folder)")?;
+    Registry::load(&path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// The registry entry for `--model` (a name or a folder), or the default model.
+pub fn resolve(model: Option<&str>) -> Result<ModelEntry> {
+    match (model, registry()) {
+        (Some(m), Ok(reg)) => Ok(reg.resolve(m)?),
+        (None, Ok(reg)) => Ok(reg.default_model()?),
+        // Without models.toml a folder still works.
+        (Some(m), Err(_)) if Path::new(m).join("config.json").exists() => Ok(ModelEntry {
+            name: Path::new(m).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| m.to_string()),
+            path: PathBuf::from(m),
+            source: ModelSource::Path,
+            mtp: Default::default(),
+            sampling: Default::default(),
+        }),
+        (_, Err(e)) => Err(e),
     }
 }
 
 pub struct Loaded {
-    pub dir: PathBuf,
+    pub entry: ModelEntry,
     pub model: Qwen35,
     pub tokenizer: Tokenizer,
 }
 
 pub fn load(model: Option<&str>) -> Result<Loaded> {
-    let dir = resolve(model)?;
-    let m = model::load(&dir, &LoadOptions::default()).with_context(|| format!("loading {}", dir.display()))?;
-    let tokenizer = Tokenizer::from_dir(&dir).with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
-    Ok(Loaded { dir, model: m, tokenizer })
-}
-
-/// The name shown for a model folder.
-pub fn display_name(dir: &Path) -> String {
-    dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string())
+    let entry = resolve(model)?;
+    let dir = &entry.path;
+    let m = model::load(dir, &LoadOptions::default()).with_context(|| format!("loading {}", dir.display()))?;
+    let tokenizer = Tokenizer::from_dir(dir).with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
+    Ok(Loaded { entry, model: m, tokenizer })
 }

@@ -1,0 +1,161 @@
+//! `tandem convert` and `tandem inspect`: conversion with a progress bar, and the model report.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use tandem::quant::{self, ConvertEvent, ConvertOptions, Control};
+
+#[derive(Args)]
+pub struct ConvertArgs {
+    /// The source model folder (never written to).
+    src: PathBuf,
+    /// The destination folder; it appears only when complete.
+    #[arg(long)]
+    out: PathBuf,
+    /// 2, 3, 4, 5, 6, 8 (or none: dtype conversion only).
+    #[arg(long)]
+    bits: Option<String>,
+    #[arg(long, value_parser = quant::parse_group_size, default_value = "64")]
+    group_size: u32,
+    /// uniform, mixed_3_6, mixed_4_6 or auto.
+    #[arg(long, default_value = "uniform")]
+    recipe: quant::Recipe,
+    /// Bits per weight that `auto` aims at.
+    #[arg(long)]
+    target_bpw: Option<f64>,
+    /// Calibration text for `auto` (default: text shipped with Tandem).
+    #[arg(long)]
+    calibration: Option<PathBuf>,
+    /// bf16 or f16.
+    #[arg(long, default_value = "bf16")]
+    dtype: quant::OutDtype,
+    /// keep or drop the MTP head.
+    #[arg(long, default_value = "keep")]
+    mtp: quant::MtpMode,
+    /// Bits for the MTP head's linears, or none to keep them in full precision.
+    #[arg(long)]
+    mtp_bits: Option<quant::MtpBits>,
+    /// Write a copy whose re-attached MTP head has its norm convention fixed.
+    #[arg(long)]
+    repair: bool,
+    /// Replace an existing destination.
+    #[arg(long)]
+    force: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct InspectArgs {
+    path: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: ConvertArgs) -> Result<()> {
+    let bar = progress_bar(a.json);
+    let mut on_event = |e: &ConvertEvent| {
+        match e {
+            ConvertEvent::Planned { predicted_bytes, predicted_bpw, .. } => {
+                bar.println(format!("planned: {:.2} MB at {predicted_bpw:.3} bits per weight", *predicted_bytes as f64 / 1e6));
+            }
+            ConvertEvent::Tensor { name, bytes_done, bytes_total, .. } => {
+                bar.set_length(*bytes_total);
+                bar.set_position(*bytes_done);
+                bar.set_message(name.clone());
+            }
+            ConvertEvent::Calibrating { module, done, total } => {
+                bar.set_message(format!("calibrating {module} ({done}/{total})"));
+            }
+            _ => {}
+        }
+        Control::Continue
+    };
+    let bits = match a.bits.as_deref() {
+        Some(b) => quant::parse_bits(b).with_context(|| format!("--bits {b}"))?,
+        None => None,
+    };
+    let quantizing = bits.is_some() || a.recipe != quant::Recipe::Uniform;
+    if a.repair && !quantizing {
+        let r = quant::repair_with(&a.src, &a.out, a.force, &mut on_event)?;
+        bar.finish_and_clear();
+        if a.json {
+            crate::out::line(format!("{}", serde_json::to_string_pretty(&r)?));
+        } else {
+            crate::out::line(format!("{}", r.message));
+        }
+        return Ok(());
+    }
+    let opts = ConvertOptions {
+        bits,
+        group_size: a.group_size,
+        recipe: a.recipe,
+        target_bpw: a.target_bpw,
+        calibration: a.calibration,
+        dtype: a.dtype,
+        mtp: a.mtp,
+        mtp_bits: a.mtp_bits,
+        force: a.force,
+        repair: a.repair,
+        ..Default::default()
+    };
+    let report = quant::convert(&a.src, &a.out, &opts, &mut on_event).with_context(|| format!("converting {}", a.src.display()))?;
+    bar.finish_and_clear();
+    if a.json {
+        crate::out::line(format!("{}", serde_json::to_string_pretty(&report)?));
+    } else {
+        crate::out::line(format!(
+            "wrote {} ({:.2} MB, {:.3} bits per weight; predicted {:.2} MB) in {:.1} s",
+            report.dst.display(),
+            report.bytes as f64 / 1e6,
+            report.bpw,
+            report.predicted_bytes as f64 / 1e6,
+            report.seconds
+        ));
+        for n in &report.notes {
+            crate::out::line(format!("note: {n}"));
+        }
+    }
+    Ok(())
+}
+
+fn progress_bar(quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {wide_msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+pub fn inspect(a: InspectArgs) -> Result<()> {
+    let r = quant::inspect(&a.path)?;
+    if a.json {
+        crate::out::line(format!("{}", serde_json::to_string_pretty(&r)?));
+        return Ok(());
+    }
+    let v = serde_json::to_value(&r)?;
+    crate::out::line(format!("{}: {} ({})", a.path.display(), v["architecture"].as_str().unwrap_or("?"), v["format"].as_str().unwrap_or("?")));
+    crate::out::line(format!("  parameters {}  bytes {}", v["params"], v["bytes"]));
+    crate::out::line(format!("  quantization {}", v["quantization"]));
+    let m = &v["mtp"];
+    crate::out::line(format!(
+        "  MTP: {} declared layer(s), {} tensors, verdict {}: {}",
+        m["declared_layers"],
+        m["tensors_found"],
+        m["verdict"].as_str().unwrap_or("?"),
+        m["message"].as_str().unwrap_or("")
+    ));
+    if let Some(norms) = m["norms"].as_array() {
+        for n in norms {
+            crate::out::line(format!("    {:<48} mean {:>8.4}  {}", n["name"].as_str().unwrap_or("?"), n["mean"].as_f64().unwrap_or(f64::NAN), n["convention"].as_str().unwrap_or("?")));
+        }
+    }
+    Ok(())
+}

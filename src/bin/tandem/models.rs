@@ -1,0 +1,49 @@
+//! `tandem models`: the registry's models, with format and MTP status read from each folder.
+
+use anyhow::Result;
+use clap::Args;
+use serde::Serialize;
+
+use crate::model_arg;
+
+#[derive(Args)]
+pub struct ModelsArgs {
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Row {
+    name: String,
+    path: String,
+    source: tandem::registry::ModelSource,
+    default: bool,
+    mtp: tandem::registry::MtpSettings,
+    sampling: tandem::registry::SamplingSettings,
+}
+
+pub fn run(a: ModelsArgs) -> Result<()> {
+    let reg = model_arg::registry()?;
+    let default = reg.default_model().ok().map(|m| m.name);
+    let rows: Vec<Row> = reg
+        .list()
+        .into_iter()
+        .map(|m| Row {
+            default: default.as_deref() == Some(m.name.as_str()),
+            name: m.name,
+            path: m.path.display().to_string(),
+            source: m.source,
+            mtp: m.mtp,
+            sampling: m.sampling,
+        })
+        .collect();
+    if a.json {
+        crate::out::line(format!("{}", serde_json::to_string_pretty(&rows)?));
+        return Ok(());
+    }
+    for r in rows {
+        let mtp = if r.mtp.enabled { format!("MTP depth {}", r.mtp.depth) } else { "MTP off".into() };
+        crate::out::line(format!("{}{:<24} {:<10} {}  {}", if r.default { "* " } else { "  " }, r.name, format!("{:?}", r.source).to_lowercase(), mtp, r.path));
+    }
+    Ok(())
+}

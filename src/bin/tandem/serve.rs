@@ -1,0 +1,29 @@
+//! `tandem serve`: the OpenAI-compatible and admin HTTP API, and the web UI.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use tandem::server::{self, ServeConfig};
+
+use crate::model_arg;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 11435)]
+    port: u16,
+    /// Required as a Bearer token when binding beyond loopback (default: $TANDEM_API_KEY).
+    #[arg(long)]
+    api_key: Option<String>,
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    let registry = model_arg::config_path().context("models.toml not found (set TANDEM_CONFIG, or run from the Tandem folder)")?;
+    let mut cfg = ServeConfig::new(registry);
+    cfg.host = a.host;
+    cfg.port = a.port;
+    if a.api_key.is_some() {
+        cfg.api_key = a.api_key;
+    }
+    server::serve(cfg)
+}
