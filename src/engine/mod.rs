@@ -9,6 +9,7 @@
 //! Nothing here knows about HTTP.
 
 pub mod catalog;
+pub mod images;
 pub mod live;
 pub mod stop;
 mod worker;
@@ -22,11 +23,12 @@ use serde::Serialize;
 use tokio::sync::{broadcast, mpsc};
 
 use crate::chat::{ChatOptions, ContentPart, Message, Tokenizer};
-use crate::generate::{FinishReason, MtpOptions, SamplingParams, Stats};
+use crate::generate::{FinishReason, MtpOptions, Prompt, SamplingParams, Stats};
 use crate::model::{LoadOptions, Qwen35};
 use crate::registry::{ModelEntry, Registry, RegistryError, SettingsPatch, MTP_DEPTHS};
 
 pub use catalog::FolderInfo;
+pub use images::ImageLimits;
 pub use live::{LastGeneration, LoadedModel, Memory, RunningGeneration, SeriesPoint, StatsSnapshot, Totals};
 
 /// Errors of the engine. Each names the model, value or limit involved.
@@ -42,8 +44,14 @@ pub enum EngineError {
     NotEnoughMemory { model: String, need: u64, available: u64 },
     #[error("cannot load model `{model}`: {message}")]
     Load { model: String, message: String },
+    /// Images sent to a model that cannot read them.
     #[error("{0}")]
     Images(String),
+    /// An image that cannot be decoded or used (the message names it: `image #2: ...`).
+    #[error("{0}")]
+    InvalidImage(String),
+    #[error("model `{model}` is busy: its waiting requests already hold {} of decoded images (limit {}), and this one adds {}; try again later", mib(*.held), mib(*.limit), mib(*.bytes))]
+    ImagesBusy { model: String, bytes: u64, held: u64, limit: u64 },
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("the prompt has {prompt} tokens and {max_tokens} more were asked for, but model `{model}` has a context of {context} tokens")]
@@ -63,6 +71,10 @@ pub enum EngineError {
 
 fn gib(bytes: u64) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -86,11 +98,13 @@ pub struct EngineConfig {
     /// Refuse to load a model that would not fit in the available memory.
     pub memory_check: bool,
     pub load_options: LoadOptions,
+    /// How large, how many and how much memory the images of requests may be.
+    pub images: ImageLimits,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { queue_limit: 16, memory_check: true, load_options: LoadOptions::default() }
+        EngineConfig { queue_limit: 16, memory_check: true, load_options: LoadOptions::default(), images: ImageLimits::default() }
     }
 }
 
@@ -433,7 +447,8 @@ impl Engine {
             size_bytes: info.size_bytes,
             quantization: info.quantization,
             dtype: info.dtype,
-            vision: info.vision,
+            // Once loaded: whether the vision tower loaded (a text-only conversion keeps vision_config).
+            vision: worker.as_ref().map_or(info.vision, |w| w.info.vision),
             context_length: info.context_length,
             state,
             loaded: worker.is_some(),
@@ -463,12 +478,7 @@ impl Engine {
         }
         lock(&inner.loading).insert(entry.name.clone());
         self.publish();
-        let result = worker::Worker::spawn(
-            entry.clone(),
-            inner.config.load_options.clone(),
-            inner.config.queue_limit,
-            self.clone_weak(),
-        );
+        let result = worker::Worker::spawn(entry.clone(), &inner.config, self.clone_weak());
         lock(&inner.loading).remove(&entry.name);
         let worker = result?;
         tracing::info!(model = %entry.name, path = %entry.path.display(), mtp = worker.info.mtp.loaded, "model loaded");
@@ -556,8 +566,8 @@ impl Engine {
     }
 
     /// Queues a request on its (loaded) model. Fails at once on a bad request, an image for a
-    /// text-only model, a full queue or a prompt that does not fit the context. Does not block
-    /// beyond tokenizing the prompt.
+    /// text-only model or one that cannot be decoded, a full queue or a prompt that does not fit
+    /// the context. Does not block beyond decoding its images and tokenizing the prompt.
     pub fn submit(&self, request: Request) -> Result<Generation> {
         let worker = lock(&self.inner.workers)
             .get(&request.model)
@@ -574,11 +584,13 @@ impl Engine {
     /// async code.
     pub fn chat_blocking(&self, request: Request) -> Result<Generation> {
         if !self.is_loaded(&request.model) {
-            if image_count(&request.input) > 0 {
+            let images = image_count(&request.input);
+            if images > 0 {
                 // Refuse before loading a model only to refuse.
                 let entry = self.entry(&request.model)?;
-                let vision = catalog::inspect_folder(&entry.path).vision;
-                refuse_images(&entry.name, vision, &request.input)?;
+                if !catalog::inspect_folder(&entry.path).vision {
+                    return Err(text_only(&entry.name, images, None));
+                }
             }
             self.load_blocking(&request.model)?;
         }
@@ -650,18 +662,29 @@ impl WeakEngine {
 #[derive(Debug, Clone)]
 pub(crate) struct ModelFacts {
     pub mtp: crate::model::qwen3_5::MtpStatus,
+    /// The vision tower loaded.
     pub vision: bool,
+    /// Why a vision tower that config.json declares did not load.
+    pub vision_reason: Option<String>,
+    /// `<|image_pad|>`: the chat template writes one per image; it is expanded to the image's tokens.
+    pub image_token_id: Option<u32>,
     pub vocab_size: usize,
     pub context: Option<usize>,
+    /// MLX computes on a GPU (else on the CPU).
+    pub gpu: bool,
 }
 
 impl ModelFacts {
+    /// Call with MLX held (it asks MLX for its device).
     fn of(model: &Qwen35) -> Self {
         ModelFacts {
             mtp: model.mtp_status.clone(),
-            vision: model.config.has_vision,
+            vision: model.has_vision(),
+            vision_reason: model.vision_status.clone(),
+            image_token_id: model.vision().and_then(|v| v.config.image_token_id),
             vocab_size: model.config.text.vocab_size.max(0) as usize,
             context: model.config.text.max_position_embeddings.map(|c| c.max(0) as usize),
+            gpu: mlx::device::default_device() == mlx::device::Device::Gpu,
         }
     }
 }
@@ -673,27 +696,54 @@ fn image_count(input: &Input) -> usize {
     }
 }
 
-/// Images cannot be read yet: the vision tower is not built. Says so, naming the model.
-fn refuse_images(model: &str, vision: bool, input: &Input) -> Result<()> {
-    let images = image_count(input);
-    if images == 0 {
-        return Ok(());
-    }
-    Err(EngineError::Images(if vision {
-        format!("model `{model}` has a vision tower, but Tandem cannot run vision models yet: send text only")
-    } else {
-        format!("model `{model}` is a text-only model and cannot read images; remove the {images} image(s) or pick a vision model")
-    }))
+/// The refusal of images sent to a model without a vision tower, naming the model (and why a
+/// declared tower did not load).
+fn text_only(model: &str, images: usize, why: Option<&str>) -> EngineError {
+    EngineError::Images(match why {
+        None => format!("model `{model}` is a text-only model and cannot read images; remove the {images} image(s) or pick a vision model"),
+        Some(why) => format!(
+            "model `{model}` cannot read images: its vision tower is not loaded ({why}); remove the {images} image(s) or pick a vision model"
+        ),
+    })
 }
 
-/// Turns the request's input into prompt ids, refusing images (the vision tower is not built yet).
-fn prompt_ids(model: &str, facts: &ModelFacts, tokenizer: &Tokenizer, request: &Request) -> Result<Vec<u32>> {
+/// A request's input as the model reads it: prompt ids (each image's `<|image_pad|>` expanded to
+/// its tokens, so that the length is the prompt's true length) and the decoded images, with their
+/// bytes counted against the model's queue. Images are refused for a model without a vision tower.
+fn prompt_of(
+    model: &str,
+    facts: &ModelFacts,
+    tokenizer: &Tokenizer,
+    reader: Option<&images::ImageReader>,
+    request: &Request,
+) -> Result<(Prompt, Option<images::Reservation>)> {
     let codec = |e: crate::chat::ChatError| EngineError::InvalidRequest(e.to_string());
+    let mut decoded = Vec::new();
+    let mut held = None;
     let ids = match &request.input {
         Input::Tokens(ids) => ids.clone(),
         Input::Raw(text) => tokenizer.encode(text, true).map_err(codec)?,
         Input::Chat(messages) => {
-            refuse_images(model, facts.vision, &request.input)?;
+            if messages.is_empty() {
+                return Err(EngineError::InvalidRequest("`messages` is empty".into()));
+            }
+            let images: Vec<&Image> = messages
+                .iter()
+                .flat_map(|m| &m.parts)
+                .filter_map(|p| match p {
+                    Part::Image(image) => Some(image),
+                    Part::Text(_) => None,
+                })
+                .collect();
+            if !images.is_empty() {
+                let reader = reader
+                    .filter(|_| facts.vision)
+                    .ok_or_else(|| text_only(model, images.len(), facts.vision_reason.as_deref()))?;
+                let (inputs, reservation) = reader.read(model, &images)?;
+                decoded = inputs;
+                held = Some(reservation);
+            }
+            // Each image stays in its place as a placeholder that the template renders as one pad.
             let messages: Vec<Message> = messages
                 .iter()
                 .map(|m| {
@@ -708,11 +758,18 @@ fn prompt_ids(model: &str, facts: &ModelFacts, tokenizer: &Tokenizer, request: &
                     Message::new(m.role.clone(), content)
                 })
                 .collect();
-            if messages.is_empty() {
-                return Err(EngineError::InvalidRequest("`messages` is empty".into()));
-            }
             let options = ChatOptions { add_generation_prompt: true, enable_thinking: request.enable_thinking };
-            tokenizer.encode_chat_with(&messages, &options).map_err(codec)?
+            let ids = tokenizer.encode_chat_with(&messages, &options).map_err(codec)?;
+            if decoded.is_empty() {
+                ids
+            } else {
+                let pad = facts.image_token_id.ok_or_else(|| {
+                    EngineError::Images(format!("model `{model}` cannot read images: its config.json has no image_token_id"))
+                })?;
+                // Fails when the text itself holds `<|image_pad|>` tokens.
+                crate::model::vision_input::expand_image_pads(&ids, pad, &decoded)
+                    .map_err(|e| EngineError::InvalidRequest(format!("{e}; the chat template writes one per image")))?
+            }
         }
     };
     if ids.is_empty() {
@@ -721,7 +778,7 @@ fn prompt_ids(model: &str, facts: &ModelFacts, tokenizer: &Tokenizer, request: &
     if let Some(&bad) = ids.iter().find(|&&id| id as usize >= facts.vocab_size) {
         return Err(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary of {}", facts.vocab_size)));
     }
-    Ok(ids)
+    Ok((Prompt { ids, images: decoded }, held))
 }
 
 /// The generation options in force: the model's settings, then the request's overrides.

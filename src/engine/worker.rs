@@ -8,15 +8,16 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::images::{ImageReader, Reservation};
 use super::live::LoadedModel;
 use super::stop::StopMatcher;
 use super::{
-    lock, prompt_ids, resolve_options, CancelHandle, Completion, EngineError, Event, Generation, ModelFacts, Request, Result,
-    WeakEngine, COMPUTE,
+    lock, prompt_of, resolve_options, CancelHandle, Completion, EngineConfig, EngineError, Event, Generation, ModelFacts, Request,
+    Result, WeakEngine, COMPUTE,
 };
 use crate::chat::Tokenizer;
-use crate::generate::{generate, Control, FinishReason, GenerateError, GenerateOptions, Progress};
-use crate::model::{LoadOptions, Qwen35};
+use crate::generate::{generate_prompt, Control, FinishReason, GenerateError, GenerateOptions, Progress, Prompt};
+use crate::model::Qwen35;
 use crate::registry::ModelEntry;
 
 /// Running statistics ride along with text deltas at most this often.
@@ -42,12 +43,22 @@ impl Drop for Slot {
     }
 }
 
-/// A request, checked and tokenized, ready for the queue.
+/// A request, checked and tokenized (its images decoded), ready for the queue.
 pub(crate) struct Prepared {
     id: u64,
-    prompt: Vec<u32>,
+    prompt: Prompt,
+    /// The decoded images' bytes, counted against the model's queue until they are freed.
+    images_held: Option<Reservation>,
     opts: GenerateOptions,
     stop: Vec<String>,
+}
+
+impl Prepared {
+    /// Frees the decoded images (once the prompt has been read) and gives their bytes back.
+    fn free_images(&mut self) {
+        self.prompt.images = Vec::new();
+        self.images_held = None;
+    }
 }
 
 struct Job {
@@ -61,6 +72,8 @@ pub(crate) struct Worker {
     entry: RwLock<ModelEntry>,
     pub info: ModelFacts,
     tokenizer: Arc<Tokenizer>,
+    /// The image processor of a model with a vision tower.
+    images: Option<ImageReader>,
     queue_limit: usize,
     shared: Arc<Shared>,
     jobs: Mutex<Option<std_mpsc::Sender<Job>>>,
@@ -69,12 +82,8 @@ pub(crate) struct Worker {
 
 impl Worker {
     /// Loads the model on a new thread, which then serves the queue. Returns once loading is done.
-    pub fn spawn(
-        entry: ModelEntry,
-        load_options: LoadOptions,
-        queue_limit: usize,
-        engine: WeakEngine,
-    ) -> Result<Worker> {
+    pub fn spawn(entry: ModelEntry, config: &EngineConfig, engine: WeakEngine) -> Result<Worker> {
+        let load_options = config.load_options.clone();
         let load_error = |message: String| EngineError::Load { model: entry.name.clone(), message };
         let tokenizer = Arc::new(Tokenizer::from_dir(&entry.path).map_err(|e| load_error(e.to_string()))?);
         let shared = Arc::new(Shared::default());
@@ -87,10 +96,15 @@ impl Worker {
                 .spawn(move || {
                     let loaded = {
                         let _compute = lock(&COMPUTE);
-                        catch_unwind(AssertUnwindSafe(|| crate::model::load(&entry.path, &load_options)))
+                        catch_unwind(AssertUnwindSafe(|| {
+                            crate::model::load(&entry.path, &load_options).map(|model| {
+                                let facts = ModelFacts::of(&model);
+                                (model, facts)
+                            })
+                        }))
                     };
-                    let model = match loaded {
-                        Ok(Ok(model)) => model,
+                    let (model, facts) = match loaded {
+                        Ok(Ok(loaded)) => loaded,
                         Ok(Err(e)) => {
                             let _ = ready_tx.send(Err(e.to_string()));
                             return;
@@ -100,7 +114,7 @@ impl Worker {
                             return;
                         }
                     };
-                    if ready_tx.send(Ok(ModelFacts::of(&model))).is_err() {
+                    if ready_tx.send(Ok(facts)).is_err() {
                         return;
                     }
                     serve(&entry.name, &model, &tokenizer, &jobs_rx, &shared, &engine);
@@ -121,11 +135,14 @@ impl Worker {
                 return Err(load_error("the loading thread stopped".into()));
             }
         };
+        // Read once per loaded model: preprocessor_config.json, with the engine's pixel limit.
+        let images = info.vision.then(|| ImageReader::new(&entry.name, &entry.path, &config.images, info.gpu));
         Ok(Worker {
             entry: RwLock::new(entry),
             info,
             tokenizer,
-            queue_limit,
+            images,
+            queue_limit: config.queue_limit,
             shared,
             jobs: Mutex::new(Some(jobs_tx)),
             thread: Mutex::new(Some(thread)),
@@ -153,12 +170,12 @@ impl Worker {
         }
     }
 
-    /// Checks and tokenizes a request (on the caller's thread).
+    /// Checks and tokenizes a request and decodes its images (on the caller's thread).
     pub fn prepare(&self, id: u64, request: Request) -> Result<Prepared> {
         let entry = self.entry();
-        let prompt = prompt_ids(&entry.name, &self.info, &self.tokenizer, &request)?;
-        let opts = resolve_options(&entry, &self.info, &self.tokenizer, &request, prompt.len())?;
-        Ok(Prepared { id, prompt, opts, stop: request.stop })
+        let (prompt, images_held) = prompt_of(&entry.name, &self.info, &self.tokenizer, self.images.as_ref(), &request)?;
+        let opts = resolve_options(&entry, &self.info, &self.tokenizer, &request, prompt.ids.len())?;
+        Ok(Prepared { id, prompt, images_held, opts, stop: request.stop })
     }
 
     /// Puts a prepared request at the end of the queue, or refuses it when the queue is full.
@@ -172,7 +189,7 @@ impl Worker {
         let slot = Slot(self.shared.clone());
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let cancel = CancelHandle::default();
-        let (id, prompt_tokens, max_tokens) = (prepared.id, prepared.prompt.len(), prepared.opts.max_tokens);
+        let (id, prompt_tokens, max_tokens) = (prepared.id, prepared.prompt.ids.len(), prepared.opts.max_tokens);
         let job = Job { prepared, events: events_tx, cancel: cancel.clone(), slot };
         let jobs = lock(&self.jobs);
         let Some(sender) = jobs.as_ref() else {
@@ -211,8 +228,9 @@ fn serve(
     engine: &WeakEngine,
 ) {
     while let Ok(job) = jobs.recv() {
-        let Job { prepared, events, cancel, slot } = job;
+        let Job { mut prepared, events, cancel, slot } = job;
         if shared.closing.load(Ordering::SeqCst) {
+            prepared.free_images();
             drop(slot);
             let _ = events.send(Event::Failed(EngineError::Unloaded(name.to_owned())));
             continue;
@@ -221,8 +239,9 @@ fn serve(
             continue;
         }
         if cancel.is_cancelled() {
+            prepared.free_images();
             drop(slot);
-            let stats = crate::generate::Stats { prompt_tokens: prepared.prompt.len(), ..Default::default() };
+            let stats = crate::generate::Stats { prompt_tokens: prepared.prompt.ids.len(), ..Default::default() };
             let done = Completion { text: String::new(), tokens: Vec::new(), stats, finish: FinishReason::Cancelled, stop: None };
             let _ = events.send(Event::Done(done));
             continue;
@@ -253,7 +272,8 @@ fn serve(
         };
         *lock(&shared.current) = None;
         shared.busy.store(false, Ordering::SeqCst);
-        // The queue place is free before the caller hears the end.
+        // The queue place (and the images' memory) is free before the caller hears the end.
+        prepared.free_images();
         drop(slot);
         let _ = events.send(event);
         engine.with(|e| e.publish());
@@ -309,8 +329,10 @@ fn run(
             Control::Continue
         }
     };
-    let out = generate(model, &job.prompt, &job.opts, &mut on_progress).map_err(|e| match e {
+    let out = generate_prompt(model, &job.prompt, &job.opts, &mut on_progress).map_err(|e| match e {
         GenerateError::Mlx(e) => EngineError::Generate(e.to_string()),
+        e @ GenerateError::NoVision { .. } => EngineError::Images(e.to_string()),
+        GenerateError::Images(message) => EngineError::InvalidImage(message),
         other => EngineError::InvalidRequest(other.to_string()),
     })?;
     if let Some(message) = decode_error {

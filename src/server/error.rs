@@ -62,7 +62,9 @@ impl From<EngineError> for ApiError {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "insufficient_memory", message)
             }
             EngineError::Load { .. } => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "model_load_failed", message),
+            EngineError::ImagesBusy { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "queue_full", message),
             EngineError::Images(_) => ApiError::bad_request("model_not_multimodal", message),
+            EngineError::InvalidImage(_) => ApiError::bad_request("invalid_image", message),
             EngineError::InvalidRequest(_) => ApiError::bad_request("invalid_value", message),
             EngineError::ContextLength { .. } => ApiError::bad_request("context_length_exceeded", message),
             EngineError::Unloaded(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_unloaded", message),

@@ -54,6 +54,10 @@ pub struct ServeConfig {
     pub extra_origins: Vec<String>,
     /// Host names accepted besides loopback names and the bound address.
     pub extra_hosts: Vec<String>,
+    /// Folders whose images `file:` URLs may name (a server on loopback only), besides Tandem's
+    /// own: the folder of models.toml, the models folder and the registry's model folders.
+    /// `ServeConfig::new` reads `TANDEM_IMAGE_DIRS` (a path list, like `PATH`).
+    pub image_dirs: Vec<PathBuf>,
     pub engine: EngineConfig,
 }
 
@@ -68,6 +72,9 @@ impl ServeConfig {
             max_body_bytes: DEFAULT_MAX_BODY,
             extra_origins: Vec::new(),
             extra_hosts: Vec::new(),
+            image_dirs: std::env::var_os("TANDEM_IMAGE_DIRS")
+                .map(|dirs| std::env::split_paths(&dirs).filter(|d| !d.as_os_str().is_empty()).collect())
+                .unwrap_or_default(),
             engine: EngineConfig::default(),
         }
     }
@@ -91,6 +98,8 @@ pub(crate) struct AppState {
     policy: security::Policy,
     ui_dir: PathBuf,
     max_body_bytes: usize,
+    /// See [`ServeConfig::image_dirs`].
+    image_dirs: Vec<PathBuf>,
     jobs: convert::Jobs,
     started: Instant,
     started_unix: u64,
@@ -240,6 +249,7 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
         policy,
         ui_dir: config.ui_dir.clone(),
         max_body_bytes: config.max_body_bytes,
+        image_dirs: config.image_dirs.clone(),
         jobs: convert::Jobs::default(),
         started: Instant::now(),
         started_unix: crate::engine::live::unix_ms() / 1000,

@@ -2,6 +2,7 @@
 //! chunks as OpenAI writes them, ending with `data: [DONE]`) and not.
 
 use std::convert::Infallible;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -14,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::{ApiError, ApiJson};
-use super::AppState;
+use super::{security, AppState};
 use crate::engine::{ChatMessage, Completion, Event, Generation, Image, Input, MtpOverrides, Part, Request, SamplingOverrides};
 use crate::generate::{FinishReason, Stats};
 
@@ -125,6 +126,9 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
     }
     let model = if req.model.trim().is_empty() { state.engine.default_model()? } else { req.model };
     let mut messages = Vec::with_capacity(req.messages.len());
+    // Images are numbered across the conversation, as the engine names them in its errors.
+    let mut images = 0;
+    let mut image_roots = None;
     for (i, m) in req.messages.into_iter().enumerate() {
         let role = match m.role.as_str() {
             "system" | "developer" => "system",
@@ -150,8 +154,9 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
                         let url = match image_url {
                             ImageUrlIn::Object { url } | ImageUrlIn::Url(url) => url,
                         };
-                        read_image(&url, state).map(Part::Image).map_err(|e| ApiError {
-                            message: format!("`messages[{i}].content[{j}].image_url`: {}", e.message),
+                        images += 1;
+                        read_image(&url, state, &mut image_roots).map(Part::Image).map_err(|e| ApiError {
+                            message: format!("image #{images} (`messages[{i}].content[{j}].image_url`): {}", e.message),
                             ..e
                         })
                     }
@@ -197,8 +202,9 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
     Ok(Parsed { request, stream, include_usage })
 }
 
-/// An image from a `data:` URL, or (for a server on loopback) a local `file:` URL.
-fn read_image(url: &str, state: &AppState) -> Result<Image, ApiError> {
+/// An image from a `data:` URL, or (for a server on loopback) a local `file:` URL inside the
+/// folders images may come from (`roots`, computed on the first file URL).
+fn read_image(url: &str, state: &AppState, roots: &mut Option<Vec<PathBuf>>) -> Result<Image, ApiError> {
     let bad = |message: String| ApiError::bad_request("invalid_image", message);
     let (bytes, media_type) = if let Some(rest) = url.strip_prefix("data:") {
         let (meta, data) = rest.split_once(',').ok_or_else(|| bad("a data URL needs a comma before its data".into()))?;
@@ -221,6 +227,8 @@ fn read_image(url: &str, state: &AppState) -> Result<Image, ApiError> {
             .ok()
             .and_then(|u| u.to_file_path().ok())
             .ok_or_else(|| bad(format!("`{url}` is not a valid file URL")))?;
+        let roots = roots.get_or_insert_with(|| security::image_roots(&state.engine.registry(), &state.image_dirs));
+        let path = security::image_file(&path, roots)?;
         let meta = std::fs::metadata(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
         if !meta.is_file() {
             return Err(bad(format!("{}: not a file", path.display())));
@@ -235,7 +243,7 @@ fn read_image(url: &str, state: &AppState) -> Result<Image, ApiError> {
     } else {
         return Err(bad("expected a `data:` or `file:` URL".into()));
     };
-    let kind = image_kind(&bytes).ok_or_else(|| bad("not a PNG, JPEG, GIF, WebP or BMP image".into()))?;
+    let kind = image_kind(&bytes).ok_or_else(|| bad("not a PNG, JPEG, GIF or WebP image".into()))?;
     Ok(Image { bytes, media_type: media_type.or_else(|| Some(kind.to_owned())) })
 }
 
@@ -249,8 +257,6 @@ fn image_kind(b: &[u8]) -> Option<&'static str> {
         Some("image/gif")
     } else if b.len() >= 12 && &b[..4] == b"RIFF" && &b[8..12] == b"WEBP" {
         Some("image/webp")
-    } else if b.starts_with(b"BM") {
-        Some("image/bmp")
     } else {
         None
     }

@@ -205,6 +205,39 @@ impl PathRules {
     }
 }
 
+/// Folders whose images `file:` URLs may name: the folder of models.toml, the models folder, the
+/// registry's model folders, and the configured image folders (`ServeConfig::image_dirs`).
+pub fn image_roots(registry: &crate::registry::Registry, image_dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = registry.path().parent().map(Path::to_path_buf).into_iter().collect();
+    roots.push(registry.models_dir().to_path_buf());
+    roots.extend(registry.list().into_iter().map(|m| m.path));
+    roots.extend(image_dirs.iter().cloned());
+    // `models.toml` given without a folder lives in the current one.
+    roots.into_iter().map(|r| if r.as_os_str().is_empty() { PathBuf::from(".") } else { r }).filter_map(|r| r.canonicalize().ok()).collect()
+}
+
+/// The file of a `file:` URL, resolved (symlinks followed), when it lies inside one of `roots`
+/// (already canonical); else refused with 403.
+pub fn image_file(path: &Path, roots: &[PathBuf]) -> Result<PathBuf, ApiError> {
+    let inside = |real: &Path| roots.iter().any(|root| real.starts_with(root));
+    match path.canonicalize() {
+        Ok(real) if inside(&real) => Ok(real),
+        // A missing file is reported only inside the allowed folders: elsewhere, whether a file
+        // exists is none of the client's business.
+        Err(e) if path.parent().and_then(|p| p.canonicalize().ok()).is_some_and(|p| inside(&p)) => {
+            Err(ApiError::bad_request("invalid_image", format!("{}: {e}", path.display())))
+        }
+        _ => Err(ApiError::forbidden(
+            "path_forbidden",
+            format!(
+                "{} is outside the folders whose images this server reads (the folder of models.toml, the models folder, \
+                 the models' folders and TANDEM_IMAGE_DIRS); send the image as a data URL or add its folder to TANDEM_IMAGE_DIRS",
+                path.display()
+            ),
+        )),
+    }
+}
+
 fn expand(path: &str) -> PathBuf {
     match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
         (Some(rest), Some(home)) => Path::new(&home).join(rest),
