@@ -125,3 +125,69 @@ impl Mlp {
         self.down_proj.forward(&g.multiply(&self.up_proj.forward(x)?)?)
     }
 }
+
+/// Several linear layers that read the same input, run as one matmul over their concatenated rows
+/// (fewer, larger kernels per token). Falls back to separate matmuls when their formats differ.
+#[derive(Clone)]
+pub enum Fused {
+    One { linear: Linear, splits: Vec<i32> },
+    Separate(Vec<Linear>),
+}
+
+impl Fused {
+    pub fn new(parts: Vec<Linear>) -> Result<Fused> {
+        let rows = |l: &Linear| match l {
+            Linear::Dense { weight, .. } => weight.dim(0),
+            Linear::Quantized { q, .. } => q.weight.dim(0),
+        };
+        let mut splits = Vec::new();
+        let mut acc = 0;
+        for p in &parts[..parts.len().saturating_sub(1)] {
+            acc += rows(p);
+            splits.push(acc);
+        }
+        let cat = |f: &dyn Fn(&Linear) -> Option<Array>| -> Result<Option<Array>> {
+            let arrays: Option<Vec<Array>> = parts.iter().map(f).collect();
+            arrays.map(|a| mlx::concatenate(&a.iter().collect::<Vec<_>>(), 0)).transpose()
+        };
+        let no_bias = parts.iter().all(|p| matches!(p, Linear::Dense { bias: None, .. } | Linear::Quantized { bias: None, .. }));
+        if !no_bias || parts.len() < 2 {
+            return Ok(Fused::Separate(parts));
+        }
+        let fused = match &parts[0] {
+            Linear::Dense { weight, .. } => {
+                let dt = weight.dtype();
+                cat(&|l| match l {
+                    Linear::Dense { weight, .. } if weight.dtype() == dt => Some(weight.clone()),
+                    _ => None,
+                })?
+                .map(|weight| Linear::Dense { weight, bias: None })
+            }
+            Linear::Quantized { q: q0, .. } => {
+                let same = |l: &Linear| match l {
+                    Linear::Quantized { q, .. } if q.bits == q0.bits && q.group_size == q0.group_size && q.mode == q0.mode && q.biases.is_some() == q0.biases.is_some() => Some(q.clone()),
+                    _ => None,
+                };
+                match (cat(&|l| same(l).map(|q| q.weight))?, cat(&|l| same(l).map(|q| q.scales))?) {
+                    (Some(weight), Some(scales)) => {
+                        let biases = if q0.biases.is_some() { cat(&|l| same(l).and_then(|q| q.biases))? } else { None };
+                        Some(Linear::Quantized { q: Quantized { weight, scales, biases, ..q0.clone() }, bias: None })
+                    }
+                    _ => None,
+                }
+            }
+        };
+        Ok(match fused {
+            Some(linear) => Fused::One { linear, splits },
+            None => Fused::Separate(parts),
+        })
+    }
+
+    /// The outputs of each part, in order.
+    pub fn forward(&self, x: &Array) -> Result<Vec<Array>> {
+        match self {
+            Fused::One { linear, splits } => linear.forward(x)?.split_at(splits, -1),
+            Fused::Separate(parts) => parts.iter().map(|p| p.forward(x)).collect(),
+        }
+    }
+}

@@ -8,7 +8,7 @@ use mlx::fast::{self, Mask};
 use mlx::{concatenate, Array, Dtype};
 use serde::Deserialize;
 
-use super::layers::{Embedding, Linear, Mlp, NormConvention, Result, RmsNorm};
+use super::layers::{Embedding, Fused, Linear, Mlp, NormConvention, Result, RmsNorm};
 use super::store::{Provenance, Store};
 use super::vision::{GridThw, VisionConfig, VisionTower};
 use super::weights::{Checkpoint, Layout};
@@ -159,10 +159,8 @@ impl Config {
 
 /// Gated DeltaNet (linear attention) mixer.
 pub struct GatedDeltaNet {
-    in_proj_qkv: Linear,
-    in_proj_z: Linear,
-    in_proj_b: Linear,
-    in_proj_a: Linear,
+    /// in_proj_qkv, in_proj_z, in_proj_b, in_proj_a over the same input.
+    in_proj: Fused,
     /// Depthwise conv weight in MLX layout `[C, K, 1]`.
     conv_weight: Array,
     dt_bias: Array,
@@ -195,10 +193,13 @@ impl GatedDeltaNet {
         let a_log = s.raw(&format!("{p}.A_log"), &[hv])?;
         let neg_a = a_log.as_dtype(Dtype::F32).and_then(|a| a.exp()).and_then(|a| a.negative()).map_err(|e| mlx_err(p, e))?;
         Ok(GatedDeltaNet {
-            in_proj_qkv: s.linear(&format!("{p}.in_proj_qkv"), c.conv_dim(), d, false)?,
-            in_proj_z: s.linear(&format!("{p}.in_proj_z"), c.value_dim(), d, false)?,
-            in_proj_b: s.linear(&format!("{p}.in_proj_b"), hv, d, false)?,
-            in_proj_a: s.linear(&format!("{p}.in_proj_a"), hv, d, false)?,
+            in_proj: Fused::new(vec![
+                s.linear(&format!("{p}.in_proj_qkv"), c.conv_dim(), d, false)?,
+                s.linear(&format!("{p}.in_proj_z"), c.value_dim(), d, false)?,
+                s.linear(&format!("{p}.in_proj_b"), hv, d, false)?,
+                s.linear(&format!("{p}.in_proj_a"), hv, d, false)?,
+            ])
+            .map_err(|e| mlx_err(p, e))?,
             conv_weight,
             dt_bias: s.tensor(&format!("{p}.dt_bias"), &[hv])?,
             neg_a,
@@ -221,10 +222,12 @@ impl GatedDeltaNet {
         for name in ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"] {
             taps.see(&self.prefix, name, x);
         }
-        let qkv = self.in_proj_qkv.forward(x)?;
-        let z = self.in_proj_z.forward(x)?.reshape(&[b, t, self.hv, self.dv])?;
-        let beta = self.in_proj_b.forward(x)?.as_dtype(Dtype::F32)?.sigmoid()?;
-        let a = self.in_proj_a.forward(x)?.as_dtype(Dtype::F32)?;
+        let mut proj = self.in_proj.forward(x)?.into_iter();
+        let mut next = || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
+        let (qkv, z, b_in, a_in) = (next()?, next()?, next()?, next()?);
+        let z = z.reshape(&[b, t, self.hv, self.dv])?;
+        let beta = b_in.as_dtype(Dtype::F32)?.sigmoid()?;
+        let a = a_in.as_dtype(Dtype::F32)?;
         let g = a.add(&self.dt_bias.as_dtype(Dtype::F32)?)?.softplus()?.multiply(&self.neg_a)?;
         let decay = g.exp()?;
 
@@ -247,35 +250,33 @@ impl GatedDeltaNet {
         let dkf = self.dk as f32;
         let q = fast::rms_norm(&q, None, 1e-6 / dkf)?.multiply(&Array::f32(1.0 / dkf))?;
         let k = fast::rms_norm(&k, None, 1e-6 / dkf)?.multiply(&Array::f32(1.0 / dkf.sqrt()))?;
-        let rep = self.hv / self.hk;
-        let (q, k) = if rep > 1 { (q.repeat(rep, 2)?, k.repeat(rep, 2)?) } else { (q, k) };
-
+        // The recurrence (spec 3.2 step 7) with MLX's fused kernel; its state is [B, Hv, Dv, Dk] and
+        // it maps value heads to key heads itself. A verify pass runs it token by token to keep the
+        // state after each token for rollback.
         let mut state = match st.ssm.take() {
             Some(s) => s,
-            None => Array::zeros(&[b, self.hv, self.dk, self.dv], Dtype::F32)?,
+            None => Array::zeros(&[b, self.hv, self.dv, self.dk], Dtype::F32)?,
         };
         let record = std::mem::take(&mut st.record_next);
-        let mut states = Vec::new();
-        let mut outs = Vec::with_capacity(t as usize);
-        for i in 0..t {
-            let at = |a: &Array| a.slice_axis(1, i, i + 1).and_then(|s| s.squeeze(&[1]));
-            let (qt, kt, vt) = (at(&q)?, at(&k)?, at(&v)?); // [B,H,Dk] [B,H,Dk] [B,H,Dv]
-            let (gt, bt) = (at(&decay)?, at(&beta)?); // [B,H]
-            state = state.multiply(&gt.reshape(&[b, self.hv, 1, 1])?)?;
-            let kt4 = kt.expand_dims(&[2])?; // [B,H,1,Dk]
-            let mem = kt4.matmul(&state)?; // [B,H,1,Dv]
-            let delta = vt.expand_dims(&[2])?.subtract(&mem)?.multiply(&bt.reshape(&[b, self.hv, 1, 1])?)?;
-            state = state.add(&kt4.swapaxes(2, 3)?.matmul(&delta)?)?;
-            outs.push(qt.expand_dims(&[2])?.matmul(&state)?); // [B,H,1,Dv]
-            if record {
+        let o = if record {
+            let mut states = Vec::with_capacity(t as usize);
+            let mut outs = Vec::with_capacity(t as usize);
+            for i in 0..t {
+                let at = |a: &Array| a.slice_axis(1, i, i + 1);
+                let (y, s) = fast::gated_delta_update(&at(&q)?, &at(&k)?, &at(&v)?, &at(&decay)?, &at(&beta)?, Some(&state))?;
+                state = s;
                 states.push(state.clone());
+                outs.push(y);
             }
-        }
-        st.ssm = Some(state);
-        if record {
             st.recording = Some(Recording { conv_input, states });
-        }
-        let o = concatenate(&outs.iter().collect::<Vec<_>>(), 2)?.swapaxes(1, 2)?.as_dtype(dt)?; // [B,T,H,Dv]
+            concatenate(&outs.iter().collect::<Vec<_>>(), 1)?
+        } else {
+            let (y, s) = fast::gated_delta_update(&q, &k, &v, &decay, &beta, Some(&state))?;
+            state = s;
+            y
+        };
+        st.ssm = Some(state);
+        let o = o.as_dtype(dt)?; // [B,T,Hv,Dv]
 
         // Gated RMSNorm per head: (w * rmsnorm(o)) * silu(z), as transformers orders the casts.
         let n = fast::rms_norm(&o.as_dtype(Dtype::F32)?, None, self.eps)?.as_dtype(dt)?.multiply(&self.norm_weight)?;
@@ -288,9 +289,8 @@ impl GatedDeltaNet {
 
 /// Gated full attention: per-head interleaved query and gate, q/k norms, partial RoPE, GQA.
 pub struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    /// q_proj (query and gate), k_proj, v_proj over the same input.
+    qkv: Fused,
     o_proj: Linear,
     q_norm: RmsNorm,
     k_norm: RmsNorm,
@@ -307,9 +307,8 @@ impl Attention {
     fn load(s: &Store, p: &str, c: &Config, norms: &dyn Fn(&str, i32) -> std::result::Result<RmsNorm, LoadError>) -> std::result::Result<Self, LoadError> {
         let (d, hq, hkv, hd) = (c.text.hidden_size, c.text.num_attention_heads, c.text.num_key_value_heads, c.text.head_dim);
         Ok(Attention {
-            q_proj: s.linear(&format!("{p}.q_proj"), 2 * hq * hd, d, false)?,
-            k_proj: s.linear(&format!("{p}.k_proj"), hkv * hd, d, false)?,
-            v_proj: s.linear(&format!("{p}.v_proj"), hkv * hd, d, false)?,
+            qkv: Fused::new(vec![s.linear(&format!("{p}.q_proj"), 2 * hq * hd, d, false)?, s.linear(&format!("{p}.k_proj"), hkv * hd, d, false)?, s.linear(&format!("{p}.v_proj"), hkv * hd, d, false)?])
+                .map_err(|e| mlx_err(p, e))?,
             o_proj: s.linear(&format!("{p}.o_proj"), d, hq * hd, false)?,
             q_norm: norms(&format!("{p}.q_norm.weight"), hd)?,
             k_norm: norms(&format!("{p}.k_norm.weight"), hd)?,
@@ -327,12 +326,14 @@ impl Attention {
         for name in ["q_proj", "k_proj", "v_proj"] {
             taps.see(&self.prefix, name, x);
         }
-        let qg = self.q_proj.forward(x)?.reshape(&[b, t, self.hq, 2 * self.hd])?;
-        let halves = qg.split(2, 3)?;
+        let mut proj = self.qkv.forward(x)?.into_iter();
+        let mut next = || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
+        let (qg, k, v) = (next()?, next()?, next()?);
+        let halves = qg.reshape(&[b, t, self.hq, 2 * self.hd])?.split(2, 3)?;
         let gate = halves[1].reshape(&[b, t, self.hq * self.hd])?;
         let q = self.q_norm.forward(&halves[0])?.swapaxes(1, 2)?;
-        let k = self.k_norm.forward(&self.k_proj.forward(x)?.reshape(&[b, t, self.hkv, self.hd])?)?.swapaxes(1, 2)?;
-        let v = self.v_proj.forward(x)?.reshape(&[b, t, self.hkv, self.hd])?.swapaxes(1, 2)?;
+        let k = self.k_norm.forward(&k.reshape(&[b, t, self.hkv, self.hd])?)?.swapaxes(1, 2)?;
+        let v = v.reshape(&[b, t, self.hkv, self.hd])?.swapaxes(1, 2)?;
         let (q, k) = match rope {
             Some(r) => (r.apply(&q)?, r.apply(&k)?),
             None => {
