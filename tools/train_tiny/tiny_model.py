@@ -136,6 +136,47 @@ class MTPHead(nn.Module):
             return logits, {"e": e, "hh": hh, "fc": u, "layer": x, "hm": hm}
         return logits
 
+    def chained(self, hidden: torch.Tensor, ids: torch.Tensor, steps: int, embed: nn.Embedding, rotary, lm_head: nn.Linear):
+        """Chained drafting (spec section 4.2), teacher-forced, for every frontier t at once.
+
+        hidden: [B, T, D] trunk hidden h_0..h_{T-1} (post final norm); ids: [B, T + steps] tokens x_0..x_{T+steps-1}.
+        Returns `steps` logits [B, T, V]; entry s-1, row t is draft s of a decoder whose frontier pair is
+        (h_t, x_{t+1}), and predicts x_{t+s+1}:
+          step 1: input (h_t, x_{t+1}) at RoPE position t                  -> hm_1[t]
+          step s: input (hm_{s-1}[t], x_{t+s}) at RoPE position t+s-1     -> hm_s[t]
+        (x_{t+s} is the true token: when drafts 1..s-1 were accepted it is exactly the drafted token.)
+        Attention sees what the decoder's MTP KV cache holds at that moment: the step-1 entries of the committed
+        pairs (h_j, x_{j+1}) for j <= t (positions 0..t), then the chained entries of steps 2..s of frontier t
+        (positions t+1..t+s-1), the query's own entry last. Computed exactly by running the layer over the
+        concatenation [u_1 | u_2 | ... | u_s] (s*T rows) with the mask of `chain_mask`.
+        """
+        b, t, _ = hidden.shape
+        dev = hidden.device
+        ar = torch.arange(t, device=dev)
+        us, outs, prev = [], [], hidden
+        for s in range(1, steps + 1):
+            e = self.pre_fc_norm_embedding(embed(ids[:, s : t + s]))
+            hh = self.pre_fc_norm_hidden(prev)
+            us.append(self.fc(torch.cat([e, hh], dim=-1)))
+            u = torch.cat(us, 1)
+            pos = torch.cat([ar + k for k in range(s)])[None].expand(b, s * t)
+            mask = None if s == 1 else chain_mask(t, s, dev)[None, None]
+            x = self.layers[0](u, position_embeddings=rotary(u, pos), attention_mask=mask, position_ids=pos)
+            prev = self.norm(x[:, (s - 1) * t :])
+            outs.append(lm_head(prev))
+        return outs
+
+
+def chain_mask(t: int, s: int, device=None) -> torch.Tensor:
+    """[s*t, s*t] bool (True = may attend) over blocks [step 1 | ... | step s] of t rows each.
+    Row (a, i) sees step-1 rows j <= i (the committed pairs) and rows (b, i) for 1 <= b <= a (its own chain)."""
+    i = torch.arange(t, device=device)
+    blk = torch.arange(s, device=device)
+    a_, i_ = blk[:, None, None, None], i[None, :, None, None]
+    b_, j_ = blk[None, None, :, None], i[None, None, None, :]
+    m = ((b_ == 0) & (j_ <= i_)) | ((b_ >= 1) & (b_ <= a_) & (j_ == i_))
+    return m.reshape(s * t, s * t)
+
 
 class TinyWithMTP(nn.Module):
     def __init__(self, text_cfg: dict, attn_impl: str = "sdpa"):
@@ -153,6 +194,10 @@ class TinyWithMTP(nn.Module):
     def head(self, hidden, next_ids, **kw):
         m = self.lm.model
         return self.mtp(hidden, next_ids, m.embed_tokens, m.rotary_emb, self.lm.lm_head, **kw)
+
+    def head_chained(self, hidden, ids, steps: int):
+        m = self.lm.model
+        return self.mtp.chained(hidden, ids, steps, m.embed_tokens, m.rotary_emb, self.lm.lm_head)
 
     def losses(self, x: torch.Tensor):
         """x: [B, L+1] tokens. Returns (main CE over L targets, MTP CE over L-1 targets, main logits)."""
