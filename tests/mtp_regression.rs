@@ -24,6 +24,10 @@ fn acceptance(dir: &std::path::Path) -> f64 {
         ..Default::default()
     };
     let out = generate(&m, &PROMPT, &opts, &mut |_| Control::Continue).unwrap();
+    // Lossless in every dtype: the same greedy tokens as decoding without MTP.
+    let plain_opts = GenerateOptions { mtp: MtpOptions { enabled: false, ..opts.mtp.clone() }, ..opts.clone() };
+    let plain = generate(&m, &PROMPT, &plain_opts, &mut |_| Control::Continue).unwrap();
+    assert_eq!(out.tokens, plain.tokens, "{}: MTP changed the greedy output", dir.display());
     out.stats.spec.unwrap().acceptance
 }
 
