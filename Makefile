@@ -45,6 +45,9 @@ $(VENV)/.stamp: tools/requirements-test.txt
 # Debian packages: WebKitGTK and friends for the Tauri shell, Xvfb, Chromium for browser tests.
 SYSTEM_PACKAGES := libwebkit2gtk-4.1-dev libgtk-3-dev libayatana-appindicator3-dev librsvg2-dev libssl-dev \
 	pkg-config xvfb xauth chromium chromium-driver
+# The desktop smoke test: xwd (screenshots of the Xvfb screen), a private D-Bus session and gdbus
+# (it drives the tray menu over D-Bus).
+SYSTEM_PACKAGES += x11-apps dbus-daemon libglib2.0-bin
 setup-system:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

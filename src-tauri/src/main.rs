@@ -1,0 +1,266 @@
+//! Tandem's desktop shell. It adds a window, a tray (menu-bar) icon and native drag and drop to the
+//! engine and HTTP server that `tandem serve` runs, in this one process, and nothing else:
+//!
+//! - the engine ([`tandem::engine::Engine`]) and the HTTP server ([`tandem::server`]) start here, on
+//!   127.0.0.1 (port 11435, or a free one when that is taken);
+//! - the window loads the web UI from that server, so the UI and the API share one origin (no CORS,
+//!   no CSP exceptions, the same files and code paths as in a browser);
+//! - the tray menu shows the loaded model, live tok/s and memory from `Engine::subscribe_stats`, and
+//!   loads or unloads the default model through the engine's API;
+//! - a folder dropped on the window is handed to the UI (`window.onFolderDropped`).
+
+// No console window next to the app on Windows release builds.
+#![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
+
+mod folder_drop;
+mod locations;
+mod tray;
+mod webview_language;
+
+use std::sync::Mutex;
+
+use anyhow::Context;
+use tauri::{Manager, RunEvent, WebviewUrl, WebviewWindow, WebviewWindowBuilder, WindowEvent};
+use tandem::engine::Engine;
+use tandem::registry::Registry;
+use tandem::server::{RunningServer, ServeConfig, DEFAULT_PORT};
+
+/// The label of the one window.
+pub const MAIN_WINDOW: &str = "main";
+
+/// What the app holds while it runs: the server (stopped on exit) and its engine.
+struct Running {
+    server: Mutex<Option<RunningServer>>,
+    engine: Engine,
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TANDEM_LOG")
+                .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let app = tauri::Builder::default()
+        .setup(|app| {
+            if let Err(error) = start(app) {
+                // The person sees why in the window rather than a window that never appears.
+                tracing::error!("{error:#}");
+                show_startup_error(app.handle(), &format!("{error:#}"))?;
+            }
+            Ok(())
+        })
+        .build(tauri::generate_context!())
+        .expect("cannot start the Tandem window (is a display available?)");
+
+    app.run(|app, event| match event {
+        RunEvent::WindowEvent { label, event: WindowEvent::CloseRequested { api, .. }, .. } if label == MAIN_WINDOW => {
+            // On macOS the app lives on in the menu bar when its window closes (the tray's "Show
+            // Tandem" or the Dock icon brings it back); elsewhere closing the window quits.
+            if cfg!(target_os = "macos") {
+                api.prevent_close();
+                if let Some(window) = app.get_webview_window(MAIN_WINDOW) {
+                    let _ = window.hide();
+                }
+            }
+        }
+        #[cfg(target_os = "macos")]
+        RunEvent::Reopen { .. } => show_main_window(app),
+        RunEvent::Exit => stop(app),
+        _ => {}
+    });
+}
+
+/// Engine, server, window, tray.
+fn start(app: &mut tauri::App) -> anyhow::Result<()> {
+    let resources = app.path().resource_dir().ok();
+    let places = locations::Locations::resolve(resources.as_deref())?;
+    tracing::info!(config = %places.models_toml.display(), ui = ?places.ui_dir, "starting Tandem");
+
+    let mut config = ServeConfig::new(&places.models_toml);
+    config.host = "127.0.0.1".into();
+    if let Some(ui_dir) = places.ui_dir {
+        config.ui_dir = ui_dir;
+    }
+    let registry = Registry::load(&config.registry).with_context(|| format!("cannot load {}", config.registry.display()))?;
+    let engine = Engine::new(registry, config.engine.clone());
+    let server = tauri::async_runtime::block_on(listen(config, engine.clone()))?;
+    let url = server.url();
+    tracing::info!("Tandem is serving on {url} (UI and API)");
+    // Tests and scripts read this line to find the server.
+    println!("Tandem is serving on {url}");
+
+    // The window opens blank, gets its language (see webview_language), then loads the UI.
+    let ui_url: tauri::Url = url.parse().context("the server's URL")?;
+    let window = WebviewWindowBuilder::new(app, MAIN_WINDOW, WebviewUrl::External("about:blank".parse()?))
+        .title("Tandem")
+        .inner_size(1200.0, 800.0)
+        .min_inner_size(720.0, 480.0)
+        // The UI would find the API on its own origin anyway; this says so explicitly.
+        .initialization_script(format!("window.__TANDEM_API__ = {};", serde_json::to_string(&url)?))
+        // The window shows the app only: links elsewhere (say, in a model's answer) do not replace it.
+        .on_navigation({
+            let origin = url.clone();
+            move |target| {
+                let ok = same_origin(target, &origin) || target.as_str() == "about:blank";
+                if !ok {
+                    tracing::info!("not navigating the window to {target}");
+                }
+                ok
+            }
+        })
+        .on_page_load(|_, payload| {
+            if matches!(payload.event(), tauri::webview::PageLoadEvent::Finished) {
+                // The desktop smoke test waits for this line.
+                tracing::info!("window loaded {}", payload.url());
+            }
+        })
+        .build()
+        .context("cannot open the window")?;
+    webview_language::apply(&window).context("cannot set the window's language")?;
+    window.navigate(ui_url).context("cannot load the UI")?;
+    deliver_drops(&window);
+
+    // The app works without its tray icon (e.g. a Linux desktop without an indicator host).
+    if let Err(error) = tray::install(app.handle(), engine.clone(), url) {
+        tracing::warn!("no tray icon: {error}");
+    }
+    app.manage(Running { server: Mutex::new(Some(server)), engine });
+    Ok(())
+}
+
+/// Binds the port from `TANDEM_PORT` (0: any free one), else 11435, else a free one when 11435 is
+/// taken (e.g. by a `tandem serve`).
+async fn listen(mut config: ServeConfig, engine: Engine) -> anyhow::Result<RunningServer> {
+    if let Some(port) = std::env::var("TANDEM_PORT").ok().filter(|p| !p.trim().is_empty()) {
+        config.port = port.trim().parse().with_context(|| format!("TANDEM_PORT `{port}` is not a port number"))?;
+        return tandem::server::start_with_engine(config, engine).await;
+    }
+    config.port = DEFAULT_PORT;
+    match tandem::server::start_with_engine(config.clone(), engine.clone()).await {
+        Ok(server) => Ok(server),
+        Err(error) => {
+            tracing::warn!("{error:#}; using a free port instead");
+            config.port = 0;
+            tandem::server::start_with_engine(config, engine).await
+        }
+    }
+}
+
+/// Native file drops on the window go to the UI as folder paths.
+fn deliver_drops(window: &WebviewWindow) {
+    let target = window.clone();
+    window.on_window_event(move |event| {
+        if let WindowEvent::DragDrop(tauri::DragDropEvent::Drop { paths, .. }) = event {
+            if let Some(folder) = folder_drop::folder_of(paths) {
+                tracing::info!(folder = %folder.display(), "folder dropped on the window");
+                if let Err(error) = target.eval(folder_drop::script(&folder)) {
+                    tracing::warn!("cannot hand the dropped folder to the UI: {error}");
+                }
+            }
+        }
+    });
+}
+
+/// `url` is on the server's origin (`http://127.0.0.1:PORT`).
+fn same_origin(url: &tauri::Url, origin: &str) -> bool {
+    tauri::Url::parse(origin).is_ok_and(|o| o.origin() == url.origin())
+}
+
+pub fn show_main_window(app: &tauri::AppHandle) {
+    if let Some(window) = app.get_webview_window(MAIN_WINDOW) {
+        let _ = window.unminimize();
+        let _ = window.show();
+        let _ = window.set_focus();
+    }
+}
+
+/// A window with the reason the engine could not start (the shell's own page, `shell/index.html`).
+fn show_startup_error(app: &tauri::AppHandle, message: &str) -> tauri::Result<()> {
+    if let Some(window) = app.get_webview_window(MAIN_WINDOW) {
+        window.destroy()?;
+    }
+    WebviewWindowBuilder::new(app, MAIN_WINDOW, WebviewUrl::App("index.html".into()))
+        .title("Tandem")
+        .inner_size(720.0, 420.0)
+        .initialization_script(format!(
+            "window.__TANDEM_STARTUP_ERROR__ = {};",
+            serde_json::to_string(message).unwrap_or_else(|_| "\"\"".into())
+        ))
+        .on_page_load(|_, payload| {
+            if matches!(payload.event(), tauri::webview::PageLoadEvent::Finished) {
+                tracing::info!("window loaded {} (the startup error)", payload.url());
+            }
+        })
+        .build()?;
+    Ok(())
+}
+
+/// Stops the server (open streams end) and unloads the models.
+fn stop(app: &tauri::AppHandle) {
+    let Some(running) = app.try_state::<Running>() else {
+        return;
+    };
+    let server = running.server.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(server) = server {
+        if let Err(error) = tauri::async_runtime::block_on(server.shutdown()) {
+            tracing::warn!("stopping the server: {error:#}");
+        }
+    }
+    running.engine.shutdown();
+    tracing::info!("Tandem stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_stays_on_the_servers_origin() {
+        let origin = "http://127.0.0.1:11435";
+        let url = |s: &str| tauri::Url::parse(s).unwrap();
+        assert!(same_origin(&url("http://127.0.0.1:11435/#/models"), origin));
+        assert!(same_origin(&url("http://127.0.0.1:11435/assets/index.js"), origin));
+        assert!(!same_origin(&url("http://127.0.0.1:8080/"), origin));
+        assert!(!same_origin(&url("https://example.com/"), origin));
+        assert!(!same_origin(&url("file:///etc/passwd"), origin));
+    }
+
+    /// RFC 7396 merge, as Tauri merges tauri.<platform>.conf.json into tauri.conf.json.
+    fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
+        match (base, patch) {
+            (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+                for (k, v) in p {
+                    merge(b.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (b, p) => *b = p,
+        }
+    }
+
+    #[test]
+    fn the_macos_bundle_carries_mlx_where_the_rpath_points() {
+        let read = |name: &str| -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/").to_owned() + name).unwrap()).unwrap()
+        };
+        let mut config = read("tauri.conf.json");
+        merge(&mut config, read("tauri.macos.conf.json"));
+        let config: tauri::utils::config::Config = serde_json::from_value(config).expect("a valid Tauri config");
+        let mac = &config.bundle.macos;
+        assert_eq!(mac.minimum_system_version.as_deref(), Some("14.0"), "the mlx-metal wheel's libmlx is built for macOS 14");
+        let dylib = mac.files.get(std::path::Path::new("Resources/mlx/lib/libmlx.dylib")).expect("libmlx.dylib is bundled");
+        let metallib = mac.files.get(std::path::Path::new("Resources/mlx/lib/mlx.metallib")).expect("mlx.metallib is bundled");
+        // MLX looks for mlx.metallib beside libmlx.
+        assert_eq!(dylib.parent(), metallib.parent());
+        let build = include_str!("../build.rs");
+        assert!(build.contains("@executable_path/../Resources/mlx/lib"), "build.rs sets the bundle's rpath");
+        assert_eq!(mac.info_plist.as_deref(), Some(std::path::Path::new("Info.plist")));
+        let plist = include_str!("../Info.plist");
+        assert!(plist.contains("<key>NSAllowsLocalNetworking</key>"), "the window may load http://127.0.0.1");
+        let resources = serde_json::to_value(&config.bundle.resources).unwrap().to_string();
+        assert!(resources.contains("ui/dist") && resources.contains("models/tandem-tiny"), "{resources}");
+    }
+}

@@ -1,0 +1,235 @@
+// Browser end-to-end tests of the web UI against a real `tandem serve` (started by run.sh with a
+// throwaway models.toml), in Debian's Chromium driven by playwright-core. Every wait is bounded.
+//
+// What they prove, through the UI only:
+//  1. the page loads from the server and sees the engine online;
+//  2. a chat answer streams in (the message grows over several renders) and the live panel's
+//     tok/s and MTP acceptance change from "—" to measured values;
+//  3. a model unloads and loads from Models;
+//  4. the bundled model converts to 4-bit from the Convert view, lands in models_dir, is listed
+//     under Models as a 4-bit MLX model, and loads;
+//  5. a folder that is not a model is refused with a message that names it;
+//  6. the desktop shell's drop hook (`window.onFolderDropped`, the `tandem://dropped-folder` event)
+//     opens Convert with the path.
+
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { chromium } from 'playwright-core';
+
+const URL = process.env.TANDEM_URL;
+const WORK = process.env.TANDEM_E2E_WORK;
+const TINY = process.env.TANDEM_TINY;
+const SHOTS = process.env.SCREENSHOTS ?? 'target/e2e';
+const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
+if (!URL || !WORK || !TINY) throw new Error('run through tests/e2e/run.sh (TANDEM_URL, TANDEM_E2E_WORK, TANDEM_TINY)');
+
+const SHORT = 15_000; // UI reactions
+const GENERATION = 120_000; // loading the model and answering on a busy CPU
+const CONVERSION = 300_000;
+
+let context;
+let page;
+let profile;
+const consoleErrors = [];
+
+const byId = (id) => page.getByTestId(id);
+const shot = (name) => page.screenshot({ path: path.join(SHOTS, name), fullPage: false });
+
+before(async () => {
+  fs.mkdirSync(SHOTS, { recursive: true });
+  profile = fs.mkdtempSync(path.join(os.tmpdir(), 'tandem-e2e-chromium-'));
+  // A fresh profile per run; the flags keep Chromium off the network (none is reachable here).
+  context = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    viewport: { width: 1400, height: 900 },
+    timeout: 60_000,
+    args: [
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+      '--disable-quic',
+      '--no-first-run',
+    ],
+  });
+  context.setDefaultTimeout(SHORT);
+  page = context.pages()[0] ?? (await context.newPage());
+  page.on('console', (m) => m.type() === 'error' && consoleErrors.push(m.text()));
+  page.on('pageerror', (e) => consoleErrors.push(String(e)));
+  await page.goto(URL, { waitUntil: 'load', timeout: 30_000 });
+});
+
+after(async () => {
+  if (consoleErrors.length) console.log(`browser console errors:\n  ${consoleErrors.join('\n  ')}`);
+  await context?.close();
+  if (profile) fs.rmSync(profile, { recursive: true, force: true });
+});
+
+/** The model row of `id` on the Models view. */
+const modelRow = (id) => page.locator(`[data-testid="model-row"][data-model-id="${id}"]`);
+
+async function openModels() {
+  await byId('nav-models').click();
+  await byId('model-list').waitFor();
+}
+
+describe('Tandem web UI against tandem serve', () => {
+  test('the UI loads from the server and sees the engine online', async () => {
+    assert.match(await page.title(), /Tandem/);
+    await page.locator('[data-testid="health-status"][data-online="true"]').waitFor();
+    await byId('live-panel').waitFor();
+    assert.equal(await byId('engine-offline').count(), 0);
+    await shot('01-start.png');
+  });
+
+  test('a chat answer streams in and the live panel shows tok/s and acceptance', async () => {
+    await byId('nav-chat').click();
+    await byId('new-chat').click();
+    const picker = byId('chat-model-picker');
+    await picker.waitFor();
+    await page.waitForFunction(() => document.querySelector('[data-testid="chat-model-picker"]')?.value === 'tandem-tiny', null, { timeout: SHORT });
+    const before = {
+      tokS: (await byId('panel-tok-s').innerText()).trim(),
+      acceptance: (await byId('panel-acceptance').innerText()).trim(),
+    };
+
+    // Record every text the answer shows while it streams, and every tok/s the panel shows.
+    await page.evaluate(() => {
+      const seen = { contents: [], tokS: [] };
+      window.__e2e = seen;
+      const observer = new MutationObserver(() => {
+        const answers = document.querySelectorAll('[data-testid="message-assistant"]');
+        const last = answers[answers.length - 1];
+        const text = last?.querySelector('[data-testid="message-content"]')?.textContent ?? '';
+        if (text && seen.contents[seen.contents.length - 1] !== text) seen.contents.push(text);
+        const tokS = document.querySelector('[data-testid="panel-tok-s"]')?.textContent ?? '';
+        if (seen.tokS[seen.tokS.length - 1] !== tokS) seen.tokS.push(tokS);
+      });
+      observer.observe(document.body, { subtree: true, childList: true, characterData: true });
+    });
+
+    await byId('chat-input').fill('Tell me a long story about two bicycles riding together through the hills.');
+    await byId('chat-send').click();
+    await byId('message-user').last().waitFor();
+    const answer = byId('message-assistant').last();
+    await answer.waitFor();
+    await page.locator('[data-testid="message-assistant"][data-streaming="true"]').waitFor({ timeout: GENERATION }).catch(() => {});
+    await page.locator('[data-testid="message-assistant"][data-streaming="false"]').last().waitFor({ timeout: GENERATION });
+    assert.equal(await byId('message-error').count(), 0, 'the answer ended without an error');
+    const text = (await answer.getByTestId('message-content').innerText()).trim();
+    assert.ok(text.length > 0, 'the answer has text');
+
+    const seen = await page.evaluate(() => window.__e2e);
+    assert.ok(seen.contents.length >= 3, `the answer grew over several renders (saw ${seen.contents.length})`);
+    for (let i = 1; i < seen.contents.length; i++) {
+      assert.ok(seen.contents[i].length >= seen.contents[i - 1].length, 'streamed text only grows');
+    }
+
+    // The live panel's figures: from "—" to measured values.
+    await page.waitForFunction(
+      () => /\d/.test(document.querySelector('[data-testid="panel-acceptance"]')?.textContent ?? ''),
+      null,
+      { timeout: SHORT },
+    );
+    const afterTokS = (await byId('panel-tok-s').innerText()).trim();
+    const afterAcceptance = (await byId('panel-acceptance').innerText()).trim();
+    assert.notEqual(afterTokS, before.tokS, 'tok/s changed');
+    assert.notEqual(afterAcceptance, before.acceptance, 'acceptance changed');
+    assert.ok(parseFloat(afterTokS.replace(/[^\d.]/g, '')) > 0, `tok/s is a positive number: ${afterTokS}`);
+    const acceptance = parseFloat(afterAcceptance);
+    assert.ok(acceptance >= 0 && acceptance <= 100 && /%/.test(afterAcceptance), `acceptance is a percentage: ${afterAcceptance}`);
+    assert.ok(seen.tokS.some((t) => /\d/.test(t)), 'the panel showed tok/s');
+    await byId('message-stats').last().waitFor();
+    console.log(`answer: ${text.length} chars over ${seen.contents.length} renders; tok/s ${before.tokS} -> ${afterTokS} (seen ${seen.tokS.join(' | ')}); acceptance ${before.acceptance} -> ${afterAcceptance}`);
+    await shot('02-chat.png');
+  });
+
+  test('a model unloads and loads from Models', async () => {
+    await openModels();
+    const row = modelRow('tandem-tiny');
+    await row.waitFor();
+    // The chat above loaded it.
+    await page.locator('[data-testid="model-row"][data-model-id="tandem-tiny"][data-loaded="true"]').waitFor();
+    await row.getByTestId('model-unload').click();
+    await page.locator('[data-testid="model-row"][data-model-id="tandem-tiny"][data-loaded="false"]').waitFor({ timeout: GENERATION });
+    assert.equal(await row.getByTestId('model-loaded').count(), 0);
+    await shot('03-models-unloaded.png');
+    await row.getByTestId('model-load').click();
+    await page.locator('[data-testid="model-row"][data-model-id="tandem-tiny"][data-loaded="true"]').waitFor({ timeout: GENERATION });
+    await row.getByTestId('model-loaded').waitFor();
+    await shot('04-models-loaded.png');
+  });
+
+  test('the bundled model converts to 4-bit from Convert and appears under Models', async () => {
+    await byId('nav-convert').click();
+    await byId('convert-form').waitFor();
+    await byId('convert-src').fill(TINY);
+    await byId('convert-recipe').selectOption('uniform');
+    await byId('convert-bits').selectOption('4');
+    await byId('convert-name').fill('tandem-tiny-4bit');
+    await byId('convert-start').click();
+    await page.locator('[data-testid="convert-status"][data-state="running"], [data-testid="convert-status"][data-state="finished"]').first().waitFor();
+    await shot('05-convert-running.png');
+    await page
+      .locator('[data-testid="convert-status"][data-state="finished"], [data-testid="convert-status"][data-state="error"]')
+      .first()
+      .waitFor({ timeout: CONVERSION });
+    assert.equal(await byId('convert-error').count(), 0, `no conversion error: ${await byId('convert-error').allInnerTexts()}`);
+    const written = (await byId('convert-result-path').innerText()).trim();
+    const expected = path.join(WORK, 'models', 'tandem-tiny-4bit');
+    assert.equal(fs.realpathSync(written), fs.realpathSync(expected), 'written into models_dir');
+    assert.ok(fs.existsSync(path.join(expected, 'config.json')), 'config.json written');
+    const progress = byId('convert-progress');
+    assert.equal(await progress.getAttribute('data-done'), await progress.getAttribute('data-total'));
+    await shot('06-convert-finished.png');
+
+    await byId('convert-result').getByRole('button', { name: 'Show in Models' }).click();
+    await byId('model-list').waitFor();
+    const row = modelRow('tandem-tiny-4bit');
+    await row.waitFor({ timeout: SHORT });
+    assert.equal((await row.getByTestId('model-format').innerText()).trim().toLowerCase(), 'mlx');
+    assert.match(await row.getByTestId('model-quantization').innerText(), /4/);
+    assert.equal(await row.getByTestId('model-mtp').getAttribute('data-mtp-enabled'), 'true', 'the MTP head was kept');
+    await row.getByTestId('model-load').click();
+    await page.locator('[data-testid="model-row"][data-model-id="tandem-tiny-4bit"][data-loaded="true"]').waitFor({ timeout: GENERATION });
+    await shot('07-models-converted.png');
+    await row.getByTestId('model-unload').click();
+    await page.locator('[data-testid="model-row"][data-model-id="tandem-tiny-4bit"][data-loaded="false"]').waitFor({ timeout: GENERATION });
+  });
+
+  test('a folder that is not a model gets a clear error', async () => {
+    const notModel = path.join(WORK, 'models', 'not-a-model');
+    await byId('nav-convert').click();
+    await byId('convert-src').fill(notModel);
+    await byId('convert-name').fill('');
+    await byId('convert-start').click();
+    await page.locator('[data-testid="convert-status"][data-state="error"]').waitFor();
+    const message = (await byId('convert-error').innerText()).trim();
+    assert.ok(message.includes('not-a-model'), `the error names the folder: ${message}`);
+    assert.match(message, /not a model/i);
+    await byId('error-banner').waitFor();
+    assert.match(await byId('error-message').innerText(), /not a model/i);
+    await shot('08-convert-not-a-model.png');
+    assert.equal(fs.existsSync(path.join(WORK, 'models', 'not-a-model-4bit')), false, 'nothing written');
+    await byId('error-dismiss').click();
+  });
+
+  test("the desktop shell's drop hook opens Convert with the dropped folder", async () => {
+    await byId('nav-chat').click();
+    await page.evaluate((p) => window.onFolderDropped(p), TINY);
+    await page.waitForFunction(
+      (p) => document.querySelector('[data-testid="convert-src"]')?.value === p && location.hash.includes('convert'),
+      TINY,
+      { timeout: SHORT },
+    );
+    await page.evaluate(() => window.dispatchEvent(new CustomEvent('tandem://dropped-folder', { detail: { path: '/tmp/dropped-by-event' } })));
+    await page.waitForFunction(() => document.querySelector('[data-testid="convert-src"]')?.value === '/tmp/dropped-by-event', null, {
+      timeout: SHORT,
+    });
+  });
+});
