@@ -52,13 +52,43 @@ impl KvCache {
 }
 
 /// What a linear-attention layer records during a verify pass so it can be rolled back to any
-/// accepted prefix: the conv input rows and the recurrent state after each token.
+/// accepted prefix: the conv input rows, and the recurrence's inputs and starting state. The pass runs
+/// the recurrence once over all its tokens; a rollback to a shorter prefix re-runs it over that prefix
+/// from the starting state (the same sequential f32 arithmetic, so the state is the one a pass that
+/// only saw the prefix would have), and a full acceptance costs nothing extra.
 #[derive(Clone)]
 pub struct Recording {
     /// `old conv state (K-1 rows) ++ the pass's pre-conv rows`, `[B, K-1+T, C]`.
     pub conv_input: Array,
-    /// The recurrent state after token `j` of the pass, for each `j`.
-    pub states: Vec<Array>,
+    /// The recurrence's `q, k, v, decay, beta` for the pass's tokens (`[B, T, ...]`).
+    pub inputs: [Array; 5],
+    /// The recurrent state before the pass.
+    pub initial: Array,
+    /// The recurrent state after the whole pass.
+    pub final_state: Array,
+}
+
+impl Recording {
+    /// Tokens in the recorded pass.
+    pub fn len(&self) -> usize {
+        self.inputs[0].dim(1).max(0) as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The recurrent state after the first `keep` tokens (`1 <= keep <= len`).
+    fn state_after(&self, keep: usize) -> Result<Array> {
+        if keep == self.len() {
+            return Ok(self.final_state.clone());
+        }
+        let k = keep as i32;
+        let [q, kk, v, decay, beta] = &self.inputs;
+        let at = |a: &Array| a.slice_axis(1, 0, k);
+        let (_, state) = mlx::fast::gated_delta_update(&at(q)?, &at(kk)?, &at(v)?, &at(decay)?, &at(beta)?, Some(&self.initial))?;
+        Ok(state)
+    }
 }
 
 /// The conv window `[B, K-1, C]` and recurrent state `[B, Hv, Dk, Dv]` (f32) of one Gated DeltaNet layer.
@@ -75,14 +105,14 @@ impl LinearState {
     /// Keeps the state after the first `keep` tokens of the recorded pass (`keep >= 1`).
     pub fn rollback(&mut self, keep: usize, kernel: i32) -> Result<()> {
         let rec = self.recording.take().ok_or_else(|| mlx::Error::Invalid("rollback without a recorded pass".into()))?;
-        if keep == 0 || keep > rec.states.len() {
-            return Err(mlx::Error::Invalid(format!("rollback to {keep} of {} recorded tokens", rec.states.len())));
+        if keep == 0 || keep > rec.len() {
+            return Err(mlx::Error::Invalid(format!("rollback to {keep} of {} recorded tokens", rec.len())));
         }
         let k = keep as i32;
         // After tokens 0..keep, the window is the K-1 rows ending at that pass's row keep-1,
         // i.e. conv_input[keep : keep + K - 1].
         self.conv = Some(rec.conv_input.slice_axis(1, k, k + kernel - 1)?);
-        self.ssm = Some(rec.states[keep - 1].clone());
+        self.ssm = Some(rec.state_after(keep)?);
         Ok(())
     }
 }

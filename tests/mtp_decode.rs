@@ -40,6 +40,16 @@ fn greedy_with_mtp_equals_greedy_without_in_f32() {
             assert_eq!(s.by_depth.iter().map(|d| d.drafted).sum::<usize>(), s.drafted);
         }
     }
+    // The adaptive controller parks drafting that does not pay (a random head's drafts almost never
+    // do) and catches the head up when it probes again; the text stays the same.
+    for depth in [2, 3] {
+        let opts = MtpOptions { enabled: true, depth, adaptive: true, exact_verify: false };
+        let (spec, stats) = run(&m, &prompt, Some(opts), 120);
+        let (plain, _) = run(&m, &prompt, None, 120);
+        assert_eq!(spec, plain, "adaptive, depth {depth}");
+        let s = stats.spec.expect("spec stats");
+        assert!(s.parked_cycles > 0, "depth {depth}: never parked: {s:?}");
+    }
 }
 
 /// The arrays of every layer cache, flattened to f32 vectors.

@@ -28,6 +28,9 @@ pub struct SpecDecoder<'m> {
     last: u32,
     ctl: Controller,
     emitted_in_cycles: usize,
+    /// Time the current cycle spent catching the head up on positions decoded while parked: a
+    /// one-off cost of having parked, kept out of the controller's judgement of drafting.
+    catch_up_ms: f64,
 }
 
 impl<'m> SpecDecoder<'m> {
@@ -46,6 +49,7 @@ impl<'m> SpecDecoder<'m> {
             last: first,
             ctl: Controller::new(opts.adaptive),
             emitted_in_cycles: 0,
+            catch_up_ms: 0.0,
         })
     }
 
@@ -91,7 +95,7 @@ impl<'m> SpecDecoder<'m> {
         spec.ms.sample += ms(t2, t3);
         spec.ms.rollback += ms(t3, t4);
         self.emitted_in_cycles += accepted + 1;
-        self.ctl.after_spec(ms(t0, t4), accepted + 1);
+        self.ctl.after_spec(ms(t0, t4) - self.catch_up_ms, accepted + 1);
         let mut out = drafts[..accepted].to_vec();
         out.push(next);
         Ok(out)
@@ -121,7 +125,15 @@ impl<'m> SpecDecoder<'m> {
 
     /// Drafts `k` tokens greedily, chaining through the head's normed output (spec 4.2).
     fn draft(&mut self, k: usize) -> Result<Vec<u32>> {
+        let catching_up = self.pending_tokens.len() > self.opts.depth + 1;
+        let t = Instant::now();
         let mut hm = self.flush()?;
+        self.catch_up_ms = if catching_up {
+            hm.eval()?;
+            ms(t, Instant::now())
+        } else {
+            0.0
+        };
         let mut drafts: Vec<Array> = Vec::with_capacity(k);
         for j in 0..k {
             let d = self.model.logits(&hm)?.argmax(-1, false)?; // [1, 1]
@@ -183,7 +195,7 @@ impl<'m> SpecDecoder<'m> {
         spec.ms.draft += ms(t0, t1);
         spec.ms.verify += ms(t1, t2);
         self.emitted_in_cycles += accepted + 1;
-        self.ctl.after_spec(ms(t0, t2), accepted + 1);
+        self.ctl.after_spec(ms(t0, t2) - self.catch_up_ms, accepted + 1);
         let mut out = drafts[..accepted].to_vec();
         out.push(next);
         Ok(out)
@@ -257,17 +269,31 @@ struct Controller {
     plain_ms_per_tok: Option<f64>,
     parked_left: usize,
     cycles_since_probe: usize,
+    /// The next parking's length: doubles each time a probe loses again, so a model whose drafts do
+    /// not pay spends ever less time probing; back to `PARK` once drafting wins.
+    next_park: usize,
     reason: Option<String>,
 }
 
 impl Controller {
     const PROBE: usize = 2;
     const PARK: usize = 16;
+    const MAX_PARK: usize = 512;
     const REPROBE_EVERY: usize = 64;
+    /// Speculative cycles measured before comparing with plain decoding.
+    const JUDGE_AFTER: usize = 3;
 
     fn new(adaptive: bool) -> Controller {
         // Measure plain decoding first (two steps) so there is something to compare with.
-        Controller { adaptive, spec_ms_per_tok: None, plain_ms_per_tok: None, parked_left: if adaptive { Self::PROBE } else { 0 }, cycles_since_probe: 0, reason: None }
+        Controller {
+            adaptive,
+            spec_ms_per_tok: None,
+            plain_ms_per_tok: None,
+            parked_left: if adaptive { Self::PROBE } else { 0 },
+            cycles_since_probe: 0,
+            next_park: Self::PARK,
+            reason: None,
+        }
     }
 
     fn parked(&self) -> bool {
@@ -286,13 +312,17 @@ impl Controller {
             return;
         }
         if let (Some(spec), Some(plain)) = (self.spec_ms_per_tok, self.plain_ms_per_tok) {
-            if self.cycles_since_probe >= 3 && spec > plain {
-                self.reason = Some(format!("parked: drafting costs {spec:.2} ms/token, plain decoding {plain:.2} ms/token"));
-                tracing::debug!("{}", self.reason.as_deref().unwrap_or(""));
-                self.parked_left = Self::PARK;
-                self.cycles_since_probe = 0;
-                self.spec_ms_per_tok = None;
-                return;
+            if self.cycles_since_probe >= Self::JUDGE_AFTER {
+                if spec > plain {
+                    self.reason = Some(format!("parked: drafting costs {spec:.2} ms/token, plain decoding {plain:.2} ms/token"));
+                    tracing::debug!("{}", self.reason.as_deref().unwrap_or(""));
+                    self.parked_left = self.next_park;
+                    self.next_park = (self.next_park * 2).min(Self::MAX_PARK);
+                    self.cycles_since_probe = 0;
+                    self.spec_ms_per_tok = None;
+                    return;
+                }
+                self.next_park = Self::PARK;
             }
         }
         if self.cycles_since_probe >= Self::REPROBE_EVERY {
@@ -309,6 +339,42 @@ fn ema(prev: Option<f64>, x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Drives the controller for `tokens` tokens with fixed costs: a plain step costs `plain` ms, a
+    /// speculative cycle `spec` ms and emits `emitted` tokens. Returns the tokens emitted by cycles.
+    fn drive(c: &mut Controller, tokens: usize, plain: f64, spec: f64, emitted: usize) -> usize {
+        let (mut done, mut by_spec) = (0, 0);
+        while done < tokens {
+            if c.parked() {
+                c.after_plain(plain);
+                done += 1;
+            } else {
+                c.after_spec(spec, emitted);
+                done += emitted;
+                by_spec += emitted;
+            }
+        }
+        by_spec
+    }
+
+    #[test]
+    fn controller_backs_off_when_drafting_loses_and_returns_when_it_wins() {
+        // Drafts never accepted and a cycle costs 1.8 steps (the GPU measurement in docs/PERF.md).
+        let mut c = Controller::new(true);
+        let spec_tokens = drive(&mut c, 2000, 10.0, 18.0, 1);
+        // With a fixed 16-step park, 3 of every 19 tokens would come from losing cycles (~16%).
+        assert!(spec_tokens * 100 < 2000 * 3, "{spec_tokens} of 2000 tokens from losing cycles");
+        assert!(c.reason.as_deref().is_some_and(|r| r.contains("parked")), "{:?}", c.reason);
+        // Drafting that pays (3 tokens per 15 ms against 10 ms per step) takes over again.
+        let won = drive(&mut c, 4000, 10.0, 15.0, 3);
+        assert!(won * 10 > 4000 * 8, "only {won} of 4000 tokens from cycles once drafting pays");
+    }
+
+    #[test]
+    fn controller_off_never_parks() {
+        let mut c = Controller::new(false);
+        assert_eq!(drive(&mut c, 500, 10.0, 40.0, 1), 500);
+    }
     use crate::generate::SamplingParams;
 
     fn softmax(l: &[f32], temp: f32) -> Vec<f64> {

@@ -1,7 +1,9 @@
 //! Building blocks shared by architectures: linear layers that may be quantized, embeddings,
 //! RMSNorm with an explicit norm convention, and the SwiGLU MLP.
 
-use mlx::{fast, Array, Dtype, Quantized};
+use mlx::device::{backend, default_device, Backend, Device};
+use mlx::fast::{self, Mask};
+use mlx::{concatenate, Array, Dtype, Quantized};
 
 pub type Result<T> = std::result::Result<T, mlx::Error>;
 
@@ -189,5 +191,74 @@ impl Fused {
             Fused::One { linear, splits } => linear.forward(x)?.split_at(splits, -1),
             Fused::Separate(parts) => parts.iter().map(|p| p.forward(x)).collect(),
         }
+    }
+}
+
+/// Queries per pass up to which attention on CUDA is computed query by query (see [`causal_attention`]).
+const SHORT_QUERIES: i32 = 16;
+
+/// Causal attention of the last `T` positions (q `[B, Hq, T, D]`) over all `L` keys (`[B, Hkv, L, D]`,
+/// the cache included): query `i` sees keys `0..=L-T+i`.
+///
+/// MLX's CUDA backend runs multi-query attention with head_dim <= 128 through cuDNN, whose graphs are
+/// built and cached per exact shape: an MTP verify (T = depth + 1) meets a new key length every cycle
+/// and paid a graph build each time (59 ms against a 3.4 ms decode step on an H200, docs/PERF.md). Short
+/// query blocks there run query by query instead, through the one-query kernel that plain decoding
+/// uses, so a verify computes exactly what decoding would. Metal and CPU keep MLX's fused kernel.
+pub fn causal_attention(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
+    let t = q.dim(2);
+    if t > 1 && t <= SHORT_QUERIES && backend() == Backend::Cuda && default_device() == Device::Gpu {
+        return per_query_causal_attention(q, k, v, scale);
+    }
+    fast::scaled_dot_product_attention(q, k, v, scale, if t > 1 { Mask::Causal } else { Mask::None })
+}
+
+/// [`causal_attention`] as `T` one-query attentions over growing key prefixes.
+pub fn per_query_causal_attention(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
+    let (t, l) = (q.dim(2), k.dim(2));
+    if t > l {
+        return Err(mlx::Error::Invalid(format!("attention: {t} queries over {l} keys")));
+    }
+    let rows = (0..t)
+        .map(|i| {
+            let seen = l - t + i + 1;
+            fast::scaled_dot_product_attention(&q.slice_axis(2, i, i + 1)?, &k.slice_axis(2, 0, seen)?, &v.slice_axis(2, 0, seen)?, scale, Mask::None)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    concatenate(&rows.iter().collect::<Vec<_>>(), 2)
+}
+
+#[cfg(test)]
+mod attention_tests {
+    use super::*;
+
+    fn random(shape: &[i32], seed: u64) -> Array {
+        let key = mlx::random::key(seed).unwrap();
+        mlx::random::normal(shape, Dtype::F32, &key).unwrap()
+    }
+
+    /// The per-query path equals MLX's fused causal attention (bottom-right aligned) for every shape
+    /// the engine produces: prefill (T = L), verify and catch-up (T < L), GQA and plain heads.
+    #[test]
+    fn per_query_attention_matches_fused() {
+        for (hq, hkv, t, l) in [(4, 2, 2, 9), (4, 2, 4, 4), (8, 2, 5, 37), (2, 2, 3, 3), (4, 1, 16, 70)] {
+            let q = random(&[1, hq, t, 64], 1);
+            let k = random(&[1, hkv, l, 64], 2);
+            let v = random(&[1, hkv, l, 64], 3);
+            let fused = fast::scaled_dot_product_attention(&q, &k, &v, 0.125, Mask::Causal).unwrap();
+            let ours = per_query_causal_attention(&q, &k, &v, 0.125).unwrap();
+            assert_eq!(ours.shape(), fused.shape());
+            let (a, b) = (ours.to_f32_vec().unwrap(), fused.to_f32_vec().unwrap());
+            let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            assert!(diff < 1e-5, "hq {hq} hkv {hkv} t {t} l {l}: max |diff| {diff}");
+        }
+    }
+
+    #[test]
+    fn per_query_attention_rejects_more_queries_than_keys() {
+        let q = random(&[1, 2, 5, 8], 1);
+        let k = random(&[1, 2, 4, 8], 2);
+        let err = per_query_causal_attention(&q, &k, &k, 1.0).unwrap_err().to_string();
+        assert!(err.contains("5 queries over 4 keys"), "{err}");
     }
 }

@@ -4,11 +4,11 @@
 
 use std::path::Path;
 
-use mlx::fast::{self, Mask};
+use mlx::fast;
 use mlx::{concatenate, Array, Dtype};
 use serde::Deserialize;
 
-use super::layers::{Embedding, Fused, Linear, Mlp, NormConvention, Result, RmsNorm};
+use super::layers::{causal_attention, Embedding, Fused, Linear, Mlp, NormConvention, Result, RmsNorm};
 use super::store::{Provenance, Store};
 use super::vision::{GridThw, VisionConfig, VisionTower};
 use super::weights::{Checkpoint, Layout};
@@ -251,30 +251,16 @@ impl GatedDeltaNet {
         let q = fast::rms_norm(&q, None, 1e-6 / dkf)?.multiply(&Array::f32(1.0 / dkf))?;
         let k = fast::rms_norm(&k, None, 1e-6 / dkf)?.multiply(&Array::f32(1.0 / dkf.sqrt()))?;
         // The recurrence (spec 3.2 step 7) with MLX's fused kernel; its state is [B, Hv, Dv, Dk] and
-        // it maps value heads to key heads itself. A verify pass runs it token by token to keep the
-        // state after each token for rollback.
-        let mut state = match st.ssm.take() {
+        // it maps value heads to key heads itself. A verify pass records what a rollback needs to
+        // recompute the state of a shorter prefix (cache::Recording).
+        let initial = match st.ssm.take() {
             Some(s) => s,
             None => Array::zeros(&[b, self.hv, self.dv, self.dk], Dtype::F32)?,
         };
-        let record = std::mem::take(&mut st.record_next);
-        let o = if record {
-            let mut states = Vec::with_capacity(t as usize);
-            let mut outs = Vec::with_capacity(t as usize);
-            for i in 0..t {
-                let at = |a: &Array| a.slice_axis(1, i, i + 1);
-                let (y, s) = fast::gated_delta_update(&at(&q)?, &at(&k)?, &at(&v)?, &at(&decay)?, &at(&beta)?, Some(&state))?;
-                state = s;
-                states.push(state.clone());
-                outs.push(y);
-            }
-            st.recording = Some(Recording { conv_input, states });
-            concatenate(&outs.iter().collect::<Vec<_>>(), 1)?
-        } else {
-            let (y, s) = fast::gated_delta_update(&q, &k, &v, &decay, &beta, Some(&state))?;
-            state = s;
-            y
-        };
+        let (o, state) = fast::gated_delta_update(&q, &k, &v, &decay, &beta, Some(&initial))?;
+        if std::mem::take(&mut st.record_next) {
+            st.recording = Some(Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state: state.clone() });
+        }
         st.ssm = Some(state);
         let o = o.as_dtype(dt)?; // [B,T,Hv,Dv]
 
@@ -343,8 +329,7 @@ impl Attention {
             }
         };
         let (keys, values) = cache.update(&k, &v)?;
-        let mask = if t > 1 { Mask::Causal } else { Mask::None };
-        let o = fast::scaled_dot_product_attention(&q, &keys, &values, 1.0 / (self.hd as f32).sqrt(), mask)?;
+        let o = causal_attention(&q, &keys, &values, 1.0 / (self.hd as f32).sqrt())?;
         let o = o.swapaxes(1, 2)?.reshape(&[b, t, self.hq * self.hd])?.multiply(&gate.sigmoid()?)?;
         taps.see(&self.prefix, "o_proj", &o);
         self.o_proj.forward(&o)

@@ -113,6 +113,7 @@ void synchronize() { mx::synchronize(); }
 void set_default_device(bool gpu) { mx::set_default_device(gpu ? mx::Device::gpu : mx::Device::cpu); }
 bool default_device_is_gpu() { return mx::default_device().type == mx::Device::gpu; }
 bool gpu_available() { return mx::is_available(mx::Device::gpu); }
+bool cuda_available() { return mx::cu::is_available(); }
 int32_t new_stream(bool gpu) { return mx::new_stream(gpu ? mx::Device::gpu : mx::Device::cpu).index; }
 void set_default_stream(int32_t index, bool gpu) {
   for (auto& s : mx::get_streams()) {

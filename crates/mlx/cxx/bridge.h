@@ -56,6 +56,7 @@ void synchronize();
 void set_default_device(bool gpu);
 bool default_device_is_gpu();
 bool gpu_available();
+bool cuda_available();
 int32_t new_stream(bool gpu);
 void set_default_stream(int32_t index, bool gpu);
 size_t get_active_memory();

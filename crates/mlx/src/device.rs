@@ -27,6 +27,24 @@ pub fn gpu_available() -> bool {
     ffi::gpu_available()
 }
 
+/// Which GPU backend this MLX build has, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Cpu,
+    Metal,
+    Cuda,
+}
+
+/// The backend of the GPU device (`Cpu` when there is none). Decided once per process.
+pub fn backend() -> Backend {
+    static BACKEND: std::sync::OnceLock<Backend> = std::sync::OnceLock::new();
+    *BACKEND.get_or_init(|| match (ffi::gpu_available(), ffi::cuda_available()) {
+        (false, _) => Backend::Cpu,
+        (true, true) => Backend::Cuda,
+        (true, false) => Backend::Metal,
+    })
+}
+
 /// A new stream on `device`; returns its index.
 pub fn new_stream(device: Device) -> Result<i32> {
     Ok(ffi::new_stream(device == Device::Gpu)?)

@@ -71,12 +71,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
         mtp: MtpOptions { enabled: depth > 0, depth: depth.max(1), adaptive, exact_verify: false },
         ..Default::default()
     };
-    // Warm-up: first-use allocations and kernel setup stay out of the figures.
-    generate(&l.model, &ids[..ids.len().min(16)], &GenerateOptions { max_tokens: 4, ..opts_for(1, false) }, &mut |_| Control::Continue)?;
-
     let mut plan: Vec<(usize, bool)> = a.depths.iter().map(|&d| (d, false)).collect();
     if a.adaptive {
         plan.push((a.depths.iter().copied().max().unwrap_or(3).max(1), true));
+    }
+    // Warm-up at the measured prompt length and every depth: first-use allocations and kernel
+    // compilation (GPU backends build kernels per shape) stay out of the figures.
+    for &(depth, adaptive) in &plan {
+        generate(&l.model, &ids, &GenerateOptions { max_tokens: 8, ..opts_for(depth, adaptive) }, &mut |_| Control::Continue)?;
     }
     let mut runs: Vec<Run> = Vec::new();
     for (depth, adaptive) in plan {
