@@ -23,6 +23,10 @@ pub enum LoadError {
     Json { path: PathBuf, message: String },
     #[error("{path}: not a valid safetensors file: {message}")]
     Safetensors { path: PathBuf, message: String },
+    #[error("{}: lists shard `{shard}`: {message}", index.display())]
+    MissingShard { index: PathBuf, shard: String, message: String },
+    #[error("checkpoint layout: {0}")]
+    Layout(String),
     #[error("{0}: no *.safetensors files found")]
     NoWeights(PathBuf),
     #[error("{}: missing config.json", .0.display())]

@@ -88,6 +88,8 @@ pub struct TextConfig {
 pub struct Config {
     pub text: TextConfig,
     pub tie_word_embeddings: bool,
+    /// `tie_word_embeddings` differs between `text_config` and the top level.
+    pub tie_conflict: bool,
     pub full_attention: Vec<bool>,
     pub rope_theta: f32,
     pub rope_dims: i32,
@@ -127,12 +129,15 @@ impl Config {
         let rope_theta = rope.as_ref().map(|r| r.rope_theta).or(text.rope_theta).unwrap_or(default_theta());
         let partial = rope.as_ref().map(|r| r.partial_rotary_factor).or(text.partial_rotary_factor).unwrap_or(default_partial());
         let rope_dims = (text.head_dim as f32 * partial).round() as i32;
-        // The text config's flag wins over the top level's (a common source of tied/untied mix-ups).
-        let tie_word_embeddings =
-            text.tie_word_embeddings.or_else(|| v.get("tie_word_embeddings").and_then(|t| t.as_bool())).unwrap_or(false);
+        // The text config's flag wins over the top level's (a common source of tied/untied mix-ups);
+        // where both are given and disagree, the checkpoint decides (see `resolve_tie`).
+        let top_tie = if v.get("text_config").is_some() { v.get("tie_word_embeddings").and_then(|t| t.as_bool()) } else { None };
+        let tie_word_embeddings = text.tie_word_embeddings.or(top_tie).unwrap_or(false);
+        let tie_conflict = matches!((text.tie_word_embeddings, top_tie), (Some(a), Some(b)) if a != b);
         let (mrope_section, mrope_interleaved) = rope.map(|r| (r.mrope_section, r.mrope_interleaved)).unwrap_or_default();
         Ok(Config {
             tie_word_embeddings,
+            tie_conflict,
             full_attention,
             rope_theta,
             rope_dims,
@@ -141,6 +146,24 @@ impl Config {
             has_vision: v.get("vision_config").is_some(),
             text,
         })
+    }
+
+    /// Settles `tie_word_embeddings` when the config's two levels disagree: transformers reads the
+    /// top level, mlx-lm and mlx-vlm read `text_config`, so either may be the one the checkpoint
+    /// was saved by. Its files decide: a stored `lm_head.weight` means untied. Returns a note
+    /// when it had to decide.
+    pub fn resolve_tie(&mut self, has_lm_head: bool) -> Option<String> {
+        if !self.tie_conflict {
+            return None;
+        }
+        self.tie_word_embeddings = !has_lm_head;
+        Some(format!(
+            "config.json: `tie_word_embeddings` is {} in text_config but {} at the top level; the checkpoint {} `lm_head.weight`, so the embeddings are {}",
+            self.text.tie_word_embeddings.unwrap_or(false),
+            !self.text.tie_word_embeddings.unwrap_or(false),
+            if has_lm_head { "has" } else { "has no" },
+            if has_lm_head { "untied" } else { "tied" }
+        ))
     }
 
     fn key_dim(&self) -> i32 {
@@ -184,8 +207,9 @@ impl GatedDeltaNet {
         let (hk, hv) = (c.text.linear_num_key_heads, c.text.linear_num_value_heads);
         let (dk, dv, k) = (c.text.linear_key_head_dim, c.text.linear_value_head_dim, c.text.linear_conv_kernel_dim);
         let conv_name = format!("{p}.conv1d.weight");
-        // Raw HF stores PyTorch's `[C, 1, K]`; MLX conversions store `[C, K, 1]`.
-        let conv_weight = if s.provenance(&conv_name) == Some(Provenance::Hf) && s.layout == Layout::Hf {
+        // Raw HF stores PyTorch's `[C, 1, K]`; MLX conversions store `[C, K, 1]`. The shape itself
+        // says which (the checkpoint's layout was decided from these same shapes).
+        let conv_weight = if k != 1 && s.shape(&conv_name) == Some(&[c.conv_dim(), 1, k][..]) {
             s.tensor(&conv_name, &[c.conv_dim(), 1, k])?.swapaxes(1, 2).map_err(|e| mlx_err(&conv_name, e))?
         } else {
             s.tensor(&conv_name, &[c.conv_dim(), k, 1])?
@@ -559,8 +583,11 @@ fn mlx_err(context: &str, e: mlx::Error) -> LoadError {
 
 impl Qwen35 {
     pub fn load(dir: &Path, config: &serde_json::Value, opts: &LoadOptions) -> std::result::Result<Qwen35, LoadError> {
-        let c = Config::from_json(config)?;
+        let mut c = Config::from_json(config)?;
         let store = Store::new(Checkpoint::open(dir)?, opts.dtype)?;
+        if let Some(note) = c.resolve_tie(store.has("lm_head.weight")) {
+            tracing::warn!("{}: {note}", dir.display());
+        }
         let (d, v, eps) = (c.text.hidden_size, c.text.vocab_size, c.text.rms_norm_eps);
         let norms = |name: &str, dim: i32| store.norm(name, dim, eps);
         let embed_tokens = store.embedding("embed_tokens", v, d)?;
