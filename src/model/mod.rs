@@ -1,5 +1,6 @@
 //! Models: checkpoint reading, strict loading, and one file per architecture.
 
+pub mod convention;
 pub mod layers;
 pub mod qwen3_5;
 pub mod store;

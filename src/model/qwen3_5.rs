@@ -9,7 +9,8 @@ use mlx::{concatenate, Array, Dtype};
 use serde::Deserialize;
 
 use super::layers::{Embedding, Fused, Linear, Mlp, NormConvention, Result, RmsNorm};
-use super::store::{Provenance, Store};
+use super::convention::{self, HeadDecision, NormStat, Reference, Stored};
+use super::store::Store;
 use super::vision::{GridThw, VisionConfig, VisionTower};
 use super::weights::{Checkpoint, Layout};
 use super::{LoadError, LoadOptions};
@@ -750,9 +751,9 @@ pub fn set_rope_delta(cache: &mut [LayerCache], delta: i32) {
     }
 }
 
-/// Loads the MTP head if the config declares one and the files hold all of it. The norm convention
-/// comes from each tensor's provenance; a head whose norms contradict that (a raw head grafted onto
-/// a converted body, or one shifted twice) is detected from the norms' means and repaired.
+/// Loads the MTP head if the config declares one and the files hold all of it. The seven norms'
+/// convention is decided by [`mtp_head_norms`]: from provenance facts, with statistics only for a
+/// re-attached head; a head shifted twice does not run.
 fn load_mtp(s: &Store, c: &Config) -> std::result::Result<(Option<MtpHead>, MtpStatus), LoadError> {
     let declared = c.text.mtp_num_hidden_layers;
     let present = s.names_with_prefix("mtp.");
@@ -782,21 +783,23 @@ fn load_mtp(s: &Store, c: &Config) -> std::result::Result<(Option<MtpHead>, MtpS
         s.skip_prefix("mtp.");
         return Ok((None, status));
     }
-    let twice = mtp_norms_shifted_twice(s)?;
-    if !twice.is_empty() {
-        status.reason = Some(format!(
-            "MTP head norms look shifted twice (1 added two times): {}; MTP is off (`tandem convert --repair` writes a fixed copy)",
-            twice.join(", ")
-        ));
+    let decision = mtp_head_norms(s)?;
+    if let Some(why) = &decision.refused {
+        status.reason = Some(format!("{why}; MTP is off (`tandem convert --repair` writes a fixed copy)"));
+        tracing::warn!("{}", status.reason.as_deref().unwrap_or_default());
         s.skip_prefix("mtp.");
         return Ok((None, status));
     }
-    let (conventions, repaired) = mtp_norm_conventions(s)?;
-    status.repaired = repaired;
+    if let Some(doubt) = &decision.doubt {
+        tracing::warn!("{doubt}");
+    }
+    if let Some(fixed) = &decision.repaired {
+        tracing::warn!("{fixed}");
+    }
+    status.repaired = decision.repaired.clone();
     let eps = c.text.rms_norm_eps;
     let norms = |name: &str, dim: i32| {
-        let short = name.strip_prefix("mtp.").unwrap_or(name);
-        let conv = conventions.iter().find(|(n, _)| *n == short).map(|(_, c)| *c).unwrap_or(NormConvention::ZeroCentred);
+        let conv = decision.stored(name).map(|st| st.convention()).unwrap_or(NormConvention::ZeroCentred);
         s.norm_with(name, dim, eps, conv)
     };
     let d = c.text.hidden_size;
@@ -811,63 +814,18 @@ fn load_mtp(s: &Store, c: &Config) -> std::result::Result<(Option<MtpHead>, MtpS
     Ok((Some(head), status))
 }
 
-/// Decides each MTP norm's convention. Provenance first (a raw `mtp.` name is zero-centred); then
-/// a check against the statistics: a zero-centred weight has mean near 0, a shifted one near 1. The
-/// check compares with the backbone's own norms so that it does not hinge on a fixed threshold.
-pub fn mtp_norm_conventions(s: &Store) -> std::result::Result<(Vec<(&'static str, NormConvention)>, Option<String>), LoadError> {
-    let backbone_shifted = s.provenance("norm.weight") == Some(Provenance::Mlx);
-    let backbone_mean = s.mean("norm.weight")?;
-    let mut out = Vec::new();
-    let mut fixed = Vec::new();
-    for name in MTP_NORMS {
-        let full = format!("mtp.{name}");
-        let declared = match s.provenance(&full) {
-            Some(Provenance::Hf) => NormConvention::ZeroCentred,
-            _ => NormConvention::Shifted,
-        };
-        let mean = s.mean(&full)?;
-        // Distance of the effective scale's mean from the backbone's effective scale mean.
-        let backbone_scale = if backbone_shifted { backbone_mean } else { 1.0 + backbone_mean };
-        let as_zero = (1.0 + mean - backbone_scale).abs();
-        let as_shifted = (mean - backbone_scale).abs();
-        let observed = if as_zero < as_shifted { NormConvention::ZeroCentred } else { NormConvention::Shifted };
-        // Only overrule provenance when the evidence is clear (mean near 0 vs near 1, or near 2).
-        let clear = (as_zero - as_shifted).abs() > 0.5;
-        let conv = if clear && observed != declared {
-            fixed.push(format!("mtp.{name} (mean {mean:.3})"));
-            observed
-        } else {
-            declared
-        };
-        out.push((name, conv));
-    }
-    let repaired = (!fixed.is_empty()).then(|| {
-        let msg = format!("MTP norm convention repaired for {} tensor(s): {}", fixed.len(), fixed.join(", "));
-        tracing::warn!("{msg}");
-        msg
-    });
-    Ok((out, repaired))
-}
-
-/// The MTP norms whose stored weights look shifted twice (`2 + w`, e.g. a converted head shifted
-/// again by a second converter): neither convention explains them, so the head must not run. Like
-/// [`mtp_norm_conventions`], this compares with the backbone's final norm and needs a clear margin.
-pub fn mtp_norms_shifted_twice(s: &Store) -> std::result::Result<Vec<String>, LoadError> {
-    let backbone_mean = s.mean("norm.weight")?;
-    let backbone_scale = if s.provenance("norm.weight") == Some(Provenance::Mlx) { backbone_mean } else { 1.0 + backbone_mean };
-    let mut out = Vec::new();
-    for name in MTP_NORMS {
-        let full = format!("mtp.{name}");
-        if !s.has(&full) {
-            continue;
-        }
-        let mean = s.mean(&full)?;
-        let as_zero = (1.0 + mean - backbone_scale).abs();
-        let as_shifted = (mean - backbone_scale).abs();
-        let as_twice = (mean - 1.0 - backbone_scale).abs();
-        if as_twice + 0.5 < as_zero.min(as_shifted) {
-            out.push(format!("{full} (mean {mean:.3})"));
-        }
-    }
-    Ok(out)
+/// How each of the MTP head's seven norms is stored (see `model::convention`): the head's origin
+/// from names and files, the norms' means, and the body's final norm as the yardstick.
+pub fn mtp_head_norms(s: &Store) -> std::result::Result<HeadDecision, LoadError> {
+    let origin = convention::head_origin(s.layout, s.entries());
+    let stat = |name: &str| -> std::result::Result<NormStat, LoadError> {
+        let (key, file) = s.origin(name).ok_or_else(|| LoadError::Missing(name.to_string()))?;
+        let provenance = s.provenance(name).ok_or_else(|| LoadError::Missing(name.to_string()))?;
+        Ok(NormStat { name: name.to_string(), key: key.to_string(), file: file.to_path_buf(), provenance, mean: s.mean(name)? })
+    };
+    let body = stat("norm.weight")?;
+    let scale = body.mean + 1.0 - Stored::declared_by(body.provenance).offset();
+    let reference = Reference { key: body.key, file: body.file, scale };
+    let norms = MTP_NORMS.iter().map(|n| stat(&format!("mtp.{n}"))).collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(convention::decide(origin, norms, &reference))
 }
