@@ -217,3 +217,82 @@ fn inspect_json_has_design_md_shape_and_counts_quantized_modules() {
     assert_eq!(v["mtp"]["norms"][0]["convention"], "shifted");
     assert_eq!(serde_json::to_value(&raw).unwrap()["mtp"]["norms"][0]["convention"], "zero_centred");
 }
+
+/// Mean of a bf16 tensor.
+fn mean_bf16(t: &Owned) -> f32 {
+    assert_eq!(t.1, safetensors::Dtype::BF16, "{}", t.0);
+    let v: Vec<f32> = t.3.chunks_exact(2).map(|c| mlx::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
+    v.iter().sum::<f32>() / v.len() as f32
+}
+
+/// The misfire of the old statistics check: a converted head whose norms sit well below the
+/// body's final norm (raw means < -0.21 on the bundled model, whose final norm is 1 + 0.54) looks
+/// zero-centred to a threshold on means, and was "repaired" by adding 1: MTP acceptance ~0. A head
+/// written with its body now follows its names; statistics only judge re-attached heads, whose
+/// messages name the file, the tensor and the values.
+#[test]
+fn a_converted_head_whose_norms_sit_low_keeps_its_convention() {
+    let work = tempdir();
+    let w = |n: &str| work.path().join(n);
+    // The bundled model with its seven MTP norms lowered by 0.8 (a valid, if different, head).
+    std::fs::create_dir_all(w("raw")).unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(tiny_model_dir().join(f), w("raw").join(f)).unwrap();
+    }
+    let mut tensors = read_all(&tiny_model_dir().join("model.safetensors"));
+    for (k, _, _, b) in tensors.iter_mut() {
+        if MTP_NORMS.iter().any(|n| *k == format!("mtp.{n}")) {
+            for c in b.chunks_exact_mut(2) {
+                let v = mlx::bf16::from_le_bytes([c[0], c[1]]).to_f32() - 0.8;
+                c.copy_from_slice(&mlx::bf16::from_f32(v).to_le_bytes());
+            }
+        }
+    }
+    write_all(&w("raw").join("model.safetensors"), &tensors, false);
+    // The fixture is the misfire case: at least 5 of the 7 converted norms (stored 1 + w) sit
+    // clearly nearer the body's final norm scale (1 + w_final) if read as zero-centred.
+    let body_scale = 1.0 + mean_bf16(tensors.iter().find(|t| t.0 == "model.language_model.norm.weight").unwrap());
+    let misleading = tensors
+        .iter()
+        .filter(|t| MTP_NORMS.iter().any(|n| t.0 == format!("mtp.{n}")))
+        .filter(|t| {
+            let stored = 1.0 + mean_bf16(t);
+            (stored + 1.0 - body_scale).abs() + 0.5 < (stored - body_scale).abs()
+        })
+        .count();
+    assert!(misleading >= 5, "only {misleading} norms mislead the statistics");
+
+    let raw = load(&w("raw"));
+    assert!(raw.has_mtp() && raw.mtp_status.repaired.is_none());
+    let hidden = mlx::random::normal(&[1, 6, 256], mlx::Dtype::F32, &mlx::random::key(7).unwrap()).unwrap();
+    let next = Array::from_slice(&[5i32, 9, 200, 3, 7, 42], &[1, 6]).unwrap();
+    let want = mtp_logits(&raw, &hidden, &next);
+
+    // Converted with its body (f16, so that 1 + w keeps most of its bits): loads as shifted.
+    convert(&w("raw"), &w("mlx"), &ConvertOptions { dtype: "f16".parse().unwrap(), ..Default::default() });
+    let m = load(&w("mlx"));
+    assert!(m.has_mtp(), "{:?}", m.mtp_status);
+    assert!(m.mtp_status.repaired.is_none(), "{:?}", m.mtp_status.repaired);
+    let e = rel_err(&mtp_logits(&m, &hidden, &next), &want);
+    assert!(e < 5e-3, "converted head: relative MTP logit error {e}");
+    let r = quant::inspect(&w("mlx")).unwrap();
+    assert_eq!(r.mtp.verdict, Verdict::Ok, "{}", r.mtp.message);
+    // Quantizing the conversion again keeps the head as it is.
+    convert(&w("mlx"), &w("mlx-q8"), &ConvertOptions { bits: Some(8), ..Default::default() });
+    let m = load(&w("mlx-q8"));
+    assert!(m.has_mtp() && m.mtp_status.repaired.is_none(), "{:?}", m.mtp_status);
+    let e = rel_err(&mtp_logits(&m, &hidden, &next), &want);
+    assert!(e < 0.1, "8-bit head: relative MTP logit error {e}");
+
+    // The same raw head re-attached under MLX names: its names are only a claim, the statistics
+    // overrule them, and the message says where and why.
+    let head: Vec<Owned> = tensors.iter().filter(|t| t.0.starts_with("mtp.")).map(|(k, d, s, b)| (format!("language_model.{k}"), *d, s.clone(), b.clone())).collect();
+    convert(&w("raw"), &w("mislabelled"), &ConvertOptions { mtp: MtpMode::Drop, dtype: "f16".parse().unwrap(), ..Default::default() });
+    set_mtp_layers(&w("mislabelled"), 1);
+    write_all(&w("mislabelled").join("mtp.safetensors"), &head, false);
+    let m = load(&w("mislabelled"));
+    let msg = m.mtp_status.repaired.clone().unwrap_or_default();
+    assert!(msg.contains("mtp.safetensors: `language_model.mtp.norm.weight` mean") && msg.contains("`language_model.model.norm.weight` has mean scale"), "{msg}");
+    let e = rel_err(&mtp_logits(&m, &hidden, &next), &want);
+    assert!(e < 5e-3, "re-attached head: relative MTP logit error {e}");
+}

@@ -58,13 +58,20 @@ pub fn inspect_folder(dir: &Path) -> FolderInfo {
             return info;
         }
     };
-    info.format = Some(checkpoint.layout());
-    let mtp_names: Vec<&str> = checkpoint
+    info.format = match checkpoint.layout() {
+        Ok(layout) => Some(layout),
+        Err(e) => {
+            info.error = Some(e.to_string());
+            None
+        }
+    };
+    let layout = info.format.unwrap_or(Layout::Hf);
+    let mtp_names: Vec<String> = checkpoint
         .tensors
         .keys()
-        .filter_map(|k| k.strip_prefix("language_model.").unwrap_or(k).strip_prefix("mtp."))
+        .filter_map(|k| crate::model::store::canonical(k, layout).0.strip_prefix("mtp.").map(str::to_string))
         .collect();
-    let missing = MTP_TENSORS.iter().filter(|n| !mtp_names.contains(n)).count();
+    let missing = MTP_TENSORS.iter().filter(|n| !mtp_names.iter().any(|m| m == *n)).count();
     info.mtp_reason = match declared {
         0 => Some("the model has no MTP head".into()),
         1 if missing == 0 => None,

@@ -1,5 +1,6 @@
 //! Models: checkpoint reading, strict loading, and one file per architecture.
 
+pub mod convention;
 pub mod layers;
 pub mod qwen3_5;
 pub mod store;
@@ -23,6 +24,10 @@ pub enum LoadError {
     Json { path: PathBuf, message: String },
     #[error("{path}: not a valid safetensors file: {message}")]
     Safetensors { path: PathBuf, message: String },
+    #[error("{}: lists shard `{shard}`: {message}", index.display())]
+    MissingShard { index: PathBuf, shard: String, message: String },
+    #[error("checkpoint layout: {0}")]
+    Layout(String),
     #[error("{0}: no *.safetensors files found")]
     NoWeights(PathBuf),
     #[error("{}: missing config.json", .0.display())]

@@ -8,8 +8,9 @@ use mlx::fast;
 use mlx::{concatenate, Array, Dtype};
 use serde::Deserialize;
 
+use super::convention::{self, HeadDecision, NormStat, Reference, Stored};
 use super::layers::{causal_attention, Embedding, Fused, Linear, Mlp, NormConvention, Result, RmsNorm};
-use super::store::{Provenance, Store};
+use super::store::Store;
 use super::vision::{GridThw, VisionConfig, VisionTower};
 use super::weights::{Checkpoint, Layout};
 use super::{LoadError, LoadOptions};
@@ -88,6 +89,8 @@ pub struct TextConfig {
 pub struct Config {
     pub text: TextConfig,
     pub tie_word_embeddings: bool,
+    /// `tie_word_embeddings` differs between `text_config` and the top level.
+    pub tie_conflict: bool,
     pub full_attention: Vec<bool>,
     pub rope_theta: f32,
     pub rope_dims: i32,
@@ -127,12 +130,15 @@ impl Config {
         let rope_theta = rope.as_ref().map(|r| r.rope_theta).or(text.rope_theta).unwrap_or(default_theta());
         let partial = rope.as_ref().map(|r| r.partial_rotary_factor).or(text.partial_rotary_factor).unwrap_or(default_partial());
         let rope_dims = (text.head_dim as f32 * partial).round() as i32;
-        // The text config's flag wins over the top level's (a common source of tied/untied mix-ups).
-        let tie_word_embeddings =
-            text.tie_word_embeddings.or_else(|| v.get("tie_word_embeddings").and_then(|t| t.as_bool())).unwrap_or(false);
+        // The text config's flag wins over the top level's (a common source of tied/untied mix-ups);
+        // where both are given and disagree, the checkpoint decides (see `resolve_tie`).
+        let top_tie = if v.get("text_config").is_some() { v.get("tie_word_embeddings").and_then(|t| t.as_bool()) } else { None };
+        let tie_word_embeddings = text.tie_word_embeddings.or(top_tie).unwrap_or(false);
+        let tie_conflict = matches!((text.tie_word_embeddings, top_tie), (Some(a), Some(b)) if a != b);
         let (mrope_section, mrope_interleaved) = rope.map(|r| (r.mrope_section, r.mrope_interleaved)).unwrap_or_default();
         Ok(Config {
             tie_word_embeddings,
+            tie_conflict,
             full_attention,
             rope_theta,
             rope_dims,
@@ -141,6 +147,24 @@ impl Config {
             has_vision: v.get("vision_config").is_some(),
             text,
         })
+    }
+
+    /// Settles `tie_word_embeddings` when the config's two levels disagree: transformers reads the
+    /// top level, mlx-lm and mlx-vlm read `text_config`, so either may be the one the checkpoint
+    /// was saved by. Its files decide: a stored `lm_head.weight` means untied. Returns a note
+    /// when it had to decide.
+    pub fn resolve_tie(&mut self, has_lm_head: bool) -> Option<String> {
+        if !self.tie_conflict {
+            return None;
+        }
+        self.tie_word_embeddings = !has_lm_head;
+        Some(format!(
+            "config.json: `tie_word_embeddings` is {} in text_config but {} at the top level; the checkpoint {} `lm_head.weight`, so the embeddings are {}",
+            self.text.tie_word_embeddings.unwrap_or(false),
+            !self.text.tie_word_embeddings.unwrap_or(false),
+            if has_lm_head { "has" } else { "has no" },
+            if has_lm_head { "untied" } else { "tied" }
+        ))
     }
 
     fn key_dim(&self) -> i32 {
@@ -184,8 +208,9 @@ impl GatedDeltaNet {
         let (hk, hv) = (c.text.linear_num_key_heads, c.text.linear_num_value_heads);
         let (dk, dv, k) = (c.text.linear_key_head_dim, c.text.linear_value_head_dim, c.text.linear_conv_kernel_dim);
         let conv_name = format!("{p}.conv1d.weight");
-        // Raw HF stores PyTorch's `[C, 1, K]`; MLX conversions store `[C, K, 1]`.
-        let conv_weight = if s.provenance(&conv_name) == Some(Provenance::Hf) && s.layout == Layout::Hf {
+        // Raw HF stores PyTorch's `[C, 1, K]`; MLX conversions store `[C, K, 1]`. The shape itself
+        // says which (the checkpoint's layout was decided from these same shapes).
+        let conv_weight = if k != 1 && s.shape(&conv_name) == Some(&[c.conv_dim(), 1, k][..]) {
             s.tensor(&conv_name, &[c.conv_dim(), 1, k])?.swapaxes(1, 2).map_err(|e| mlx_err(&conv_name, e))?
         } else {
             s.tensor(&conv_name, &[c.conv_dim(), k, 1])?
@@ -544,8 +569,11 @@ fn mlx_err(context: &str, e: mlx::Error) -> LoadError {
 
 impl Qwen35 {
     pub fn load(dir: &Path, config: &serde_json::Value, opts: &LoadOptions) -> std::result::Result<Qwen35, LoadError> {
-        let c = Config::from_json(config)?;
+        let mut c = Config::from_json(config)?;
         let store = Store::new(Checkpoint::open(dir)?, opts.dtype)?;
+        if let Some(note) = c.resolve_tie(store.has("lm_head.weight")) {
+            tracing::warn!("{}: {note}", dir.display());
+        }
         let (d, v, eps) = (c.text.hidden_size, c.text.vocab_size, c.text.rms_norm_eps);
         let norms = |name: &str, dim: i32| store.norm(name, dim, eps);
         let embed_tokens = store.embedding("embed_tokens", v, d)?;
@@ -708,9 +736,9 @@ pub fn set_rope_delta(cache: &mut [LayerCache], delta: i32) {
     }
 }
 
-/// Loads the MTP head if the config declares one and the files hold all of it. The norm convention
-/// comes from each tensor's provenance; a head whose norms contradict that (a raw head grafted onto
-/// a converted body, or one shifted twice) is detected from the norms' means and repaired.
+/// Loads the MTP head if the config declares one and the files hold all of it. The seven norms'
+/// convention is decided by [`mtp_head_norms`]: from provenance facts, with statistics only for a
+/// re-attached head; a head shifted twice does not run.
 fn load_mtp(s: &Store, c: &Config) -> std::result::Result<(Option<MtpHead>, MtpStatus), LoadError> {
     let declared = c.text.mtp_num_hidden_layers;
     let present = s.names_with_prefix("mtp.");
@@ -740,21 +768,23 @@ fn load_mtp(s: &Store, c: &Config) -> std::result::Result<(Option<MtpHead>, MtpS
         s.skip_prefix("mtp.");
         return Ok((None, status));
     }
-    let twice = mtp_norms_shifted_twice(s)?;
-    if !twice.is_empty() {
-        status.reason = Some(format!(
-            "MTP head norms look shifted twice (1 added two times): {}; MTP is off (`tandem convert --repair` writes a fixed copy)",
-            twice.join(", ")
-        ));
+    let decision = mtp_head_norms(s)?;
+    if let Some(why) = &decision.refused {
+        status.reason = Some(format!("{why}; MTP is off (`tandem convert --repair` writes a fixed copy)"));
+        tracing::warn!("{}", status.reason.as_deref().unwrap_or_default());
         s.skip_prefix("mtp.");
         return Ok((None, status));
     }
-    let (conventions, repaired) = mtp_norm_conventions(s)?;
-    status.repaired = repaired;
+    if let Some(doubt) = &decision.doubt {
+        tracing::warn!("{doubt}");
+    }
+    if let Some(fixed) = &decision.repaired {
+        tracing::warn!("{fixed}");
+    }
+    status.repaired = decision.repaired.clone();
     let eps = c.text.rms_norm_eps;
     let norms = |name: &str, dim: i32| {
-        let short = name.strip_prefix("mtp.").unwrap_or(name);
-        let conv = conventions.iter().find(|(n, _)| *n == short).map(|(_, c)| *c).unwrap_or(NormConvention::ZeroCentred);
+        let conv = decision.stored(name).map(|st| st.convention()).unwrap_or(NormConvention::ZeroCentred);
         s.norm_with(name, dim, eps, conv)
     };
     let d = c.text.hidden_size;
@@ -769,63 +799,18 @@ fn load_mtp(s: &Store, c: &Config) -> std::result::Result<(Option<MtpHead>, MtpS
     Ok((Some(head), status))
 }
 
-/// Decides each MTP norm's convention. Provenance first (a raw `mtp.` name is zero-centred); then
-/// a check against the statistics: a zero-centred weight has mean near 0, a shifted one near 1. The
-/// check compares with the backbone's own norms so that it does not hinge on a fixed threshold.
-pub fn mtp_norm_conventions(s: &Store) -> std::result::Result<(Vec<(&'static str, NormConvention)>, Option<String>), LoadError> {
-    let backbone_shifted = s.provenance("norm.weight") == Some(Provenance::Mlx);
-    let backbone_mean = s.mean("norm.weight")?;
-    let mut out = Vec::new();
-    let mut fixed = Vec::new();
-    for name in MTP_NORMS {
-        let full = format!("mtp.{name}");
-        let declared = match s.provenance(&full) {
-            Some(Provenance::Hf) => NormConvention::ZeroCentred,
-            _ => NormConvention::Shifted,
-        };
-        let mean = s.mean(&full)?;
-        // Distance of the effective scale's mean from the backbone's effective scale mean.
-        let backbone_scale = if backbone_shifted { backbone_mean } else { 1.0 + backbone_mean };
-        let as_zero = (1.0 + mean - backbone_scale).abs();
-        let as_shifted = (mean - backbone_scale).abs();
-        let observed = if as_zero < as_shifted { NormConvention::ZeroCentred } else { NormConvention::Shifted };
-        // Only overrule provenance when the evidence is clear (mean near 0 vs near 1, or near 2).
-        let clear = (as_zero - as_shifted).abs() > 0.5;
-        let conv = if clear && observed != declared {
-            fixed.push(format!("mtp.{name} (mean {mean:.3})"));
-            observed
-        } else {
-            declared
-        };
-        out.push((name, conv));
-    }
-    let repaired = (!fixed.is_empty()).then(|| {
-        let msg = format!("MTP norm convention repaired for {} tensor(s): {}", fixed.len(), fixed.join(", "));
-        tracing::warn!("{msg}");
-        msg
-    });
-    Ok((out, repaired))
-}
-
-/// The MTP norms whose stored weights look shifted twice (`2 + w`, e.g. a converted head shifted
-/// again by a second converter): neither convention explains them, so the head must not run. Like
-/// [`mtp_norm_conventions`], this compares with the backbone's final norm and needs a clear margin.
-pub fn mtp_norms_shifted_twice(s: &Store) -> std::result::Result<Vec<String>, LoadError> {
-    let backbone_mean = s.mean("norm.weight")?;
-    let backbone_scale = if s.provenance("norm.weight") == Some(Provenance::Mlx) { backbone_mean } else { 1.0 + backbone_mean };
-    let mut out = Vec::new();
-    for name in MTP_NORMS {
-        let full = format!("mtp.{name}");
-        if !s.has(&full) {
-            continue;
-        }
-        let mean = s.mean(&full)?;
-        let as_zero = (1.0 + mean - backbone_scale).abs();
-        let as_shifted = (mean - backbone_scale).abs();
-        let as_twice = (mean - 1.0 - backbone_scale).abs();
-        if as_twice + 0.5 < as_zero.min(as_shifted) {
-            out.push(format!("{full} (mean {mean:.3})"));
-        }
-    }
-    Ok(out)
+/// How each of the MTP head's seven norms is stored (see `model::convention`): the head's origin
+/// from names and files, the norms' means, and the body's final norm as the yardstick.
+pub fn mtp_head_norms(s: &Store) -> std::result::Result<HeadDecision, LoadError> {
+    let origin = convention::head_origin(s.layout, s.entries());
+    let stat = |name: &str| -> std::result::Result<NormStat, LoadError> {
+        let (key, file) = s.origin(name).ok_or_else(|| LoadError::Missing(name.to_string()))?;
+        let provenance = s.provenance(name).ok_or_else(|| LoadError::Missing(name.to_string()))?;
+        Ok(NormStat { name: name.to_string(), key: key.to_string(), file: file.to_path_buf(), provenance, mean: s.mean(name)? })
+    };
+    let body = stat("norm.weight")?;
+    let scale = body.mean + 1.0 - Stored::declared_by(body.provenance).offset();
+    let reference = Reference { key: body.key, file: body.file, scale };
+    let norms = MTP_NORMS.iter().map(|n| stat(&format!("mtp.{n}"))).collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(convention::decide(origin, norms, &reference))
 }

@@ -7,21 +7,25 @@ use std::collections::{BTreeMap, BTreeSet};
 use mlx::{Array, Dtype, QuantMode, Quantized};
 
 use super::layers::{Embedding, Linear, NormConvention, RmsNorm};
-use super::weights::{Checkpoint, Layout, TensorRef};
+use super::weights::{Checkpoint, Layout, Shard, TensorRef};
 use super::LoadError;
 
-/// How a tensor's stored name looked, which tells whose conventions its values follow.
+/// Whose conventions a tensor's values follow, from how it was named and the checkpoint's layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Provenance {
-    /// Named as in a raw Hugging Face checkpoint (`model.language_model.*`, top-level `mtp.*`).
+    /// Raw Hugging Face (zero-centred norms): `model.language_model.*`, top-level `mtp.*`, and the
+    /// flat `model.*` / `lm_head.*` names of a raw text-only checkpoint.
     Hf,
-    /// Named as an MLX converter writes it (`language_model.*`, `vision_tower.*`).
+    /// MLX conversion (norms shifted by +1): `language_model.*`, `vision_tower.*`, and flat names
+    /// in a checkpoint whose layout is MLX.
     Mlx,
 }
 
 pub struct Store {
     pub layout: Layout,
+    /// What decided the layout (a file and tensor), for messages.
+    pub layout_reason: String,
     tensors: BTreeMap<String, (String, Provenance, TensorRef)>,
     used: RefCell<BTreeSet<String>>,
     /// Floating weights are cast to this dtype (None keeps the checkpoint's).
@@ -30,7 +34,13 @@ pub struct Store {
 
 /// Maps a stored name to (canonical name, provenance). Canonical names are the text model's names
 /// without prefix (`layers.0.mlp.up_proj.weight`), plus `lm_head.*`, `mtp.*` and `visual.*`.
-fn canonical(key: &str, layout: Layout) -> (String, Provenance) {
+///
+/// Names that only one kind of writer uses decide the provenance themselves. The flat names of a
+/// text-only checkpoint (`model.layers.*`, `model.norm.weight`, `model.mtp.*`, `lm_head.weight`)
+/// are written both by transformers' `Qwen3_5ForCausalLM` (raw) and by MLX tools, so they take
+/// the checkpoint's `layout`, which [`Checkpoint::layout_evidence`] decides from facts. A
+/// top-level `mtp.*` is the raw head's own name, also when it was re-attached to an MLX conversion.
+pub fn canonical(key: &str, layout: Layout) -> (String, Provenance) {
     const RULES: &[(&str, &str, Provenance)] = &[
         ("model.language_model.", "", Provenance::Hf),
         ("model.visual.", "visual.", Provenance::Hf),
@@ -38,21 +48,27 @@ fn canonical(key: &str, layout: Layout) -> (String, Provenance) {
         ("language_model.lm_head.", "lm_head.", Provenance::Mlx),
         ("language_model.mtp.", "mtp.", Provenance::Mlx),
         ("vision_tower.", "visual.", Provenance::Mlx),
-        ("model.", "", Provenance::Mlx),
     ];
     for (prefix, repl, prov) in RULES {
         if let Some(rest) = key.strip_prefix(prefix) {
             return (format!("{repl}{rest}"), *prov);
         }
     }
-    // Top-level `mtp.*` and `lm_head.*` are raw-HF names, also when grafted onto an MLX conversion.
-    let prov = if key.starts_with("mtp.") { Provenance::Hf } else if layout == Layout::Hf { Provenance::Hf } else { Provenance::Mlx };
+    let of_layout = match layout {
+        Layout::Hf => Provenance::Hf,
+        Layout::Mlx => Provenance::Mlx,
+    };
+    if let Some(rest) = key.strip_prefix("model.") {
+        return (rest.to_string(), of_layout);
+    }
+    let prov = if key.starts_with("mtp.") { Provenance::Hf } else { of_layout };
     (key.to_string(), prov)
 }
 
 impl Store {
     pub fn new(ckpt: Checkpoint, dtype: Option<Dtype>) -> Result<Store, LoadError> {
-        let layout = ckpt.layout();
+        let evidence = ckpt.layout_evidence()?;
+        let layout = evidence.layout;
         let mut tensors = BTreeMap::new();
         for (key, t) in ckpt.tensors {
             let (name, prov) = canonical(&key, layout);
@@ -60,7 +76,7 @@ impl Store {
                 return Err(LoadError::Conflict { a: other, b: key });
             }
         }
-        Ok(Store { layout, tensors, used: RefCell::new(BTreeSet::new()), dtype })
+        Ok(Store { layout, layout_reason: evidence.reason, tensors, used: RefCell::new(BTreeSet::new()), dtype })
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -69,6 +85,21 @@ impl Store {
 
     pub fn provenance(&self, name: &str) -> Option<Provenance> {
         self.tensors.get(name).map(|(_, p, _)| *p)
+    }
+
+    /// The stored shape of a tensor.
+    pub fn shape(&self, name: &str) -> Option<&[i32]> {
+        self.tensors.get(name).map(|(_, _, t)| t.shape.as_slice())
+    }
+
+    /// The key in the file and the file of a tensor (for messages).
+    pub fn origin(&self, name: &str) -> Option<(&str, &std::path::Path)> {
+        self.tensors.get(name).map(|(k, _, t)| (k.as_str(), t.file.path.as_path()))
+    }
+
+    /// Every tensor as (canonical name, provenance, file).
+    pub fn entries(&self) -> impl Iterator<Item = (&str, Provenance, &Shard)> {
+        self.tensors.iter().map(|(n, (_, p, t))| (n.as_str(), *p, t.file.as_ref()))
     }
 
     /// Canonical names starting with `prefix`.

@@ -33,7 +33,33 @@ pub struct TensorRef {
 pub struct Shard {
     pub path: PathBuf,
     map: Mmap,
-    pub mlx_format: bool,
+    /// The safetensors metadata `format` (`"mlx"` from mlx-lm/mlx-vlm/Tandem, `"pt"` from PyTorch
+    /// and transformers; absent from `mx.save_safetensors`).
+    pub format: Option<String>,
+}
+
+impl Shard {
+    /// The file name (for messages).
+    pub fn name(&self) -> String {
+        self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| self.path.display().to_string())
+    }
+
+    /// Whether this is an `mtp.safetensors` sidecar: a file of MTP tensors kept beside the model,
+    /// outside its index (official releases put a raw head there; people re-attach heads that way).
+    pub fn is_mtp_sidecar(&self) -> bool {
+        self.path.file_name().is_some_and(|n| n == MTP_SIDECAR)
+    }
+}
+
+/// The MTP sidecar's file name.
+pub const MTP_SIDECAR: &str = "mtp.safetensors";
+
+/// What decided a checkpoint's layout, for messages and `inspect`.
+#[derive(Debug, Clone)]
+pub struct LayoutEvidence {
+    pub layout: Layout,
+    /// One sentence naming the file and tensor (or metadata) that decided it.
+    pub reason: String,
 }
 
 impl TensorRef {
@@ -62,9 +88,12 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// Opens `model.safetensors`, or the shards listed by `model.safetensors.index.json`, or every
-    /// `*.safetensors` in the folder, plus `mtp.safetensors` when present.
+    /// `*.safetensors` in the folder, plus `mtp.safetensors` when present. With an index, every
+    /// tensor it lists must be in the shard it names (an incomplete download fails here, naming
+    /// the shard and the tensor).
     pub fn open(dir: &Path) -> Result<Checkpoint, LoadError> {
         let index = dir.join("model.safetensors.index.json");
+        let mut weight_map: Vec<(String, String)> = Vec::new();
         let mut files: Vec<PathBuf> = if index.exists() {
             let text = std::fs::read_to_string(&index).map_err(|e| LoadError::io(&index, e))?;
             let v: serde_json::Value =
@@ -73,9 +102,36 @@ impl Checkpoint {
                 path: index.clone(),
                 message: "missing object `weight_map`".into(),
             })?;
-            let mut names: Vec<&str> = map.values().filter_map(|f| f.as_str()).collect();
+            for (tensor, file) in map {
+                let file = file.as_str().ok_or_else(|| LoadError::Json {
+                    path: index.clone(),
+                    message: format!("weight_map: tensor `{tensor}` maps to {file}, not a file name"),
+                })?;
+                // Shards are plain file names inside the model folder.
+                let plain = Path::new(file).components().count() == 1
+                    && matches!(Path::new(file).components().next(), Some(std::path::Component::Normal(_)));
+                if !plain {
+                    return Err(LoadError::Json {
+                        path: index.clone(),
+                        message: format!("weight_map: tensor `{tensor}` maps to `{file}`, which is not a file in the model folder"),
+                    });
+                }
+                weight_map.push((tensor.clone(), file.to_string()));
+            }
+            let mut names: Vec<&str> = weight_map.iter().map(|(_, f)| f.as_str()).collect();
             names.sort();
             names.dedup();
+            for name in &names {
+                if !dir.join(name).is_file() {
+                    let example = weight_map.iter().find(|(_, f)| f == name).map(|(t, _)| t.as_str()).unwrap_or("?");
+                    let count = weight_map.iter().filter(|(_, f)| f == name).count();
+                    return Err(LoadError::MissingShard {
+                        index: index.clone(),
+                        shard: name.to_string(),
+                        message: format!("the file is missing (it should hold {count} tensor(s), e.g. `{example}`)"),
+                    });
+                }
+            }
             names.into_iter().map(|n| dir.join(n)).collect()
         } else {
             let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -86,7 +142,7 @@ impl Checkpoint {
             found.sort();
             found
         };
-        let sidecar = dir.join("mtp.safetensors");
+        let sidecar = dir.join(MTP_SIDECAR);
         let sidecar_mtp = sidecar.exists();
         if sidecar_mtp && !files.contains(&sidecar) {
             files.push(sidecar);
@@ -103,20 +159,120 @@ impl Checkpoint {
                 }
             }
         }
+        for (tensor, file) in &weight_map {
+            if !tensors.get(tensor).is_some_and(|t: &TensorRef| t.file.path == dir.join(file)) {
+                return Err(LoadError::MissingShard {
+                    index: index.clone(),
+                    shard: file.clone(),
+                    message: format!("the index lists tensor `{tensor}` in it, but the file does not hold it (incomplete or mixed download?)"),
+                });
+            }
+        }
         Ok(Checkpoint { dir: dir.to_path_buf(), tensors, sidecar_mtp })
     }
 
-    /// The layout, from the files' `format` metadata and the key names; never from dtypes.
-    pub fn layout(&self) -> Layout {
-        let any_mlx_meta = self.tensors.values().any(|t| t.file.mlx_format);
-        let hf_keys = self.tensors.keys().any(|k| k.starts_with("model.language_model.") || k.starts_with("model.visual."));
-        let conv_hf = self.tensors.iter().any(|(k, t)| k.ends_with("conv1d.weight") && t.shape.last() != Some(&1));
-        if hf_keys || (conv_hf && !any_mlx_meta) {
-            Layout::Hf
-        } else {
-            Layout::Mlx
-        }
+    /// The layout; see [`layout_evidence`](Self::layout_evidence).
+    pub fn layout(&self) -> Result<Layout, LoadError> {
+        self.layout_evidence().map(|e| e.layout)
     }
+
+    /// Decides whether the body (the text model, without MTP head and vision tower) is a raw Hugging
+    /// Face checkpoint (zero-centred norms) or an MLX conversion (norms shifted by +1), from facts
+    /// that follow from how each was written, never from dtypes or weight statistics:
+    /// 1. the Gated DeltaNet conv1d layout: PyTorch's `[C, 1, K]` in raw checkpoints, `[C, K, 1]`
+    ///    after every MLX converter (mlx-lm and mlx-vlm decide their own +1 from exactly this);
+    /// 2. the body's key prefixes (`model.language_model.*` raw, `language_model.model.*` MLX);
+    ///    the flat `model.layers.*` of a text-only checkpoint says nothing by itself;
+    /// 3. affine-quantized linears (`.scales` beside a packed `U32` weight): only MLX writes them;
+    /// 4. the safetensors metadata `format` (`"mlx"` or `"pt"`).
+    ///
+    /// Facts 1 and 2 that contradict each other are an error naming both tensors.
+    pub fn layout_evidence(&self) -> Result<LayoutEvidence, LoadError> {
+        let at = |t: &TensorRef| t.file.name();
+        let body = || self.tensors.iter().filter(|(k, _)| is_body_key(k));
+        // 1. conv1d layout.
+        let (mut conv_raw, mut conv_mlx) = (None, None);
+        for (k, t) in body().filter(|(k, t)| k.ends_with("conv1d.weight") && t.shape.len() == 3) {
+            if t.shape[1] == 1 && t.shape[2] != 1 {
+                conv_raw.get_or_insert((k, t));
+            } else if t.shape[2] == 1 && t.shape[1] != 1 {
+                conv_mlx.get_or_insert((k, t));
+            }
+        }
+        let conv = |(k, t): (&String, &TensorRef)| format!("{}: `{k}` has shape {:?}", at(t), t.shape);
+        if let (Some(r), Some(m)) = (conv_raw, conv_mlx) {
+            return Err(LoadError::Layout(format!(
+                "{} (raw PyTorch layout [C, 1, K]) but {} (MLX layout [C, K, 1]): the files mix a raw checkpoint and an MLX conversion",
+                conv(r),
+                conv(m)
+            )));
+        }
+        // 2. key prefixes.
+        let raw_name = body().find(|(k, _)| k.starts_with("model.language_model."));
+        let mlx_name = body().find(|(k, _)| k.starts_with("language_model."));
+        if let (Some((a, ta)), Some((b, tb))) = (raw_name, mlx_name) {
+            return Err(LoadError::Layout(format!(
+                "{}: `{a}` is named as in a raw checkpoint but {}: `{b}` as in an MLX conversion",
+                at(ta),
+                at(tb)
+            )));
+        }
+        let by_conv = conv_raw.map(|c| (Layout::Hf, c)).or(conv_mlx.map(|c| (Layout::Mlx, c)));
+        if let Some((layout, c)) = by_conv {
+            let contradiction = match layout {
+                Layout::Hf => mlx_name,
+                Layout::Mlx => raw_name,
+            };
+            if let Some((k, t)) = contradiction {
+                return Err(LoadError::Layout(format!(
+                    "{} ({} layout) but {}: `{k}` is named as in {}: a renamed file whose norm convention cannot be told",
+                    conv(c),
+                    if layout == Layout::Hf { "raw" } else { "MLX" },
+                    at(t),
+                    if layout == Layout::Hf { "an MLX conversion" } else { "a raw checkpoint" },
+                )));
+            }
+            let what = if layout == Layout::Hf { "raw PyTorch layout [C, 1, K]" } else { "MLX layout [C, K, 1]" };
+            return Ok(LayoutEvidence { layout, reason: format!("{} ({what})", conv(c)) });
+        }
+        if let Some((k, t)) = raw_name {
+            return Ok(LayoutEvidence { layout: Layout::Hf, reason: format!("{}: `{k}` is named as in a raw checkpoint", at(t)) });
+        }
+        if let Some((k, t)) = mlx_name {
+            return Ok(LayoutEvidence { layout: Layout::Mlx, reason: format!("{}: `{k}` is named as in an MLX conversion", at(t)) });
+        }
+        // 3. affine quantization.
+        let quantized = body().find(|(k, t)| {
+            k.ends_with(".weight") && t.dtype == Dtype::U32 && self.tensors.contains_key(&format!("{}.scales", &k[..k.len() - ".weight".len()]))
+        });
+        if let Some((k, t)) = quantized {
+            return Ok(LayoutEvidence { layout: Layout::Mlx, reason: format!("{}: `{k}` is affine-quantized (only MLX writes that)", at(t)) });
+        }
+        // 4. metadata.
+        for (_, t) in body() {
+            match t.file.format.as_deref() {
+                Some("mlx") => return Ok(LayoutEvidence { layout: Layout::Mlx, reason: format!("{}: safetensors metadata format \"mlx\"", at(t)) }),
+                Some("pt") => return Ok(LayoutEvidence { layout: Layout::Hf, reason: format!("{}: safetensors metadata format \"pt\" (written by PyTorch)", at(t)) }),
+                _ => {}
+            }
+        }
+        let example = body().next().map(|(k, t)| format!(" (e.g. {}: `{k}`)", at(t))).unwrap_or_default();
+        Err(LoadError::Layout(format!(
+            "{}: cannot tell a raw checkpoint from an MLX conversion{example}: no linear-attention conv1d weights, no \
+             `model.language_model.*` or `language_model.*` names, no quantized tensors and no safetensors `format` metadata",
+            self.dir.display()
+        )))
+    }
+}
+
+/// A key of the text body: not the MTP head, not the vision tower (under any of the prefixes
+/// `model.`, `language_model.` that checkpoints put before them).
+fn is_body_key(k: &str) -> bool {
+    let mut rest = k;
+    while let Some(r) = rest.strip_prefix("model.").or_else(|| rest.strip_prefix("language_model.")) {
+        rest = r;
+    }
+    !(rest.starts_with("mtp.") || rest.starts_with("visual.") || rest.starts_with("vision_tower."))
 }
 
 fn open_shard(path: &Path) -> Result<Shard, LoadError> {
@@ -126,8 +282,8 @@ fn open_shard(path: &Path) -> Result<Shard, LoadError> {
     let map = unsafe { Mmap::map(&f) }.map_err(|e| LoadError::io(path, e))?;
     let (_, meta) = safetensors::SafeTensors::read_metadata(&map)
         .map_err(|e| LoadError::Safetensors { path: path.to_path_buf(), message: e.to_string() })?;
-    let mlx_format = meta.metadata().as_ref().and_then(|m| m.get("format")).is_some_and(|f| f == "mlx");
-    Ok(Shard { path: path.to_path_buf(), map, mlx_format })
+    let format = meta.metadata().as_ref().and_then(|m| m.get("format")).cloned();
+    Ok(Shard { path: path.to_path_buf(), map, format })
 }
 
 fn read_header(shard: &Arc<Shard>) -> Result<Vec<(String, TensorRef)>, LoadError> {
@@ -140,10 +296,21 @@ fn read_header(shard: &Arc<Shard>) -> Result<Vec<(String, TensorRef)>, LoadError
             path: shard.path.clone(),
             message: format!("tensor `{name}` has unsupported dtype {:?}", info.dtype),
         })?;
-        let shape: Vec<i32> = info.shape.iter().map(|&d| d as i32).collect();
-        let (start, end) = (base + info.data_offsets.0, base + info.data_offsets.1);
-        let n: usize = info.shape.iter().product();
-        if end > shard.map.len() || end - start != n * dtype.size() {
+        let bad = |message: String| LoadError::Safetensors { path: shard.path.clone(), message: format!("tensor `{name}` {message}") };
+        let shape: Vec<i32> = info
+            .shape
+            .iter()
+            .map(|&d| i32::try_from(d))
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad(format!("has shape {:?}, a dimension too large", info.shape)))?;
+        let (Some(start), Some(end)) = (base.checked_add(info.data_offsets.0), base.checked_add(info.data_offsets.1)) else {
+            return Err(bad(format!("has data offsets {:?} past any file", info.data_offsets)));
+        };
+        let bytes = info.shape.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d));
+        if end < start || bytes != Some(end - start) {
+            return Err(bad(format!("has data offsets {:?} that do not hold shape {:?} of {:?}", info.data_offsets, info.shape, info.dtype)));
+        }
+        if end > shard.map.len() {
             return Err(LoadError::Safetensors {
                 path: shard.path.clone(),
                 message: format!("tensor `{name}` runs past the end of the file (truncated?)"),

@@ -290,6 +290,20 @@ fn out_config(
                 obj.insert(key.into(), opts.dtype.config_name().into());
             }
         }
+        // A text-only source (transformers' `qwen3_5_text`): mlx-lm has no module of that name but
+        // reads a flat `qwen3_5` config as its text config, and so does Tandem.
+        if obj.get("model_type").and_then(|t| t.as_str()) == Some("qwen3_5_text") {
+            obj.insert("model_type".into(), "qwen3_5".into());
+        }
+        // The two levels disagreed on tying and the checkpoint settled it: write one answer, the
+        // one the written tensors follow, where every reader looks.
+        if src.model.tie_conflict {
+            let tied = serde_json::Value::Bool(src.model.tie_word_embeddings);
+            obj.insert("tie_word_embeddings".into(), tied.clone());
+            if let Some(t) = obj.get_mut("text_config").and_then(|t| t.as_object_mut()) {
+                t.insert("tie_word_embeddings".into(), tied);
+            }
+        }
         let text = match obj.get_mut("text_config").and_then(|t| t.as_object_mut()) {
             Some(t) => t,
             None => obj,

@@ -1,45 +1,19 @@
 //! The MTP head of a checkpoint: is it complete, and which convention do its seven norms follow?
 //!
-//! A norm's convention is first what its name says (raw `mtp.*` names are zero-centred, MLX names
-//! `language_model.mtp.*` are shifted by +1), then checked against the statistics, as the loader does
-//! (`model::qwen3_5::mtp_norm_conventions`): the effective scale of a head norm should be near the
-//! backbone's final norm. A clear contradiction (a margin of 0.5 on the mean) overrules the name.
-//! Stored values of `2 + w` (a head shifted twice) fit neither convention.
+//! The decision is the loader's own (`model::convention`): a head written with its body follows
+//! its names; a re-attached head's names are checked against the statistics, for the head as a
+//! whole; a head shifted twice (`2 + w`) fits neither convention and does not run.
 
 use serde::Serialize;
 
 use super::source::Source;
 use super::ConvertError;
-use crate::model::layers::NormConvention;
+use crate::model::convention::{self, NormStat, Reference};
 use crate::model::qwen3_5::{MTP_NORMS, MTP_TENSORS};
 use crate::model::store::Provenance;
 use crate::model::Layout;
 
-/// How a head norm's values are actually stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Stored {
-    ZeroCentred,
-    Shifted,
-    ShiftedTwice,
-}
-
-impl Stored {
-    /// How many times 1 was added to the raw weight.
-    pub fn offset(self) -> f32 {
-        match self {
-            Stored::ZeroCentred => 0.0,
-            Stored::Shifted => 1.0,
-            Stored::ShiftedTwice => 2.0,
-        }
-    }
-    pub fn convention(self) -> NormConvention {
-        match self {
-            Stored::ZeroCentred => NormConvention::ZeroCentred,
-            _ => NormConvention::Shifted,
-        }
-    }
-}
+pub use crate::model::convention::Stored;
 
 /// One MTP norm as found.
 #[derive(Debug, Clone, Serialize)]
@@ -95,13 +69,6 @@ impl HeadAnalysis {
     }
 }
 
-fn declared_of(p: Provenance) -> Stored {
-    match p {
-        Provenance::Hf => Stored::ZeroCentred,
-        Provenance::Mlx => Stored::Shifted,
-    }
-}
-
 pub fn analyse(src: &Source) -> Result<HeadAnalysis, ConvertError> {
     let declared_layers = src.model.text.mtp_num_hidden_layers;
     let present: Vec<&str> = src.tensors.iter().filter(|t| t.name.starts_with("mtp.")).map(|t| t.name.as_str()).collect();
@@ -141,49 +108,36 @@ pub fn analyse(src: &Source) -> Result<HeadAnalysis, ConvertError> {
         return Ok(a);
     }
 
-    let body = src.get("norm.weight").ok_or_else(|| ConvertError::Source { path: src.dir.clone(), message: "missing tensor `norm.weight`".into() })?;
-    let body_mean = src.mean("norm.weight")?;
-    let body_scale = if body.provenance == Provenance::Mlx { body_mean } else { 1.0 + body_mean };
-    for short in MTP_NORMS {
-        let name = format!("mtp.{short}");
-        let Some(t) = src.get(&name) else { continue };
-        let mean = src.mean(&name)?;
-        let declared = declared_of(t.provenance);
-        let dist = |s: Stored| (mean + 1.0 - s.offset() - body_scale).abs();
-        let best = [Stored::ZeroCentred, Stored::Shifted, Stored::ShiftedTwice]
-            .into_iter()
-            .min_by(|x, y| dist(*x).total_cmp(&dist(*y)))
-            .unwrap_or(declared);
-        let stored = if best != declared && dist(best) + 0.5 < dist(declared) { best } else { declared };
-        a.norms.push(HeadNorm { name, key: t.key.clone(), mean, declared, stored });
-    }
+    let stat = |name: &str| -> Result<NormStat, ConvertError> {
+        let t = src.get(name).ok_or_else(|| ConvertError::Source { path: src.dir.clone(), message: format!("missing tensor `{name}`") })?;
+        Ok(NormStat { name: name.to_string(), key: t.key.clone(), file: t.file().to_path_buf(), provenance: t.provenance, mean: src.mean(name)? })
+    };
+    let body = stat("norm.weight")?;
+    let scale = body.mean + 1.0 - Stored::declared_by(body.provenance).offset();
+    let reference = Reference { key: body.key, file: body.file, scale };
+    let norms = MTP_NORMS.iter().map(|n| stat(&format!("mtp.{n}"))).collect::<Result<Vec<_>, _>>()?;
+    let origin = convention::head_origin(src.layout, src.tensors.iter().map(|t| (t.name.as_str(), t.provenance, t.tensor.file.as_ref())));
+    let decision = convention::decide(origin, norms, &reference);
+    a.norms = decision
+        .norms
+        .iter()
+        .map(|n| HeadNorm { name: n.stat.name.clone(), key: n.stat.key.clone(), mean: n.stat.mean, declared: n.declared, stored: n.stored })
+        .collect();
 
     let body_layout = src.layout;
-    let twice: Vec<&str> = a.norms.iter().filter(|n| n.stored == Stored::ShiftedTwice).map(|n| n.key.as_str()).collect();
     let mislabelled: Vec<&str> = a.norms.iter().filter(|n| n.stored != n.declared && n.stored != Stored::ShiftedTwice).map(|n| n.key.as_str()).collect();
     let grafted = match (head_provenance, body_layout) {
         (Some(Provenance::Hf), Layout::Mlx) => Some("a raw (zero-centred) head under top-level `mtp.*` names on an MLX-converted body"),
         (Some(Provenance::Mlx), Layout::Hf) => Some("a converted (shifted) head under `language_model.mtp.*` names on a raw body"),
         _ => None,
     };
-    let (verdict, message) = if !twice.is_empty() {
+    let (verdict, message) = if let Some(why) = &decision.refused {
         (
             Verdict::Inconsistent,
-            format!(
-                "{} of 7 MTP norms look shifted twice (1 added two times; e.g. `{}`): the head cannot run as stored and the loader turns MTP off; `repair` writes a fixed copy",
-                twice.len(),
-                twice[0]
-            ),
+            format!("{why}: the head cannot run as stored and the loader turns MTP off; `repair` writes a fixed copy"),
         )
-    } else if !mislabelled.is_empty() {
-        (
-            Verdict::Repaired,
-            format!(
-                "{} of 7 MTP norms hold values of the other convention than their names say (e.g. `{}`): the loader repairs them at load time; `repair` writes a consistent copy",
-                mislabelled.len(),
-                mislabelled[0]
-            ),
-        )
+    } else if let (Some(fixed), false) = (&decision.repaired, mislabelled.is_empty()) {
+        (Verdict::Repaired, format!("{fixed}: the loader repairs them at load time; `repair` writes a consistent copy"))
     } else if let Some(what) = grafted {
         (
             Verdict::Repaired,

@@ -4,29 +4,9 @@
 //! `mtp.*`, `visual.*`); see `model/store.rs`.
 
 use crate::model::qwen3_5::MTP_NORMS;
-use crate::model::store::Provenance;
-use crate::model::Layout;
 
-/// Maps a stored key to (canonical name, provenance), with the same rules as the loader
-/// (`model/store.rs`, which keeps its copy private).
-pub fn canonical(key: &str, layout: Layout) -> (String, Provenance) {
-    const RULES: &[(&str, &str, Provenance)] = &[
-        ("model.language_model.", "", Provenance::Hf),
-        ("model.visual.", "visual.", Provenance::Hf),
-        ("language_model.model.", "", Provenance::Mlx),
-        ("language_model.lm_head.", "lm_head.", Provenance::Mlx),
-        ("language_model.mtp.", "mtp.", Provenance::Mlx),
-        ("vision_tower.", "visual.", Provenance::Mlx),
-        ("model.", "", Provenance::Mlx),
-    ];
-    for (prefix, repl, prov) in RULES {
-        if let Some(rest) = key.strip_prefix(prefix) {
-            return (format!("{repl}{rest}"), *prov);
-        }
-    }
-    let prov = if key.starts_with("mtp.") || layout == Layout::Hf { Provenance::Hf } else { Provenance::Mlx };
-    (key.to_string(), prov)
-}
+/// Maps a stored key to (canonical name, provenance): the loader's own rules.
+pub use crate::model::store::canonical;
 
 /// The key a canonical name gets in the MLX layout that mlx-lm and mlx-vlm load.
 pub fn mlx_key(name: &str) -> String {
@@ -166,6 +146,8 @@ pub fn layer_index(name: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::store::Provenance;
+    use crate::model::Layout;
 
     #[test]
     fn roles_follow_the_spec() {

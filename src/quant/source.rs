@@ -56,12 +56,12 @@ impl Source {
         if !matches!(model_type, "qwen3_5" | "qwen3_5_text") {
             return Err(ConvertError::UnknownModelType { path: dir.join("config.json"), model_type: model_type.to_string() });
         }
-        let model = Config::from_json(&config).map_err(|e| ConvertError::Source { path: dir.join("config.json"), message: e.to_string() })?;
+        let mut model = Config::from_json(&config).map_err(|e| ConvertError::Source { path: dir.join("config.json"), message: e.to_string() })?;
         for file in weight_files(dir)? {
             check_header(&file)?;
         }
         let ckpt = Checkpoint::open(dir)?;
-        let layout = ckpt.layout();
+        let layout = ckpt.layout()?;
         let mut tensors: Vec<SourceTensor> = ckpt
             .tensors
             .into_iter()
@@ -71,6 +71,7 @@ impl Source {
             })
             .collect();
         tensors.sort_by(|a, b| a.name.cmp(&b.name));
+        model.resolve_tie(tensors.iter().any(|t| t.name == "lm_head.weight"));
         let mut by_name = BTreeMap::new();
         for (i, t) in tensors.iter().enumerate() {
             if let Some(j) = by_name.insert(t.name.clone(), i) {

@@ -1,0 +1,314 @@
+//! Which convention the MTP head's seven RMSNorms follow: zero-centred (raw checkpoints, scale
+//! `1 + w`) or shifted (MLX conversions, scale `w`). A wrong choice multiplies the head's features by
+//! about 0 or 2 and drops MTP acceptance to about 0% without any error (spec 3.6 and 6.2).
+//!
+//! The decision comes from provenance facts wherever they exist:
+//! - a head written together with its body by one tool follows the body: raw names on a raw body
+//!   are zero-centred, MLX names in an MLX body's own files are shifted. Weight statistics never
+//!   overrule these names (they used to, and a converted head whose norms happened to sit well
+//!   below the body's final norm was "repaired" into the wrong convention);
+//! - a re-attached head (names that disagree with the body's layout, or a head in an
+//!   `mtp.safetensors` sidecar of an MLX conversion) carries names that are only a claim: people
+//!   graft raw heads under MLX names and the reverse.
+//!
+//! Statistics are the fallback for the re-attached case, and the check for one failure no fact
+//! reveals (a head shifted twice). They judge the head as a whole, because its seven norms were
+//! written by one tool: each norm votes for the offset (0, 1 or 2 additions of 1) that puts its
+//! mean effective scale nearest the body's final norm, with a margin of 0.5; only a majority of at
+//! least 5 of 7 clear votes changes anything, and every message names the file, tensor and values.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::layers::NormConvention;
+use super::store::Provenance;
+use super::weights::{Layout, Shard};
+
+/// How a head norm's values are actually stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stored {
+    ZeroCentred,
+    Shifted,
+    ShiftedTwice,
+}
+
+impl Stored {
+    /// How many times 1 was added to the raw weight.
+    pub fn offset(self) -> f32 {
+        match self {
+            Stored::ZeroCentred => 0.0,
+            Stored::Shifted => 1.0,
+            Stored::ShiftedTwice => 2.0,
+        }
+    }
+
+    pub fn convention(self) -> NormConvention {
+        match self {
+            Stored::ZeroCentred => NormConvention::ZeroCentred,
+            _ => NormConvention::Shifted,
+        }
+    }
+
+    /// What a name of this provenance declares.
+    pub fn declared_by(p: Provenance) -> Stored {
+        match p {
+            Provenance::Hf => Stored::ZeroCentred,
+            Provenance::Mlx => Stored::Shifted,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Stored::ZeroCentred => "zero-centred",
+            Stored::Shifted => "shifted",
+            Stored::ShiftedTwice => "shifted twice",
+        }
+    }
+}
+
+/// Where the head came from, relative to the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeadOrigin {
+    /// Written with the body by one tool: its names are facts.
+    WithBody,
+    /// Re-attached to the body (the reason says how it shows): its names are a claim.
+    Grafted(String),
+}
+
+/// Decides the head's origin from its tensors' names and files. `entries` are (canonical name,
+/// provenance, file) of every tensor of the checkpoint.
+pub fn head_origin<'a>(layout: Layout, entries: impl IntoIterator<Item = (&'a str, Provenance, &'a Shard)>) -> HeadOrigin {
+    let body = match layout {
+        Layout::Hf => Provenance::Hf,
+        Layout::Mlx => Provenance::Mlx,
+    };
+    let (mut foreign, mut sidecar) = (None, None);
+    for (name, prov, shard) in entries {
+        if !name.starts_with("mtp.") {
+            continue;
+        }
+        if prov != body && foreign.is_none() {
+            foreign = Some(shard.name());
+        }
+        if shard.is_mtp_sidecar() && sidecar.is_none() {
+            sidecar = Some(shard.name());
+        }
+    }
+    match (layout, foreign, sidecar) {
+        (Layout::Mlx, Some(file), _) => {
+            HeadOrigin::Grafted(format!("raw `mtp.*` names (in {file}) on an MLX conversion: a raw head re-attached to a converted body"))
+        }
+        (Layout::Hf, Some(file), _) => {
+            HeadOrigin::Grafted(format!("MLX `language_model.mtp.*` names (in {file}) on a raw checkpoint: a converted head re-attached to a raw body"))
+        }
+        // Nothing shifts a raw head and keeps its raw names; official releases ship it in a sidecar.
+        (Layout::Hf, None, _) => HeadOrigin::WithBody,
+        (Layout::Mlx, None, Some(file)) => {
+            HeadOrigin::Grafted(format!("MLX names in {file}, a file kept beside the conversion rather than written with it"))
+        }
+        (Layout::Mlx, None, None) => HeadOrigin::WithBody,
+    }
+}
+
+/// One stored head norm.
+#[derive(Debug, Clone, Serialize)]
+pub struct NormStat {
+    /// Canonical name (`mtp.norm.weight`).
+    pub name: String,
+    /// Key in the file.
+    pub key: String,
+    pub file: PathBuf,
+    pub provenance: Provenance,
+    /// Mean of the stored values.
+    pub mean: f32,
+}
+
+/// The body's final norm, the yardstick for the head's effective scales.
+#[derive(Debug, Clone)]
+pub struct Reference {
+    pub key: String,
+    pub file: PathBuf,
+    /// Mean effective scale (the body's convention is a fact, decided by its layout).
+    pub scale: f32,
+}
+
+/// One norm's verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct NormVerdict {
+    pub stat: NormStat,
+    /// What its name declares.
+    pub declared: Stored,
+    /// How its values are taken to be stored.
+    pub stored: Stored,
+}
+
+#[derive(Debug, Clone)]
+pub struct HeadDecision {
+    pub origin: HeadOrigin,
+    pub norms: Vec<NormVerdict>,
+    /// Set when the statistics overruled the names of a re-attached head (the loader repairs it).
+    pub repaired: Option<String>,
+    /// Set when the head cannot run as stored (shifted twice): MTP must stay off.
+    pub refused: Option<String>,
+    /// Set when some norms disagree with the names but not enough to act: the names are followed.
+    pub doubt: Option<String>,
+}
+
+impl HeadDecision {
+    pub fn stored(&self, name: &str) -> Option<Stored> {
+        self.norms.iter().find(|n| n.stat.name == name).map(|n| n.stored)
+    }
+}
+
+/// A norm's vote must beat its name's claim by this much (in mean effective scale).
+pub const MARGIN: f32 = 0.5;
+/// How many of the seven norms must vote alike to act.
+pub const MAJORITY: usize = 5;
+
+fn file_name(p: &std::path::Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
+}
+
+/// Decides how the head's norms are stored (see the module docs).
+pub fn decide(origin: HeadOrigin, norms: Vec<NormStat>, reference: &Reference) -> HeadDecision {
+    let scale = |mean: f32, s: Stored| mean + 1.0 - s.offset();
+    let votes: Vec<(NormStat, Stored, Stored)> = norms
+        .into_iter()
+        .map(|n| {
+            let declared = Stored::declared_by(n.provenance);
+            let dist = |s: Stored| (scale(n.mean, s) - reference.scale).abs();
+            let best = [Stored::ZeroCentred, Stored::Shifted, Stored::ShiftedTwice]
+                .into_iter()
+                .min_by(|a, b| dist(*a).total_cmp(&dist(*b)))
+                .unwrap_or(declared);
+            let vote = if best != declared && dist(best) + MARGIN < dist(declared) { best } else { declared };
+            (n, declared, vote)
+        })
+        .collect();
+    // A head written with its body keeps its names; only a second shift is looked for.
+    let counts = |alt: Stored| {
+        votes
+            .iter()
+            .filter(|(_, d, v)| {
+                *v == alt && *d != alt && (matches!(origin, HeadOrigin::Grafted(_)) || (*d == Stored::Shifted && alt == Stored::ShiftedTwice))
+            })
+            .count()
+    };
+    let (alt, n) = [Stored::ZeroCentred, Stored::Shifted, Stored::ShiftedTwice]
+        .into_iter()
+        .map(|a| (a, counts(a)))
+        .max_by_key(|(_, n)| *n)
+        .unwrap_or((Stored::Shifted, 0));
+    let listed = |pick: &dyn Fn(&Stored) -> bool| {
+        votes
+            .iter()
+            .filter(|(_, _, v)| pick(v))
+            .map(|(s, d, v)| {
+                format!(
+                    "{}: `{}` mean {:.3} (scale {:.3} if {}, {:.3} if {})",
+                    file_name(&s.file),
+                    s.key,
+                    s.mean,
+                    scale(s.mean, *d),
+                    d.describe(),
+                    scale(s.mean, *v),
+                    v.describe()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let yardstick = format!("the body's final norm {}: `{}` has mean scale {:.3}", file_name(&reference.file), reference.key, reference.scale);
+    let total = votes.len();
+    let mut d = HeadDecision { origin: origin.clone(), norms: Vec::new(), repaired: None, refused: None, doubt: None };
+    let act = n >= MAJORITY.min(total.max(1));
+    if n > 0 && act && alt == Stored::ShiftedTwice {
+        d.refused = Some(format!(
+            "{n} of {total} MTP norms look shifted twice (1 added two times): {}; {yardstick}",
+            listed(&|v| *v == Stored::ShiftedTwice)
+        ));
+    } else if n > 0 && act {
+        let why = match &origin {
+            HeadOrigin::Grafted(why) => why.clone(),
+            HeadOrigin::WithBody => "head written with its body".into(),
+        };
+        d.repaired = Some(format!(
+            "MTP norm convention repaired for {total} tensor(s) ({why}; {n} of {total} norms are {} although named {}): {}; {yardstick}",
+            alt.describe(),
+            votes.first().map_or("", |(_, d, _)| d.describe()),
+            listed(&|v| *v == alt)
+        ));
+    } else if n > 0 {
+        d.doubt = Some(format!(
+            "{n} of {total} MTP norms look {} although named otherwise, fewer than the {MAJORITY} needed to act; following the names: {}; {yardstick}",
+            alt.describe(),
+            listed(&|v| *v == alt)
+        ));
+    }
+    d.norms = votes
+        .into_iter()
+        .map(|(stat, declared, _)| {
+            let stored = if n > 0 && act { alt } else { declared };
+            NormVerdict { stat, declared, stored }
+        })
+        .collect();
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(prov: Provenance, means: &[f32]) -> Vec<NormStat> {
+        means
+            .iter()
+            .enumerate()
+            .map(|(i, &mean)| NormStat { name: format!("mtp.n{i}.weight"), key: format!("k{i}"), file: "m.safetensors".into(), provenance: prov, mean })
+            .collect()
+    }
+
+    fn reference(scale: f32) -> Reference {
+        Reference { key: "language_model.model.norm.weight".into(), file: "model.safetensors".into(), scale }
+    }
+
+    #[test]
+    fn a_head_written_with_its_body_keeps_its_names_whatever_its_means() {
+        // A converted head whose raw means are about -0.4 (stored 0.6) next to a body final norm of
+        // scale 1.54: each norm's mean sits nearer the body as if zero-centred. Names decide.
+        let d = decide(HeadOrigin::WithBody, stats(Provenance::Mlx, &[0.6; 7]), &reference(1.54));
+        assert!(d.norms.iter().all(|n| n.stored == Stored::Shifted), "{d:?}");
+        assert!(d.repaired.is_none() && d.refused.is_none() && d.doubt.is_none(), "{d:?}");
+        // The same values, re-attached, are repaired (the old, per-norm behaviour for every head).
+        let d = decide(HeadOrigin::Grafted("test".into()), stats(Provenance::Mlx, &[0.6; 7]), &reference(1.54));
+        assert!(d.norms.iter().all(|n| n.stored == Stored::ZeroCentred), "{d:?}");
+        assert!(d.repaired.as_deref().is_some_and(|m| m.contains("7 tensor") && m.contains("`k0` mean 0.600")), "{d:?}");
+    }
+
+    #[test]
+    fn shifted_twice_is_refused_only_by_a_majority() {
+        let d = decide(HeadOrigin::WithBody, stats(Provenance::Mlx, &[2.0; 7]), &reference(1.0));
+        let r = d.refused.as_deref().unwrap_or_default();
+        assert!(r.contains("7 of 7") && r.contains("shifted twice") && r.contains("m.safetensors: `k3` mean 2.000"), "{r}");
+        assert!(r.contains("model.safetensors: `language_model.model.norm.weight` has mean scale 1.000"), "{r}");
+        // Four high norms are not enough: the names stand, with a doubt that names them.
+        let d = decide(HeadOrigin::WithBody, stats(Provenance::Mlx, &[2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0]), &reference(1.0));
+        assert!(d.refused.is_none() && d.norms.iter().all(|n| n.stored == Stored::Shifted), "{d:?}");
+        assert!(d.doubt.as_deref().is_some_and(|m| m.contains("4 of 7") && m.contains("`k0`")), "{d:?}");
+    }
+
+    #[test]
+    fn a_raw_head_on_a_raw_body_is_never_second_guessed() {
+        let d = decide(HeadOrigin::WithBody, stats(Provenance::Hf, &[1.2; 7]), &reference(1.0));
+        assert!(d.norms.iter().all(|n| n.stored == Stored::ZeroCentred) && d.repaired.is_none() && d.refused.is_none(), "{d:?}");
+    }
+
+    #[test]
+    fn one_outlier_does_not_split_a_grafted_head() {
+        // Raw names, raw values, one norm far off: the head stays zero-centred as a whole.
+        let d = decide(HeadOrigin::Grafted("test".into()), stats(Provenance::Hf, &[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.3]), &reference(1.0));
+        assert!(d.norms.iter().all(|n| n.stored == Stored::ZeroCentred) && d.repaired.is_none(), "{d:?}");
+        assert!(d.doubt.is_some());
+    }
+}
