@@ -59,6 +59,10 @@ pub struct ServeConfig {
     /// `ServeConfig::new` reads `TANDEM_IMAGE_DIRS` (a path list, like `PATH`).
     pub image_dirs: Vec<PathBuf>,
     pub engine: EngineConfig,
+    /// Test hook: a pause after each tensor a conversion job writes (with the MLX lock let go), to
+    /// make a conversion slow enough to overlap a chat. None outside tests.
+    #[doc(hidden)]
+    pub convert_pause: Option<Duration>,
 }
 
 impl ServeConfig {
@@ -76,6 +80,7 @@ impl ServeConfig {
                 .map(|dirs| std::env::split_paths(&dirs).filter(|d| !d.as_os_str().is_empty()).collect())
                 .unwrap_or_default(),
             engine: EngineConfig::default(),
+            convert_pause: None,
         }
     }
 }
@@ -101,6 +106,8 @@ pub(crate) struct AppState {
     /// See [`ServeConfig::image_dirs`].
     image_dirs: Vec<PathBuf>,
     jobs: convert::Jobs,
+    /// See [`ServeConfig::convert_pause`].
+    convert_pause: Option<Duration>,
     started: Instant,
     started_unix: u64,
     shutdown: watch::Receiver<bool>,
@@ -251,6 +258,7 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
         max_body_bytes: config.max_body_bytes,
         image_dirs: config.image_dirs.clone(),
         jobs: convert::Jobs::default(),
+        convert_pause: config.convert_pause,
         started: Instant::now(),
         started_unix: crate::engine::live::unix_ms() / 1000,
         shutdown: shutdown_rx,
