@@ -3,9 +3,11 @@
 //!
 //! Security: binds 127.0.0.1 by default; an API key is required to bind anywhere else; the Host
 //! header must name this server (DNS rebinding); browsers may call only from the app's own origins;
-//! bodies are limited in size; paths in requests stay inside the models folder.
+//! bodies are limited in size; paths in requests stay inside the models folder; conversation ids
+//! are file names, never paths.
 
 mod admin;
+mod conversations;
 mod convert;
 pub mod error;
 mod openai;
@@ -106,6 +108,8 @@ pub(crate) struct AppState {
     /// See [`ServeConfig::image_dirs`].
     image_dirs: Vec<PathBuf>,
     jobs: convert::Jobs,
+    /// The UI's conversations on disk.
+    conversations: conversations::Store,
     /// See [`ServeConfig::convert_pause`].
     convert_pause: Option<Duration>,
     started: Instant,
@@ -258,6 +262,7 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
         max_body_bytes: config.max_body_bytes,
         image_dirs: config.image_dirs.clone(),
         jobs: convert::Jobs::default(),
+        conversations: conversations::Store::new(engine.registry().conversations_dir().to_path_buf()),
         convert_pause: config.convert_pause,
         started: Instant::now(),
         started_unix: crate::engine::live::unix_ms() / 1000,
@@ -273,7 +278,7 @@ fn router(state: Arc<AppState>) -> Router {
     let origins: Vec<HeaderValue> = state.policy.origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
     let cors = CorsLayer::new()
         .allow_origin(AllowOrigin::list(origins))
-        .allow_methods([Method::GET, Method::POST, Method::PATCH, Method::DELETE, Method::OPTIONS])
+        .allow_methods([Method::GET, Method::POST, Method::PUT, Method::PATCH, Method::DELETE, Method::OPTIONS])
         .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION, header::ACCEPT])
         .max_age(Duration::from_secs(600));
     Router::new()
@@ -290,6 +295,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/api/convert", post(convert::start).get(convert::list))
         .route("/api/convert/{job}", get(convert::get).delete(convert::delete))
         .route("/api/convert/{job}/events", get(convert::events))
+        .route("/api/conversations", get(conversations::list))
+        .route("/api/conversations/{id}", get(conversations::get).put(conversations::put).delete(conversations::delete))
         .fallback(ui::fallback)
         .method_not_allowed_fallback(ui::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
