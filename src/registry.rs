@@ -2,6 +2,7 @@
 //!
 //! ```toml
 //! models_dir = "~/.tandem/models"   # scanned for model folders; converted models go here
+//! conversations_dir = "~/.tandem/conversations"   # optional; default: `conversations` beside models_dir
 //! default = "tandem-tiny"
 //! [[model]]
 //! name = "tandem-tiny"
@@ -20,6 +21,9 @@ use toml_edit::{DocumentMut, InlineTable, Item, Table, TableLike};
 
 /// Where models live when models.toml does not say.
 pub const DEFAULT_MODELS_DIR: &str = "~/.tandem/models";
+
+/// The conversations folder's name beside the models folder when models.toml does not say.
+pub const DEFAULT_CONVERSATIONS_DIR: &str = "conversations";
 
 /// Valid MTP draft depths.
 pub const MTP_DEPTHS: std::ops::RangeInclusive<u32> = 1..=8;
@@ -203,6 +207,7 @@ fn float(x: f32) -> toml_edit::Value {
 #[serde(deny_unknown_fields)]
 struct FileSpec {
     models_dir: Option<String>,
+    conversations_dir: Option<String>,
     default: Option<String>,
     #[serde(default)]
     model: Vec<EntrySpec>,
@@ -226,6 +231,7 @@ pub struct Registry {
     /// `models_dir` as written (e.g. with `~`), used for the paths of entries added for scanned models.
     models_dir_setting: String,
     models_dir: PathBuf,
+    conversations_dir: PathBuf,
     default: Option<String>,
     configured: Vec<ModelEntry>,
 }
@@ -247,6 +253,12 @@ impl Registry {
     /// The folder scanned for models, `~` expanded.
     pub fn models_dir(&self) -> &Path {
         &self.models_dir
+    }
+
+    /// The folder of the server's saved conversations (one JSON file each), `~` expanded:
+    /// `conversations_dir`, else `conversations` beside the models folder.
+    pub fn conversations_dir(&self) -> &Path {
+        &self.conversations_dir
     }
 
     /// Configured models in file order, then the model folders of `models_dir` by name; a configured
@@ -387,9 +399,18 @@ impl Registry {
                 sampling: entry.sampling,
             });
         }
+        let models_dir = base.join(expand_home(&models_dir_setting));
+        let conversations_dir = match &spec.conversations_dir {
+            Some(dir) if dir.trim().is_empty() => {
+                return Err(RegistryError::Parse { path: path.to_owned(), message: " conversations_dir: the path is empty".into() })
+            }
+            Some(dir) => base.join(expand_home(dir)),
+            None => models_dir.parent().unwrap_or(&models_dir).join(DEFAULT_CONVERSATIONS_DIR),
+        };
         let registry = Self {
             path: path.to_owned(),
-            models_dir: base.join(expand_home(&models_dir_setting)),
+            models_dir,
+            conversations_dir,
             models_dir_setting,
             default: spec.default,
             configured,
@@ -762,6 +783,7 @@ temperature = 1.0 # hot
         let registry = Registry::load(&path).unwrap();
         let home = PathBuf::from(std::env::var_os("HOME").unwrap());
         assert_eq!(registry.models_dir(), home.join(".tandem/models"));
+        assert_eq!(registry.conversations_dir(), home.join(".tandem/conversations"));
         let a = registry.default_model().unwrap();
         assert_eq!(
             a.mtp,
@@ -792,8 +814,24 @@ temperature = 1.0 # hot
         let (dir, path) = registry_file(MODELS);
         let registry = Registry::load(&path).unwrap();
         assert_eq!(registry.models_dir(), dir.path().join("models"));
+        assert_eq!(registry.conversations_dir(), dir.path().join("conversations"), "beside the models folder");
         assert_eq!(registry.get("a").unwrap().path, PathBuf::from("/m/a"));
         assert_eq!(registry.get("b").unwrap().path, dir.path().join("b"));
+
+        for (setting, expected) in [
+            ("chats", dir.path().join("chats")),
+            ("~/.tandem/chats", home.join(".tandem/chats")),
+            ("/var/chats", PathBuf::from("/var/chats")),
+        ] {
+            std::fs::write(&path, format!("conversations_dir = \"{setting}\"\n{MODELS}")).unwrap();
+            assert_eq!(Registry::load(&path).unwrap().conversations_dir(), expected, "{setting}");
+        }
+        std::fs::write(&path, format!("conversations_dir = \" \"\n{MODELS}")).unwrap();
+        let err = Registry::load(&path).unwrap_err().to_string();
+        assert!(err.contains("conversations_dir") && err.contains("empty"), "{err}");
+        std::fs::write(&path, format!("conversations_dir = 3\n{MODELS}")).unwrap();
+        let err = Registry::load(&path).unwrap_err().to_string();
+        assert!(err.contains("1: conversations_dir"), "{err}");
     }
 
     #[test]
@@ -1100,7 +1138,7 @@ temperature = 1.0 # hot
     fn bad_files_are_named() {
         let model = "[[model]]\nname = \"a\"\npath = \"a\"\n";
         let cases = [
-            ("models_dirr = \"x\"\n".to_owned(), "models.toml:1: unknown field `models_dirr`, expected one of `models_dir`, `default`, `model`"),
+            ("models_dirr = \"x\"\n".to_owned(), "models.toml:1: unknown field `models_dirr`, expected one of `models_dir`, `conversations_dir`, `default`, `model`"),
             (format!("{model}colour = 1\n"), "models.toml:4: model[0]: unknown field `colour`, expected one of `name`, `path`, `mtp`, `sampling`"),
             (format!("{model}mtp = {{ depht = 2 }}\n"), "models.toml:4: model[0].mtp: unknown field `depht`, expected `enabled` or `depth`"),
             (format!("{model}mtp = {{ depth = \"3\" }}\n"), "models.toml:4: model[0].mtp.depth: invalid type: string \"3\", expected u32"),

@@ -542,3 +542,63 @@ fn bundled_tandem_tiny_converts_when_present() {
     assert!(m.mtp_status.repaired.is_none());
     eprintln!("tandem-tiny 4-bit: {} bytes, {:.3} bpw", report.bytes, report.bpw);
 }
+
+/// A conversion beside other MLX work takes its gate per unit of work: held while each tensor (and
+/// each calibrated module) is computed, let go before every event is reported. So whoever else
+/// wants MLX (the server's chats, tests/server_api.rs) waits for one unit, never the whole run.
+#[test]
+fn the_compute_gate_is_taken_per_tensor_and_let_go_between() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// Lets the gate go when dropped.
+    struct Release(Arc<AtomicBool>);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::SeqCst);
+        }
+    }
+
+    let tiny = tiny_model_dir();
+    for (what, opts) in [
+        ("4-bit", ConvertOptions { bits: Some(4), ..Default::default() }),
+        ("auto", ConvertOptions { recipe: Recipe::Auto, target_bpw: Some(5.0), calibration_tokens: 32, ..Default::default() }),
+    ] {
+        let held = Arc::new(AtomicBool::new(false));
+        let taken = Arc::new(AtomicUsize::new(0));
+        let gate = {
+            let (held, taken) = (held.clone(), taken.clone());
+            quant::ComputeGate::new(move || {
+                assert!(!held.swap(true, Ordering::SeqCst), "the gate was taken twice without being let go");
+                taken.fetch_add(1, Ordering::SeqCst);
+                Box::new(Release(held.clone()))
+            })
+        };
+        let out = tempdir();
+        let dst = out.path().join("m");
+        let (mut tensors, mut modules, mut reported_held) = (0, 0, 0);
+        let opts = ConvertOptions { gate, ..opts };
+        quant::convert(&tiny, &dst, &opts, &mut |e| {
+            match e {
+                ConvertEvent::Tensor { .. } => tensors += 1,
+                ConvertEvent::Calibrating { .. } => modules += 1,
+                _ => {}
+            }
+            if held.load(Ordering::SeqCst) {
+                reported_held += 1;
+            }
+            Control::Continue
+        })
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(reported_held, 0, "{what}: events reported while holding the gate");
+        assert!(!held.load(Ordering::SeqCst), "{what}: the gate is still held after the conversion");
+        assert_eq!(modules > 0, opts.recipe == Recipe::Auto, "{what}: {modules} calibrated modules");
+        // Opening the source, analysing the head, the peak-memory reset and read, one per tensor
+        // and, for auto, one more per calibrated module.
+        let taken = taken.load(Ordering::SeqCst);
+        assert!(tensors > 100, "{what}: {tensors} tensors");
+        assert!(taken >= tensors + modules + 2, "{what}: the gate was taken {taken} times for {tensors} tensors and {modules} modules");
+        assert!(dst.join("config.json").exists(), "{what}");
+        eprintln!("{what}: gate taken {taken} times for {tensors} tensors, {modules} calibrated modules");
+    }
+}

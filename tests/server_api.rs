@@ -723,3 +723,59 @@ async fn conversion_job() {
     let _ = Path::new(&dst);
     server.shutdown().await.unwrap();
 }
+
+/// A conversion takes the MLX lock per tensor, not for its whole run. Each tensor it writes is
+/// followed by a pause (the `convert_pause` test hook, with the lock let go), so the job lasts
+/// about 124 × 150 ms; a chat sent once it is writing must answer while it still runs. Were the lock
+/// held for the whole conversion (as `Engine::exclusive` did), the chat would answer only after
+/// the job had finished, and the state read after the answer would be `finished`. Cancelling the
+/// job afterwards still works and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chat_answers_while_a_conversion_runs() {
+    let setup = Setup::new();
+    let mut config = setup.config();
+    config.convert_pause = Some(Duration::from_millis(150));
+    let server = setup.start(config, 16).await;
+    let a = server.addr();
+    // Loaded first, so that the chat below waits for nothing but the conversion.
+    let r = send(a, "POST", &format!("/api/models/{MODEL}/load"), &[], b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = post_json(a, "/api/convert", &json!({"src": MODEL, "dst": "tiny-slow", "bits": 4})).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let job = r.json()["job"].as_str().expect("job id").to_owned();
+    let status = || async { get(a, &format!("/api/convert/{job}")).await.json() };
+    let t0 = Instant::now();
+    loop {
+        let s = status().await;
+        if s["state"] == "running" && s["done"].as_u64().unwrap_or(0) >= 2 {
+            break;
+        }
+        assert!(s["state"] == "queued" || s["state"] == "running", "{s}");
+        assert!(t0.elapsed() < Duration::from_secs(120), "the conversion wrote nothing in 120 s: {s}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sent = Instant::now();
+    let reply = tokio::time::timeout(Duration::from_secs(300), post_json(a, "/v1/chat/completions", &chat_body("Hello there", 8, false)))
+        .await
+        .expect("the chat answers");
+    let waited = sent.elapsed();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(reply.json()["choices"][0]["message"]["content"].is_string(), "{}", reply.text());
+    let s = status().await;
+    let (done, total) = (s["done"].as_u64().unwrap(), s["total"].as_u64().unwrap());
+    assert_eq!(s["state"], "running", "the chat answered after {waited:?}, with the conversion at tensor {done} of {total}");
+    assert!(done < total, "tensor {done} of {total}");
+    eprintln!("the chat answered in {waited:?}, the conversion at tensor {done} of {total}");
+
+    let d = send(a, "DELETE", &format!("/api/convert/{job}"), &[], b"").await;
+    assert_eq!(d.status, 202, "{}", d.text());
+    let end = tokio::time::timeout(Duration::from_secs(120), get(a, &format!("/api/convert/{job}/events"))).await.expect("the job ends");
+    let last: Value = serde_json::from_str(end.events().last().expect("an event")).unwrap();
+    assert_eq!(last["event"], "cancelled", "{last}");
+    assert_eq!(status().await["state"], "cancelled");
+    let models = setup.dir.path().join("models");
+    let left: Vec<String> = std::fs::read_dir(&models).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(left.is_empty(), "a cancelled conversion left {left:?} in {}", models.display());
+    wait_idle(server.engine()).await;
+    server.shutdown().await.unwrap();
+}

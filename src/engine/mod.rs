@@ -323,9 +323,21 @@ pub struct ModelStatus {
     pub error: Option<String>,
 }
 
-/// Held while MLX computes (a generation, a load, a conversion): MLX is process-wide state, and two
-/// threads never drive it at once, whichever engine they belong to.
-pub(crate) static COMPUTE: Mutex<()> = Mutex::new(());
+/// Held while MLX computes (a generation, a load, a unit of a conversion): MLX is process-wide
+/// state, and two threads never drive it at once, whichever engine they belong to. Fair: whoever
+/// lets go hands it to the thread that has waited longest, so a conversion that takes it again after
+/// each tensor cannot keep a waiting chat out.
+static COMPUTE: parking_lot::FairMutex<()> = parking_lot::const_fair_mutex(());
+
+/// Takes the MLX lock.
+pub(crate) fn compute_lock() -> parking_lot::FairMutexGuard<'static, ()> {
+    COMPUTE.lock()
+}
+
+/// The MLX lock as a conversion's gate (see [`Engine::compute_gate`]).
+fn compute_gate() -> crate::quant::ComputeGate {
+    crate::quant::ComputeGate::new(|| Box::new(compute_lock()))
+}
 
 struct Inner {
     config: EngineConfig,
@@ -509,7 +521,7 @@ impl Engine {
         worker.close();
         worker.join();
         {
-            let _compute = lock(&COMPUTE);
+            let _compute = compute_lock();
             mlx::device::clear_cache();
         }
         tracing::info!(model = %name, "model unloaded");
@@ -605,11 +617,18 @@ impl Engine {
             .map_err(|e| EngineError::Internal(format!("the request task failed: {e}")))?
     }
 
-    /// Runs `f` while no model computes (MLX is driven by one thread at a time); e.g. a conversion.
-    /// Blocks until the running generation, if any, has finished.
+    /// Runs `f` while no model computes (MLX is driven by one thread at a time). Blocks until the
+    /// running generation, if any, has finished; generations wait for all of `f`.
     pub fn exclusive<R>(&self, f: impl FnOnce() -> R) -> R {
-        let _compute = lock(&COMPUTE);
+        let _compute = compute_lock();
         f()
+    }
+
+    /// The gate a conversion beside this engine takes around each unit of its MLX work
+    /// ([`ConvertOptions::gate`](crate::quant::ConvertOptions::gate)): the engine's MLX lock, so a
+    /// generation waits for at most one tensor, not the whole conversion.
+    pub fn compute_gate(&self) -> crate::quant::ComputeGate {
+        compute_gate()
     }
 
     /// The live statistics now.
@@ -834,6 +853,44 @@ fn resolve_options(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A conversion takes the gate again right after letting go of it; a thread that was waiting
+    /// must get the lock at that release, not whenever the conversion happens to pause. (With an
+    /// unfair lock the releasing thread wins again, and the waiter starves: std's Mutex lets this
+    /// test wait for every remaining unit.)
+    #[test]
+    fn a_waiting_thread_gets_the_lock_when_a_conversion_lets_go() {
+        use std::sync::atomic::AtomicUsize;
+        use std::time::Duration;
+        const UNITS: usize = 200;
+        let units = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let converter = {
+            let (units, stop) = (units.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let gate = compute_gate();
+                for _ in 0..UNITS {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let _hold = gate.hold();
+                    units.fetch_add(1, Ordering::SeqCst);
+                    // One unit of work; long enough for the waiter to be asleep on the lock by its end.
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            })
+        };
+        while units.load(Ordering::SeqCst) < 2 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let before = units.load(Ordering::SeqCst);
+        let lock = compute_lock();
+        let waited = units.load(Ordering::SeqCst) - before;
+        drop(lock);
+        stop.store(true, Ordering::SeqCst);
+        converter.join().unwrap();
+        assert!(waited <= 2, "the waiting thread got the lock only after {waited} more units of work");
+    }
 
     #[test]
     fn memory_check() {

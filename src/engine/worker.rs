@@ -13,7 +13,7 @@ use super::live::LoadedModel;
 use super::stop::StopMatcher;
 use super::{
     lock, prompt_of, resolve_options, CancelHandle, Completion, EngineConfig, EngineError, Event, Generation, ModelFacts, Request,
-    Result, WeakEngine, COMPUTE,
+    Result, WeakEngine,
 };
 use crate::chat::Tokenizer;
 use crate::generate::{generate_prompt, Control, FinishReason, GenerateError, GenerateOptions, Progress, Prompt};
@@ -95,7 +95,7 @@ impl Worker {
                 .name(format!("tandem-model-{}", entry.name))
                 .spawn(move || {
                     let loaded = {
-                        let _compute = lock(&COMPUTE);
+                        let _compute = super::compute_lock();
                         catch_unwind(AssertUnwindSafe(|| {
                             crate::model::load(&entry.path, &load_options).map(|model| {
                                 let facts = ModelFacts::of(&model);
@@ -119,7 +119,7 @@ impl Worker {
                     }
                     serve(&entry.name, &model, &tokenizer, &jobs_rx, &shared, &engine);
                     // Freeing MLX memory is MLX work too.
-                    let _compute = lock(&COMPUTE);
+                    let _compute = super::compute_lock();
                     drop(model);
                 })
                 .map_err(|e| load_error(format!("cannot start its thread: {e}")))?
@@ -250,7 +250,7 @@ fn serve(
         *lock(&shared.current) = Some(cancel.clone());
         let _ = events.send(Event::Started);
         let outcome = {
-            let _compute = lock(&COMPUTE);
+            let _compute = super::compute_lock();
             catch_unwind(AssertUnwindSafe(|| run(name, model, tokenizer, &prepared, &events, &cancel, engine)))
         };
         let event = match outcome {

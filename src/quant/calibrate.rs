@@ -47,13 +47,16 @@ pub fn calibration_tokens(dir: &Path, opts: &ConvertOptions, vocab: i32) -> Resu
 }
 
 /// Measures every module in `modules` (canonical names; all quantizable at `group_size`).
-/// `progress(module, done, total)` returns false to cancel.
+/// `progress(module, done, total)` returns false to cancel; it is called with `opts.gate` let go,
+/// so each measured module is one unit of MLX work.
 pub fn measure(
     src: &Source,
     modules: &[Module],
     opts: &ConvertOptions,
     progress: &mut dyn FnMut(&str, usize, usize) -> bool,
 ) -> Result<Vec<Sensitivity>, ConvertError> {
+    // Declared first, so it is let go last: the model's arrays are freed while it is held.
+    let mut hold = opts.gate.hold();
     let dtype = opts.dtype.dtype();
     let group = opts.group_size as i32;
     let model = model::load(&src.dir, &LoadOptions::default())?;
@@ -82,7 +85,7 @@ pub fn measure(
             match r {
                 Ok(e) => {
                     found.insert(name.to_string(), e);
-                    if !progress(name, found.len(), total) {
+                    if !hold.unlocked(|| progress(name, found.len(), total)) {
                         cancelled = true;
                     }
                 }

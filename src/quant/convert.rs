@@ -16,7 +16,7 @@ use super::recipe::{self, Module, QuantParams, Sensitivity};
 use super::role::{self, LinearKind, Role};
 use super::source::{self, Source};
 use super::writer::{self, PartialDir, UnitSource};
-use super::{calibrate, inspect, Control, ConvertError, ConvertEvent};
+use super::{calibrate, inspect, ComputeGate, Control, ConvertError, ConvertEvent};
 use crate::model::store::Provenance;
 use crate::model::Layout;
 
@@ -212,6 +212,7 @@ fn units(
 /// Computes units from the source and reports progress.
 pub(crate) struct Computer<'a, 'e> {
     pub src: &'a Source,
+    pub gate: &'a ComputeGate,
     pub on_event: &'a mut (dyn FnMut(&ConvertEvent) -> Control + 'e),
     pub total: usize,
     pub bytes_total: u64,
@@ -222,8 +223,8 @@ fn check_finite(a: &Array) -> mlx::Result<bool> {
     Ok(!bad.item::<bool>()?)
 }
 
-impl UnitSource for Computer<'_, '_> {
-    fn compute(&mut self, unit: &Unit) -> Result<Vec<Vec<u8>>, ConvertError> {
+impl Computer<'_, '_> {
+    fn compute_arrays(&mut self, unit: &Unit) -> Result<Vec<Vec<u8>>, ConvertError> {
         let t = &self.src.tensors[unit.src];
         let fail = |message: String| ConvertError::Tensor { file: t.file().to_path_buf(), tensor: t.key.clone(), message };
         let mlx_e = |e: mlx::Error| fail(e.to_string());
@@ -264,9 +265,19 @@ impl UnitSource for Computer<'_, '_> {
         }
         Ok(out)
     }
+}
+
+impl UnitSource for Computer<'_, '_> {
+    /// One tensor is one unit of MLX work: the gate is held while it is computed (its arrays made,
+    /// evaluated, read back and freed), not while it is written or reported.
+    fn compute(&mut self, unit: &Unit) -> Result<Vec<Vec<u8>>, ConvertError> {
+        let _hold = self.gate.hold();
+        let bytes = self.compute_arrays(unit);
+        mlx::device::clear_cache();
+        bytes
+    }
 
     fn written(&mut self, unit: &Unit, index: usize, bytes_done: u64) -> bool {
-        mlx::device::clear_cache();
         let e = ConvertEvent::Tensor { name: unit.name.clone(), index, total: self.total, bytes_done, bytes_total: self.bytes_total };
         (self.on_event)(&e) == Control::Continue
     }
@@ -391,12 +402,14 @@ pub fn convert(
     let t0 = Instant::now();
     check_options(opts)?;
     check_paths(src, dst, opts.force)?;
-    let source = Source::open(src, true)?;
+    // MLX work happens under `opts.gate`, one unit at a time (see `gate.rs`).
+    let gate = &opts.gate;
+    let source = gate.run(|| Source::open(src, true))?;
     let quantized = source.quantized_modules();
     if let Some(example) = quantized.first() {
         return Err(ConvertError::AlreadyQuantized { path: src.to_path_buf(), modules: quantized.len(), example: example.clone() });
     }
-    let head = head::analyse(&source)?;
+    let head = gate.run(|| head::analyse(&source))?;
     let mut notes = Vec::new();
     let keep_mtp = opts.mtp == MtpMode::Keep && head.complete;
     if opts.mtp == MtpMode::Keep && head.declared_layers > 0 && !head.complete {
@@ -447,9 +460,10 @@ pub fn convert(
     )?;
     check_space(dst, predicted_bytes)?;
 
-    mlx::device::reset_peak_memory();
+    // With a locking gate, other MLX work may run between tensors and count in the peak.
+    gate.run(mlx::device::reset_peak_memory);
     let partial = PartialDir::create(dst)?;
-    let mut computer = Computer { src: &source, on_event, total: plan.units.len(), bytes_total: plan.tensor_bytes() };
+    let mut computer = Computer { src: &source, gate, on_event, total: plan.units.len(), bytes_total: plan.tensor_bytes() };
     writer::write(&plan, &partial.path, &mut computer)?;
     let on_event = computer.on_event;
     let config = out_config(&source, opts, &mods, &assignment, keep_mtp);
@@ -462,7 +476,7 @@ pub fn convert(
         source::check_header(&p)?;
         bytes += std::fs::metadata(&p).map_err(|e| ConvertError::io(&p, e))?.len();
     }
-    let peak_memory = mlx::device::memory_stats().peak as u64;
+    let peak_memory = gate.run(mlx::device::memory_stats).peak as u64;
     partial.commit(opts.force)?;
 
     let seconds = t0.elapsed().as_secs_f64();

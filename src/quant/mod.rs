@@ -24,6 +24,7 @@
 
 mod calibrate;
 mod convert;
+pub mod gate;
 pub mod head;
 mod inspect;
 pub mod options;
@@ -42,6 +43,7 @@ use thiserror::Error;
 use crate::model::{Layout, LoadError};
 
 pub use convert::{convert, ConvertReport, MtpOutcome};
+pub use gate::ComputeGate;
 pub use head::{HeadAnalysis, Verdict};
 pub use inspect::{inspect, GroupQuant, InspectReport, MtpReport, NormReport, QuantSummary};
 pub use options::{parse_bits, parse_group_size, ConvertOptions, MtpBits, MtpMode, OutDtype, ParseOptionError, Recipe};

@@ -7,6 +7,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::gate::ComputeGate;
+
 /// The bit widths MLX's affine quantization supports.
 pub const SUPPORTED_BITS: [u8; 6] = [2, 3, 4, 5, 6, 8];
 /// The group sizes Tandem writes (the ones mlx-lm offers).
@@ -107,6 +109,11 @@ pub struct ConvertOptions {
     pub repair: bool,
     /// Largest shard file in bytes (a tensor larger than this gets a shard of its own).
     pub shard_bytes: u64,
+    /// Taken around each unit of MLX work, so that MLX work elsewhere in the process (a chat)
+    /// waits for one tensor, not the whole conversion (see [`ComputeGate`]). Set by the caller,
+    /// never read from a request.
+    #[serde(skip)]
+    pub gate: ComputeGate,
 }
 
 impl Default for ConvertOptions {
@@ -124,6 +131,7 @@ impl Default for ConvertOptions {
             force: false,
             repair: false,
             shard_bytes: 2 << 30,
+            gate: ComputeGate::default(),
         }
     }
 }

@@ -90,7 +90,9 @@ pub fn repair_with(
     let plan = Plan::new(units, 2 << 30).map_err(|e| ConvertError::Internal(format!("safetensors header: {e}")))?;
     check_space(dst, plan.file_bytes())?;
     let partial = PartialDir::create(dst)?;
-    let mut computer = Computer { src: &source, on_event, total: plan.units.len(), bytes_total: plan.tensor_bytes() };
+    // Repair runs alone (the CLI): its gate locks nothing.
+    let gate = super::ComputeGate::default();
+    let mut computer = Computer { src: &source, gate: &gate, on_event, total: plan.units.len(), bytes_total: plan.tensor_bytes() };
     writer::write(&plan, &partial.path, &mut computer)?;
     let on_event = computer.on_event;
     let config = std::fs::read(src.join("config.json")).map_err(|e| ConvertError::io(&src.join("config.json"), e))?;

@@ -237,16 +237,22 @@ pub async fn start(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<Con
     lock(&job.view).job = id.to_string();
     let engine = state.engine.clone();
     let worker = job.clone();
+    let pause = state.convert_pause;
+    // MLX is driven by one thread at a time: the conversion takes the engine's lock per tensor, so
+    // chats go on while it runs (each waits for at most one tensor).
+    let mut options = options;
+    options.gate = engine.compute_gate();
     let spawned = std::thread::Builder::new().name(format!("tandem-convert-{id}")).spawn(move || {
         let job = worker;
-        // MLX is driven by one thread at a time: the conversion waits for the running generation.
-        let result = engine.exclusive(|| {
-            if job.cancel.load(Ordering::SeqCst) {
-                return Err(crate::quant::ConvertError::Cancelled);
-            }
+        let result = if job.cancel.load(Ordering::SeqCst) {
+            Err(crate::quant::ConvertError::Cancelled)
+        } else {
             lock(&job.view).state = JobStatus::Running;
             let mut on_event = |e: &ConvertEvent| {
                 job.progress(e);
+                if let (Some(pause), ConvertEvent::Tensor { .. }) = (pause, e) {
+                    std::thread::sleep(pause);
+                }
                 if job.cancel.load(Ordering::SeqCst) {
                     Control::Cancel
                 } else {
@@ -255,7 +261,7 @@ pub async fn start(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<Con
             };
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| crate::quant::convert(&src, &dst, &options, &mut on_event)))
                 .unwrap_or_else(|_| Err(crate::quant::ConvertError::Internal("the conversion panicked".into())))
-        });
+        };
         job.finish(result);
         engine.publish();
     });

@@ -3,9 +3,11 @@
 //!
 //! Security: binds 127.0.0.1 by default; an API key is required to bind anywhere else; the Host
 //! header must name this server (DNS rebinding); browsers may call only from the app's own origins;
-//! bodies are limited in size; paths in requests stay inside the models folder.
+//! bodies are limited in size; paths in requests stay inside the models folder; conversation ids
+//! are file names, never paths.
 
 mod admin;
+mod conversations;
 mod convert;
 pub mod error;
 mod openai;
@@ -59,6 +61,10 @@ pub struct ServeConfig {
     /// `ServeConfig::new` reads `TANDEM_IMAGE_DIRS` (a path list, like `PATH`).
     pub image_dirs: Vec<PathBuf>,
     pub engine: EngineConfig,
+    /// Test hook: a pause after each tensor a conversion job writes (with the MLX lock let go), to
+    /// make a conversion slow enough to overlap a chat. None outside tests.
+    #[doc(hidden)]
+    pub convert_pause: Option<Duration>,
 }
 
 impl ServeConfig {
@@ -76,6 +82,7 @@ impl ServeConfig {
                 .map(|dirs| std::env::split_paths(&dirs).filter(|d| !d.as_os_str().is_empty()).collect())
                 .unwrap_or_default(),
             engine: EngineConfig::default(),
+            convert_pause: None,
         }
     }
 }
@@ -101,6 +108,10 @@ pub(crate) struct AppState {
     /// See [`ServeConfig::image_dirs`].
     image_dirs: Vec<PathBuf>,
     jobs: convert::Jobs,
+    /// The UI's conversations on disk.
+    conversations: conversations::Store,
+    /// See [`ServeConfig::convert_pause`].
+    convert_pause: Option<Duration>,
     started: Instant,
     started_unix: u64,
     shutdown: watch::Receiver<bool>,
@@ -251,6 +262,8 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
         max_body_bytes: config.max_body_bytes,
         image_dirs: config.image_dirs.clone(),
         jobs: convert::Jobs::default(),
+        conversations: conversations::Store::new(engine.registry().conversations_dir().to_path_buf()),
+        convert_pause: config.convert_pause,
         started: Instant::now(),
         started_unix: crate::engine::live::unix_ms() / 1000,
         shutdown: shutdown_rx,
@@ -265,7 +278,7 @@ fn router(state: Arc<AppState>) -> Router {
     let origins: Vec<HeaderValue> = state.policy.origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()).collect();
     let cors = CorsLayer::new()
         .allow_origin(AllowOrigin::list(origins))
-        .allow_methods([Method::GET, Method::POST, Method::PATCH, Method::DELETE, Method::OPTIONS])
+        .allow_methods([Method::GET, Method::POST, Method::PUT, Method::PATCH, Method::DELETE, Method::OPTIONS])
         .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION, header::ACCEPT])
         .max_age(Duration::from_secs(600));
     Router::new()
@@ -282,6 +295,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/api/convert", post(convert::start).get(convert::list))
         .route("/api/convert/{job}", get(convert::get).delete(convert::delete))
         .route("/api/convert/{job}/events", get(convert::events))
+        .route("/api/conversations", get(conversations::list))
+        .route("/api/conversations/{id}", get(conversations::get).put(conversations::put).delete(conversations::delete))
         .fallback(ui::fallback)
         .method_not_allowed_fallback(ui::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))

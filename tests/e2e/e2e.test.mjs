@@ -5,11 +5,13 @@
 //  1. the page loads from the server and sees the engine online;
 //  2. a chat answer streams in (the message grows over several renders) and the live panel's
 //     tok/s and MTP acceptance change from "—" to measured values;
-//  3. a model unloads and loads from Models;
-//  4. the bundled model converts to 4-bit from the Convert view, lands in models_dir, is listed
+//  3. that chat survives a page reload, and the engine keeps it (the API and the file in the
+//     conversations folder), not the page's localStorage;
+//  4. a model unloads and loads from Models;
+//  5. the bundled model converts to 4-bit from the Convert view, lands in models_dir, is listed
 //     under Models as a 4-bit MLX model, and loads;
-//  5. a folder that is not a model is refused with a message that names it;
-//  6. the desktop shell's drop hook (`window.onFolderDropped`, the `tandem://dropped-folder` event)
+//  6. a folder that is not a model is refused with a message that names it;
+//  7. the desktop shell's drop hook (`window.onFolderDropped`, the `tandem://dropped-folder` event)
 //     opens Convert with the path.
 
 import { after, before, describe, test } from 'node:test';
@@ -147,6 +149,40 @@ describe('Tandem web UI against tandem serve', () => {
     await byId('message-stats').last().waitFor();
     console.log(`answer: ${text.length} chars over ${seen.contents.length} renders; tok/s ${before.tokS} -> ${afterTokS} (seen ${seen.tokS.join(' | ')}); acceptance ${before.acceptance} -> ${afterAcceptance}`);
     await shot('02-chat.png');
+  });
+
+  test('the chat survives a page reload and is kept by the engine', async () => {
+    const active = page.locator('[data-testid="conversation-item"].active');
+    await active.waitFor();
+    const id = await active.getAttribute('data-conversation-id');
+    assert.ok(id, 'the chat is in the conversation list');
+    const answer = (await byId('message-assistant').last().getByTestId('message-content').innerText()).trim();
+
+    await page.reload({ waitUntil: 'load', timeout: 30_000 });
+    await page.locator('[data-testid="health-status"][data-online="true"]').waitFor();
+    // The newest conversation opens at start: this one, with its answer.
+    await page.locator(`[data-testid="conversation-item"].active[data-conversation-id="${id}"]`).waitFor();
+    await byId('message-user').first().waitFor();
+    const again = (await byId('message-assistant').last().getByTestId('message-content').innerText()).trim();
+    assert.equal(again, answer, 'the answer is shown again after the reload');
+
+    // The engine has it: listed, readable, and a file in the conversations folder.
+    const list = await (await fetch(`${URL}/api/conversations`)).json();
+    const summary = list.conversations.find((c) => c.id === id);
+    assert.ok(summary, `GET /api/conversations lists ${id}: ${JSON.stringify(list)}`);
+    assert.match(summary.title, /^Tell me a long story/);
+    const res = await fetch(`${URL}/api/conversations/${id}`);
+    assert.equal(res.status, 200);
+    const saved = await res.json();
+    assert.deepEqual(saved.messages.map((m) => m.role), ['user', 'assistant']);
+    assert.match(saved.messages[0].content, /two bicycles/);
+    assert.ok(saved.messages[1].content.length > 0 && saved.messages[1].stats, 'the answer is saved with its statistics');
+    const file = path.join(WORK, 'conversations', `${id}.json`);
+    assert.deepEqual(JSON.parse(fs.readFileSync(file, 'utf8')), saved, `${file} holds it`);
+    // Not in the page's storage, which belongs to one origin (the desktop app's port may change).
+    const local = await page.evaluate(() => Object.keys(localStorage).filter((k) => k.startsWith('tandem.conversation')));
+    assert.deepEqual(local, []);
+    await shot('02b-chat-after-reload.png');
   });
 
   test('a model unloads and loads from Models', async () => {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Browser end-to-end tests: `tandem serve` on a loopback ephemeral port with a throwaway models.toml
-# (the bundled model; models_dir in a temporary folder, so conversions land there), and Debian's
+# (the bundled model; models_dir and conversations_dir in a temporary folder, so conversions and saved
+# chats land there, never in ~/.tandem), and Debian's
 # Chromium, headless, driven by playwright-core (tests/e2e/e2e.test.mjs). Screenshots: target/e2e/.
 # Called by tools/test.sh; runs alone too: `bash tests/e2e/run.sh`.
 set -euo pipefail
@@ -46,8 +47,9 @@ trap cleanup EXIT INT TERM
 mkdir -p "$WORK/models/not-a-model" target/e2e
 echo "Notes, not weights." > "$WORK/models/not-a-model/notes.txt"
 cat > "$WORK/models.toml" <<TOML
-# e2e registry: the bundled model; conversions go to models_dir.
+# e2e registry: the bundled model; conversions go to models_dir, saved chats to conversations_dir.
 models_dir = "$WORK/models"
+conversations_dir = "$WORK/conversations"
 default = "tandem-tiny"
 
 [[model]]

@@ -235,6 +235,9 @@ async function convert(req, res) {
   emit('finished', { bytes: state.bytes, bpw, path: state.path });
 }
 
+/** Saved conversations, in memory (the engine keeps them on disk). */
+const conversations = new Map();
+
 function serveStatic(req, res) {
   const url = new URL(req.url, 'http://x');
   let path = normalize(decodeURIComponent(url.pathname)).replace(/^(\.\.[/\\])+/, '');
@@ -251,7 +254,7 @@ const server = createServer(async (req, res) => {
   const p = url.pathname;
   try {
     if (req.method === 'OPTIONS') {
-      res.writeHead(204, { 'Access-Control-Allow-Origin': '*', 'Access-Control-Allow-Methods': 'GET, POST, PATCH, DELETE', 'Access-Control-Allow-Headers': 'Content-Type, Authorization' });
+      res.writeHead(204, { 'Access-Control-Allow-Origin': '*', 'Access-Control-Allow-Methods': 'GET, POST, PUT, PATCH, DELETE', 'Access-Control-Allow-Headers': 'Content-Type, Authorization' });
       return res.end();
     }
     if (p === '/api/health') return send(res, 200, { status: 'ok', version: 'mock' });
@@ -302,6 +305,26 @@ const server = createServer(async (req, res) => {
       job.listeners.add(write);
       res.on('close', () => job.listeners.delete(write));
       return;
+    }
+    if (p === '/api/conversations' && req.method === 'GET') {
+      const list = [...conversations.values()].map(({ id, title, updated }) => ({ id, title, updated }));
+      return send(res, 200, { conversations: list.sort((a, b) => b.updated - a.updated) });
+    }
+    m = p.match(/^\/api\/conversations\/([A-Za-z0-9_-]{1,128})$/);
+    if (m) {
+      const id = m[1];
+      if (req.method === 'PUT') {
+        const c = await body(req);
+        const created = !conversations.has(id);
+        conversations.set(id, c);
+        return send(res, created ? 201 : 200, { id, title: c.title, updated: c.updated });
+      }
+      if (!conversations.has(id)) return error(res, 404, `no conversation \`${id}\``, 'not_found_error', 'conversation_not_found');
+      if (req.method === 'DELETE') {
+        conversations.delete(id);
+        return send(res, 200, { id, deleted: true });
+      }
+      return send(res, 200, conversations.get(id));
     }
     if (p === '/api/stats') return send(res, 200, snapshot());
     if (p === '/api/stats/stream') {

@@ -1,6 +1,7 @@
 // The one client of the engine's HTTP API (DESIGN.md, "HTTP API"). Nothing else in the UI calls fetch.
 
 import { readSse } from './sse';
+import type { Conversation, ConversationSummary } from './storage';
 import type {
   ChatCompletionChunk,
   ChatCompletionRequest,
@@ -350,6 +351,39 @@ export class Api {
 
   cancelConvert(job: string): Promise<unknown> {
     return this.json(`/api/convert/${encodeURIComponent(job)}`, 'DELETE');
+  }
+
+  // -- Conversations (kept by the engine, one file each) ---------------------------------------
+
+  /** The saved conversations, newest first. A 404 means an engine without a conversation store. */
+  async listConversations(signal?: AbortSignal): Promise<ConversationSummary[]> {
+    const body = await this.json<{ conversations?: ConversationSummary[] }>('/api/conversations', 'GET', undefined, signal);
+    return Array.isArray(body?.conversations) ? body.conversations : [];
+  }
+
+  /** One conversation as saved; null when there is none with that id. */
+  async getConversation(id: string, signal?: AbortSignal): Promise<Conversation | null> {
+    try {
+      return await this.json<Conversation>(`/api/conversations/${encodeURIComponent(id)}`, 'GET', undefined, signal);
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 404 && e.code === 'conversation_not_found') return null;
+      throw e;
+    }
+  }
+
+  /** Saves the whole conversation (created or replaced). */
+  putConversation(c: Conversation): Promise<ConversationSummary> {
+    return this.json<ConversationSummary>(`/api/conversations/${encodeURIComponent(c.id)}`, 'PUT', c);
+  }
+
+  /** Deletes a conversation; one that is not there is not an error. */
+  async deleteConversation(id: string): Promise<void> {
+    try {
+      await this.json(`/api/conversations/${encodeURIComponent(id)}`, 'DELETE');
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 404 && e.code === 'conversation_not_found') return;
+      throw e;
+    }
   }
 
   stats(signal?: AbortSignal): Promise<LiveStats> {

@@ -39,7 +39,8 @@ function Icon({ view }: { view: View }) {
 }
 
 export function App({ client = defaultApi, store }: { client?: Api; store?: ConversationStore }) {
-  const conversations = useMemo(() => store ?? defaultStore(), [store]);
+  // The engine keeps the conversations (moving any this browser kept there); see storage.ts.
+  const conversations = useMemo(() => store ?? defaultStore(client, showError), [store, client]);
   const [view, setView] = useState<View>(viewFromHash);
   const [models, setModels] = useState<OpenAIModel[]>([]);
   const [adminModels, setAdminModels] = useState<ModelInfo[]>([]);

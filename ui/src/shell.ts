@@ -3,7 +3,7 @@
 // - Native drag and drop of a folder: the shell calls `window.onFolderDropped(path)`, or dispatches
 //   `window.dispatchEvent(new CustomEvent('tandem://dropped-folder', { detail: { path } }))`
 //   (`detail` may also be the path string itself). The Convert view opens with that path as its source.
-// - Conversation storage: `window.__TANDEM_STORAGE__` (see storage.ts).
+// - Conversation storage: `window.__TANDEM_STORAGE__` (see storage.ts); by default the engine keeps them.
 // - The engine's address: `window.__TANDEM_API__` (see api.ts).
 
 export const DROPPED_FOLDER_EVENT = 'tandem://dropped-folder';

@@ -1,7 +1,12 @@
-// Conversations on disk. In a browser they live in localStorage; the Tauri shell may provide file storage
-// by setting `window.__TANDEM_STORAGE__` to an object with the ConversationStore methods before the UI
-// starts.
+// Conversations on disk. The engine keeps them (`/api/conversations`: one JSON file each in its
+// conversations folder), so they outlive the page's origin: the desktop window's origin changes with the
+// engine's port, and a browser's localStorage belongs to one origin. On the first start against such an
+// engine, conversations an earlier Tandem kept in this browser's localStorage move there. localStorage
+// remains the store only when the engine has no conversation store. The Tauri shell may still provide
+// its own storage by setting `window.__TANDEM_STORAGE__` to an object with the ConversationStore
+// methods before the UI starts.
 
+import { type Api, ApiError, errorMessage } from './api';
 import type { Sampling, Stats } from './types';
 
 export interface StoredMessage {
@@ -134,16 +139,139 @@ export class MemoryStore implements ConversationStore {
   }
 }
 
+/** What the engine's store needs of the API client (api.ts). */
+export type ConversationApi = Pick<Api, 'listConversations' | 'getConversation' | 'putConversation' | 'deleteConversation'>;
+
+/** The engine's store: one JSON file per conversation in the engine's conversations folder. */
+export class ServerStore implements ConversationStore {
+  constructor(private readonly client: ConversationApi) {}
+
+  async list(): Promise<ConversationSummary[]> {
+    return (await this.client.listConversations()).sort((a, b) => b.updated - a.updated);
+  }
+
+  load(id: string): Promise<Conversation | null> {
+    return this.client.getConversation(id);
+  }
+
+  async save(c: Conversation): Promise<void> {
+    try {
+      await this.client.putConversation(c);
+    } catch (e) {
+      const why =
+        e instanceof ApiError && e.status === 413
+          ? 'it is larger than the engine accepts (images take much room); remove some images or start a new chat'
+          : errorMessage(e);
+      throw new Error(`Could not save the conversation "${c.title}": ${why}`);
+    }
+  }
+
+  remove(id: string): Promise<void> {
+    return this.client.deleteConversation(id);
+  }
+}
+
+export interface Migration {
+  /** Ids now kept by the engine and removed from this browser. */
+  moved: string[];
+  /** Conversations that stay in this browser, to be tried again at the next start. */
+  failed: { id: string; title: string; error: string }[];
+}
+
+/**
+ * Moves the conversations in `from` (this browser's localStorage) to `to` (the engine), given what
+ * `to` already holds (`present`): each one `to` lacks, or holds in an older version, is saved there, then
+ * removed from `from`. One that cannot be moved stays in `from`: nothing is lost.
+ */
+export async function migrate(from: ConversationStore, to: ConversationStore, present: ConversationSummary[]): Promise<Migration> {
+  const result: Migration = { moved: [], failed: [] };
+  const there = new Map(present.map((s) => [s.id, s.updated]));
+  for (const s of await from.list()) {
+    try {
+      const updated = there.get(s.id);
+      if (updated === undefined || updated < s.updated) {
+        const c = await from.load(s.id);
+        if (!c) throw new Error('it cannot be read');
+        await to.save(c);
+      }
+      await from.remove(s.id);
+      result.moved.push(s.id);
+    } catch (e) {
+      result.failed.push({ id: s.id, title: s.title, error: errorMessage(e) });
+    }
+  }
+  return result;
+}
+
+/**
+ * The engine's store when the engine has one, else `local` (this browser's storage). The choice is made
+ * at the first call, by listing the engine's conversations; conversations kept in `local` then move to
+ * the engine (`migrate`). While the engine cannot be reached, calls fail and the choice waits for the
+ * next call, so nothing is written where it would later be missed.
+ */
+export class EngineStore implements ConversationStore {
+  private chosen: Promise<ConversationStore> | null = null;
+
+  constructor(
+    private readonly client: ConversationApi,
+    private readonly local: ConversationStore,
+    private readonly onProblem: (message: string) => void = (m) => console.warn(m),
+  ) {}
+
+  /** The store in use: resolves once the engine has answered. */
+  store(): Promise<ConversationStore> {
+    this.chosen ??= this.choose().catch((e: unknown) => {
+      this.chosen = null;
+      throw e;
+    });
+    return this.chosen;
+  }
+
+  private async choose(): Promise<ConversationStore> {
+    let present: ConversationSummary[];
+    try {
+      present = await this.client.listConversations();
+    } catch (e) {
+      // An engine without a conversation store (an older one): this browser keeps them.
+      if (e instanceof ApiError && (e.status === 404 || e.status === 405)) return this.local;
+      throw e;
+    }
+    const server = new ServerStore(this.client);
+    const { failed } = await migrate(this.local, server, present);
+    if (failed.length) {
+      const which = failed.map((f) => `"${f.title}" (${f.error})`).join('; ');
+      this.onProblem(
+        `${failed.length} conversation${failed.length > 1 ? 's' : ''} kept in this browser could not be moved to the engine and stay${failed.length > 1 ? '' : 's'} here for now: ${which}`,
+      );
+    }
+    return server;
+  }
+
+  async list(): Promise<ConversationSummary[]> {
+    return (await this.store()).list();
+  }
+
+  async load(id: string): Promise<Conversation | null> {
+    return (await this.store()).load(id);
+  }
+
+  async save(c: Conversation): Promise<void> {
+    return (await this.store()).save(c);
+  }
+
+  async remove(id: string): Promise<void> {
+    return (await this.store()).remove(id);
+  }
+}
+
 function isStore(x: unknown): x is ConversationStore {
   if (!x || typeof x !== 'object') return false;
   const s = x as Record<string, unknown>;
   return ['list', 'load', 'save', 'remove'].every((k) => typeof s[k] === 'function');
 }
 
-/** The shell's store if it gave one, else localStorage, else memory. */
-export function defaultStore(): ConversationStore {
-  const injected = (globalThis as { __TANDEM_STORAGE__?: unknown }).__TANDEM_STORAGE__;
-  if (isStore(injected)) return injected;
+/** localStorage where it works, else memory. */
+export function browserStore(): ConversationStore {
   try {
     const ls = globalThis.localStorage;
     if (ls) {
@@ -156,6 +284,18 @@ export function defaultStore(): ConversationStore {
     // storage disabled (private mode, sandboxed frame)
   }
   return new MemoryStore();
+}
+
+/**
+ * The shell's store if it gave one; else, given the engine's client, the engine's store (moving this
+ * browser's conversations there, and falling back to this browser's storage when the engine has no
+ * store); else localStorage, else memory.
+ */
+export function defaultStore(client?: ConversationApi, onProblem?: (message: string) => void): ConversationStore {
+  const injected = (globalThis as { __TANDEM_STORAGE__?: unknown }).__TANDEM_STORAGE__;
+  if (isStore(injected)) return injected;
+  const local = browserStore();
+  return client ? new EngineStore(client, local, onProblem) : local;
 }
 
 export function newId(): string {
