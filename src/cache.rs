@@ -8,7 +8,12 @@ use mlx::{concatenate, Array};
 
 pub type Result<T> = std::result::Result<T, mlx::Error>;
 
-/// Keys and values `[B, H, L, D]` of one attention layer.
+/// Positions a KV buffer grows by: appending a token writes into spare room instead of copying the
+/// whole cache (as a concatenation would, every token), and trimming moves nothing.
+pub const KV_STEP: i32 = 256;
+
+/// Keys and values of one attention layer, in buffers `[B, H, capacity, D]` of which the first
+/// `offset` positions are valid.
 #[derive(Clone, Default)]
 pub struct KvCache {
     keys: Option<Array>,
@@ -21,34 +26,53 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// Appends `k`, `v` (`[B, H, T, D]`) and returns all keys and values so far.
+    /// Appends `k`, `v` (`[B, H, T, D]`) and returns all keys and values so far (views of the buffers).
     pub fn update(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
-        let (keys, values) = match (&self.keys, &self.values) {
-            (Some(pk), Some(pv)) => (concatenate(&[pk, k], 2)?, concatenate(&[pv, v], 2)?),
-            _ => (k.clone(), v.clone()),
-        };
-        self.offset += k.dim(2);
-        self.keys = Some(keys.clone());
-        self.values = Some(values.clone());
-        Ok((keys, values))
+        let (start, end) = (self.offset, self.offset + k.dim(2));
+        let keys = write(self.keys.take(), k, start, end)?;
+        let values = write(self.values.take(), v, start, end)?;
+        self.offset = end;
+        let valid = (keys.slice_axis(2, 0, end)?, values.slice_axis(2, 0, end)?);
+        self.keys = Some(keys);
+        self.values = Some(values);
+        Ok(valid)
     }
 
-    /// Drops the last `n` positions.
+    /// Drops the last `n` positions (their rows are overwritten by the next update).
     pub fn trim(&mut self, n: i32) -> Result<()> {
-        let n = n.min(self.offset);
-        if n == 0 {
-            return Ok(());
-        }
-        self.offset -= n;
-        let keep = self.offset;
-        self.keys = self.keys.take().map(|k| k.slice_axis(2, 0, keep)).transpose()?;
-        self.values = self.values.take().map(|v| v.slice_axis(2, 0, keep)).transpose()?;
+        self.offset -= n.clamp(0, self.offset);
         Ok(())
     }
 
+    /// The buffers (spare room included), e.g. to evaluate them.
     pub fn state(&self) -> Option<(&Array, &Array)> {
         self.keys.as_ref().zip(self.values.as_ref())
     }
+
+    /// The valid keys and values `[B, H, offset, D]`.
+    pub fn contents(&self) -> Result<Option<(Array, Array)>> {
+        self.state().map(|(k, v)| Ok((k.slice_axis(2, 0, self.offset)?, v.slice_axis(2, 0, self.offset)?))).transpose()
+    }
+}
+
+/// Writes `x` (`[B, H, T, D]`) at positions `start..end` of `buffer`, first growing the buffer by
+/// whole `KV_STEP`s when it is too short (its valid rows `..start` carried over).
+fn write(buffer: Option<Array>, x: &Array, start: i32, end: i32) -> Result<Array> {
+    let (b, h, d) = (x.dim(0), x.dim(1), x.dim(3));
+    let buffer = match buffer {
+        Some(buf) if buf.dim(2) >= end => buf,
+        old => {
+            let capacity = (end + KV_STEP - 1) / KV_STEP * KV_STEP;
+            match old {
+                Some(buf) if start > 0 => {
+                    let spare = Array::zeros(&[b, h, capacity - start, d], x.dtype())?;
+                    concatenate(&[&buf.slice_axis(2, 0, start)?, &spare], 2)?
+                }
+                _ => Array::zeros(&[b, h, capacity, d], x.dtype())?,
+            }
+        }
+    };
+    buffer.slice_update(x, &[0, 0, start, 0], &[b, h, end, d], &[1, 1, 1, 1])
 }
 
 /// What a linear-attention layer records during a verify pass so it can be rolled back to any
@@ -143,5 +167,56 @@ impl LayerCache {
             LayerCache::Kv(c) => c.state().map(|(k, v)| vec![k, v]).unwrap_or_default(),
             LayerCache::Linear(s) => s.conv.iter().chain(s.ssm.iter()).collect(),
         }
+    }
+
+    /// What the layer remembers: valid keys and values, or the conv window and recurrent state.
+    pub fn contents(&self) -> Result<Vec<Array>> {
+        Ok(match self {
+            LayerCache::Kv(c) => c.contents()?.map(|(k, v)| vec![k, v]).unwrap_or_default(),
+            LayerCache::Linear(s) => s.conv.iter().chain(s.ssm.iter()).cloned().collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx::Dtype;
+
+    /// `[1, 2, t, 4]` rows numbered from `first`, so every position is told apart.
+    fn rows(first: i32, t: i32) -> Array {
+        let data: Vec<f32> = (0..2 * t * 4).map(|i| (first * 10_000 + i) as f32).collect();
+        Array::from_slice(&data, &[1, 2, t, 4]).unwrap()
+    }
+
+    /// Across buffer growth, trims and rewrites, the cache holds exactly what a list of the written
+    /// rows would (the reference is built by concatenation, the scheme the buffers replaced).
+    #[test]
+    fn kv_buffers_hold_exactly_the_kept_rows() {
+        let mut cache = KvCache::default();
+        let mut reference: Vec<Array> = Vec::new();
+        let ops: &[(i32, i32)] = &[(7, 0), (1, 0), (240, 0), (4, 3), (20, 0), (1, 1), (300, 0), (3, 2), (1, 0)];
+        for (i, &(t, trim)) in ops.iter().enumerate() {
+            let x = rows(i as i32, t);
+            let (k, v) = cache.update(&x, &x.multiply(&Array::f32(-1.0)).unwrap()).unwrap();
+            reference.push(x);
+            let want = concatenate(&reference.iter().collect::<Vec<_>>(), 2).unwrap();
+            assert_eq!(k.shape(), want.shape(), "after op {i}");
+            assert_eq!(k.to_f32_vec().unwrap(), want.to_f32_vec().unwrap(), "keys after op {i}");
+            assert_eq!(v.to_f32_vec().unwrap(), want.multiply(&Array::f32(-1.0)).unwrap().to_f32_vec().unwrap(), "values after op {i}");
+            let (buf, _) = cache.state().unwrap();
+            assert_eq!(buf.dim(2) % KV_STEP, 0, "capacity is whole steps");
+            assert!(buf.dim(2) >= cache.offset);
+            if trim > 0 {
+                cache.trim(trim).unwrap();
+                let whole = concatenate(&reference.iter().collect::<Vec<_>>(), 2).unwrap();
+                let kept = whole.dim(2) - trim;
+                reference = vec![whole.slice_axis(2, 0, kept).unwrap()];
+                let (ck, _) = cache.contents().unwrap().unwrap();
+                assert_eq!(ck.to_f32_vec().unwrap(), reference[0].to_f32_vec().unwrap(), "after trimming op {i}");
+            }
+        }
+        assert_eq!(cache.offset, reference.iter().map(|a| a.dim(2)).sum::<i32>());
+        assert_eq!(cache.state().unwrap().0.dtype(), Dtype::F32);
     }
 }

@@ -54,7 +54,7 @@ fn greedy_with_mtp_equals_greedy_without_in_f32() {
 
 /// The arrays of every layer cache, flattened to f32 vectors.
 fn snapshot(cache: &[tandem::cache::LayerCache]) -> Vec<Vec<f32>> {
-    cache.iter().flat_map(|c| c.arrays()).map(|a| a.to_f32_vec().unwrap()).collect()
+    cache.iter().flat_map(|c| c.contents().unwrap()).map(|a| a.to_f32_vec().unwrap()).collect()
 }
 
 #[test]

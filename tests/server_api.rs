@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::http::{get, parse_reply, post_json, send, Reply};
 use serde_json::{json, Value};
 use tandem::engine::{Engine, EngineConfig, Event, Input, Request};
 use tandem::registry::Registry;
@@ -65,103 +66,6 @@ impl Setup {
     async fn start(&self, config: ServeConfig, queue_limit: usize) -> RunningServer {
         start_with_engine(config, self.engine(queue_limit)).await.expect("server starts")
     }
-}
-
-/// A response read to the end.
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-    /// The `data:` payloads of an event stream.
-    fn events(&self) -> Vec<String> {
-        self.text().lines().filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:"))).map(str::to_owned).collect()
-    }
-    /// Asserts an error reply: the status and the JSON error shape with this code.
-    fn assert_error(&self, status: u16, code: &str) {
-        assert_eq!(self.status, status, "body: {}", self.text());
-        let v = self.json();
-        let e = &v["error"];
-        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "error.message in {v}");
-        assert!(e["type"].as_str().is_some(), "error.type in {v}");
-        assert_eq!(e["code"], code, "error.code in {v}");
-    }
-}
-
-/// Sends one request; `head` lines are added verbatim (a `Host` is added unless one is given).
-async fn send(addr: std::net::SocketAddr, method: &str, path: &str, head: &[&str], body: &[u8]) -> Reply {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    let mut req = format!("{method} {path} HTTP/1.1\r\n");
-    if !head.iter().any(|h| h.to_ascii_lowercase().starts_with("host:")) {
-        req.push_str(&format!("Host: 127.0.0.1:{}\r\n", addr.port()));
-    }
-    for h in head {
-        req.push_str(h);
-        req.push_str("\r\n");
-    }
-    req.push_str(&format!("Content-Length: {}\r\nConnection: close\r\n\r\n", body.len()));
-    let (mut rd, mut wr) = stream.split();
-    let write = async {
-        // The server may answer (413) before reading everything; a failed write is then expected.
-        let _ = wr.write_all(req.as_bytes()).await;
-        let _ = wr.write_all(body).await;
-    };
-    let mut raw = Vec::new();
-    let read = rd.read_to_end(&mut raw);
-    let (_, read) = tokio::join!(write, read);
-    if let Err(e) = read {
-        assert!(!raw.is_empty(), "{method} {path}: connection failed before any response: {e}");
-    }
-    parse_reply(&raw)
-}
-
-async fn get(addr: std::net::SocketAddr, path: &str) -> Reply {
-    send(addr, "GET", path, &[], b"").await
-}
-
-async fn post_json(addr: std::net::SocketAddr, path: &str, body: &Value) -> Reply {
-    send(addr, "POST", path, &["Content-Type: application/json"], body.to_string().as_bytes()).await
-}
-
-fn parse_reply(raw: &[u8]) -> Reply {
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete response head");
-    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let status: u16 = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).expect("status line");
-    let headers: Vec<(String, String)> =
-        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned())).collect();
-    let mut body = raw[end + 4..].to_vec();
-    let chunked = headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
-    if chunked {
-        body = dechunk(&body);
-    }
-    Reply { status, headers, body }
-}
-
-fn dechunk(mut data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = data.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(String::from_utf8_lossy(&data[..eol]).trim(), 16).unwrap_or(0);
-        if size == 0 {
-            break;
-        }
-        let start = eol + 2;
-        let stop = (start + size).min(data.len());
-        out.extend_from_slice(&data[start..stop]);
-        data = &data[(stop + 2).min(data.len())..];
-    }
-    out
 }
 
 fn chat_body(content: &str, max_tokens: u32, stream: bool) -> Value {
@@ -225,48 +129,48 @@ async fn bad_requests_get_json_errors() {
     let a = server.addr();
     let json_ct = "Content-Type: application/json";
 
-    send(a, "POST", "/v1/chat/completions", &[json_ct], b"{\"model\": \"tiny\", \"messages\": [").await.assert_error(400, "invalid_json");
-    send(a, "POST", "/v1/chat/completions", &[json_ct], br#"{"model": "tiny", "messages": []} trailing"#).await.assert_error(400, "invalid_json");
+    send(a, "POST", "/v1/chat/completions", &[json_ct], b"{\"model\": \"tiny\", \"messages\": [").await.error(400, "invalid_json");
+    send(a, "POST", "/v1/chat/completions", &[json_ct], br#"{"model": "tiny", "messages": []} trailing"#).await.error(400, "invalid_json");
     let r = post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": "hello"})).await;
-    r.assert_error(400, "invalid_value");
+    r.error(400, "invalid_value");
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("messages"), "names the field: {}", r.text());
     let r = post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"})).await;
-    r.assert_error(400, "invalid_value");
+    r.error(400, "invalid_value");
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("temperature"), "{}", r.text());
-    post_json(a, "/v1/chat/completions", &json!({"messages": []})).await.assert_error(400, "invalid_value");
-    post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]})).await.assert_error(400, "invalid_value");
-    post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 2})).await.assert_error(400, "invalid_value");
+    post_json(a, "/v1/chat/completions", &json!({"messages": []})).await.error(400, "invalid_value");
+    post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]})).await.error(400, "invalid_value");
+    post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 2})).await.error(400, "invalid_value");
     send(a, "POST", "/v1/chat/completions", &["Content-Type: text/plain"], chat_body("hi", 4, false).to_string().as_bytes())
         .await
-        .assert_error(415, "unsupported_media_type");
+        .error(415, "unsupported_media_type");
     post_json(a, "/v1/chat/completions", &json!({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}))
         .await
-        .assert_error(404, "model_not_found");
+        .error(404, "model_not_found");
     // A body over the limit (1 MiB here; 32 MiB by default).
     let big = json!({"model": MODEL, "messages": [{"role": "user", "content": "x".repeat(2 << 20)}]});
-    post_json(a, "/v1/chat/completions", &big).await.assert_error(413, "body_too_large");
+    post_json(a, "/v1/chat/completions", &big).await.error(413, "body_too_large");
 
     // Images: a broken data URL, a remote URL, and a valid PNG for a text-only model.
     let image = |url: &str| {
         json!({"model": MODEL, "messages": [{"role": "user", "content": [
             {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]})
     };
-    post_json(a, "/v1/chat/completions", &image("data:image/png;base64,@@@")).await.assert_error(400, "invalid_image");
-    post_json(a, "/v1/chat/completions", &image("https://example.com/cat.png")).await.assert_error(400, "invalid_image");
+    post_json(a, "/v1/chat/completions", &image("data:image/png;base64,@@@")).await.error(400, "invalid_image");
+    post_json(a, "/v1/chat/completions", &image("https://example.com/cat.png")).await.error(400, "invalid_image");
     let png = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
     let r = post_json(a, "/v1/chat/completions", &image(png)).await;
-    r.assert_error(400, "model_not_multimodal");
+    r.error(400, "model_not_multimodal");
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("text-only"), "{}", r.text());
     let png_file = setup.dir.path().join("pixel.png");
     std::fs::write(&png_file, base64_decode(png.split_once(',').unwrap().1)).unwrap();
-    post_json(a, "/v1/chat/completions", &image(&format!("file://{}", png_file.display()))).await.assert_error(400, "model_not_multimodal");
+    post_json(a, "/v1/chat/completions", &image(&format!("file://{}", png_file.display()))).await.error(400, "model_not_multimodal");
     assert!(!server.engine().is_loaded(MODEL), "an image request does not load a text-only model to refuse it");
 
     // Host and Origin.
-    send(a, "GET", "/v1/models", &["Host: evil.example:11435"], b"").await.assert_error(403, "forbidden_host");
-    send(a, "GET", "/api/health", &["Host: 192.168.1.20"], b"").await.assert_error(403, "forbidden_host");
+    send(a, "GET", "/v1/models", &["Host: evil.example:11435"], b"").await.error(403, "forbidden_host");
+    send(a, "GET", "/api/health", &["Host: 192.168.1.20"], b"").await.error(403, "forbidden_host");
     assert_eq!(send(a, "GET", "/api/health", &["Host: localhost"], b"").await.status, 200);
-    send(a, "POST", "/api/models/tiny/load", &["Origin: https://evil.example"], b"").await.assert_error(403, "forbidden_origin");
+    send(a, "POST", "/api/models/tiny/load", &["Origin: https://evil.example"], b"").await.error(403, "forbidden_origin");
     let own = format!("Origin: http://127.0.0.1:{}", a.port());
     let r = send(a, "GET", "/api/health", &[&own], b"").await;
     assert_eq!(r.status, 200);
@@ -276,21 +180,21 @@ async fn bad_requests_get_json_errors() {
 
     // Paths outside the models folder.
     let outside = common::tempdir();
-    post_json(a, "/api/convert", &json!({"src": "/etc", "bits": 4})).await.assert_error(403, "path_forbidden");
-    post_json(a, "/api/convert", &json!({"src": MODEL, "dst": outside.path().join("x"), "bits": 4})).await.assert_error(403, "path_forbidden");
-    post_json(a, "/api/convert", &json!({"src": MODEL, "dst": "../escape", "bits": 4})).await.assert_error(403, "path_forbidden");
-    post_json(a, "/api/convert", &json!({"src": MODEL, "calibration": "/etc/passwd", "bits": 4})).await.assert_error(403, "path_forbidden");
-    post_json(a, "/api/convert", &json!({"src": MODEL, "bits": "four"})).await.assert_error(400, "invalid_value");
+    post_json(a, "/api/convert", &json!({"src": "/etc", "bits": 4})).await.error(403, "path_forbidden");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "dst": outside.path().join("x"), "bits": 4})).await.error(403, "path_forbidden");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "dst": "../escape", "bits": 4})).await.error(403, "path_forbidden");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "calibration": "/etc/passwd", "bits": 4})).await.error(403, "path_forbidden");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "bits": "four"})).await.error(400, "invalid_value");
 
     // Unknown routes and methods, unknown models and jobs.
-    get(a, "/api/nope").await.assert_error(404, "not_found");
-    get(a, "/v1/chat/completions").await.assert_error(405, "method_not_allowed");
-    send(a, "POST", "/api/models/nope/load", &[], b"").await.assert_error(404, "model_not_found");
-    send(a, "POST", "/api/models/nope/unload", &[], b"").await.assert_error(404, "model_not_found");
-    get(a, "/api/convert/12345").await.assert_error(404, "job_not_found");
-    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"mtp": {"depth": 99}}"#).await.assert_error(400, "invalid_value");
-    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"mtp": {"colour": 1}}"#).await.assert_error(400, "invalid_value");
-    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"sampling": {"top_p": 0}}"#).await.assert_error(400, "invalid_value");
+    get(a, "/api/nope").await.error(404, "not_found");
+    get(a, "/v1/chat/completions").await.error(405, "method_not_allowed");
+    send(a, "POST", "/api/models/nope/load", &[], b"").await.error(404, "model_not_found");
+    send(a, "POST", "/api/models/nope/unload", &[], b"").await.error(404, "model_not_found");
+    get(a, "/api/convert/12345").await.error(404, "job_not_found");
+    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"mtp": {"depth": 99}}"#).await.error(400, "invalid_value");
+    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"mtp": {"colour": 1}}"#).await.error(400, "invalid_value");
+    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"sampling": {"top_p": 0}}"#).await.error(400, "invalid_value");
 
     // The UI: a short page while it is not built, then the files and index.html for app routes.
     let r = get(a, "/").await;
@@ -319,8 +223,8 @@ async fn api_key_and_binding() {
     config.api_key = Some("s3cret".into());
     let server = setup.start(config, 16).await;
     let a = server.addr();
-    get(a, "/v1/models").await.assert_error(401, "invalid_api_key");
-    send(a, "GET", "/api/models", &["Authorization: Bearer wrong"], b"").await.assert_error(401, "invalid_api_key");
+    get(a, "/v1/models").await.error(401, "invalid_api_key");
+    send(a, "GET", "/api/models", &["Authorization: Bearer wrong"], b"").await.error(401, "invalid_api_key");
     assert_eq!(send(a, "GET", "/v1/models", &["Authorization: Bearer s3cret"], b"").await.status, 200);
     assert_eq!(get(a, "/api/health").await.status, 200, "health stays open");
     server.shutdown().await.unwrap();
@@ -523,7 +427,7 @@ async fn queue_limit_and_cancellation() {
     }
     // C: over the limit.
     let r = post_json(a, "/v1/chat/completions", &chat_body("Hello", 4, false)).await;
-    r.assert_error(429, "queue_full");
+    r.error(429, "queue_full");
     // A hangs up: its generation stops, B runs to completion.
     let a_stream = long_task.await.unwrap();
     drop(a_stream);
@@ -558,7 +462,7 @@ async fn concurrent_clients_with_cancellations() {
                 },
                 1 => match stream_chat(a, &body, None).await {
                     Ok(r) if r.status == 429 => {
-                        r.assert_error(429, "queue_full");
+                        r.error(429, "queue_full");
                         "busy"
                     }
                     Ok(r) => {
@@ -570,7 +474,7 @@ async fn concurrent_clients_with_cancellations() {
                 _ => {
                     let r = post_json(a, "/v1/chat/completions", &body).await;
                     if r.status == 429 {
-                        r.assert_error(429, "queue_full");
+                        r.error(429, "queue_full");
                         return "busy";
                     }
                     assert_eq!(r.status, 200, "client {i}: {}", r.text());
@@ -651,6 +555,43 @@ async fn engine_queue_and_cancel() {
     assert!(matches!(engine.submit(request(3)), Err(tandem::engine::EngineError::NotLoaded(_))));
 }
 
+/// Two loaded models generate side by side: a short answer from one does not wait for a long
+/// generation of the other to finish (the MLX lock changes hands between tokens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_models_take_turns_between_tokens() {
+    let setup = Setup::new();
+    let mut toml = std::fs::read_to_string(setup.registry_path()).unwrap();
+    toml.push_str(&format!("\n[[model]]\nname = \"second\"\npath = \"{}\"\nmtp = {{ enabled = false }}\n", tiny_dir().display()));
+    std::fs::write(setup.registry_path(), toml).unwrap();
+    let engine = setup.engine(8);
+    engine.load(MODEL).await.unwrap();
+    engine.load("second").await.unwrap();
+    let request = |model: &str, n: usize| {
+        let mut r = Request::new(model, Input::Raw("Once upon a time".into()));
+        r.max_tokens = Some(n);
+        r.ignore_eos = true;
+        r
+    };
+    let mut long = engine.submit(request(MODEL, 3000)).unwrap();
+    while !matches!(long.events.recv().await, Some(Event::Delta { .. })) {}
+    let short = engine.submit(request("second", 16)).unwrap();
+    let short = tokio::time::timeout(Duration::from_secs(120), short.collect()).await.expect("the short answer came").unwrap();
+    assert_eq!(short.tokens.len(), 16);
+    // The long generation was still running when the short one finished: cancelling it now stops it.
+    long.cancel_handle().cancel();
+    let mut finished = None;
+    let mut tokens = 0;
+    while let Some(e) = long.events.recv().await {
+        match e {
+            Event::Delta { tokens: t, .. } => tokens += t.len(),
+            Event::Done(c) => finished = Some(c.finish),
+            _ => {}
+        }
+    }
+    assert_eq!(finished, Some(tandem::generate::FinishReason::Cancelled), "after {tokens} more tokens");
+    wait_idle(&engine).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conversion_job() {
     let setup = Setup::new();
@@ -676,8 +617,8 @@ async fn conversion_job() {
     let dst = setup.dir.path().join("models/tiny-4bit");
     assert_eq!(status["path"].as_str().map(PathBuf::from), Some(dst.clone()));
     // The same name again is a conflict; the UI's spelling (`name`, recipe, mtp_bits null) is understood.
-    post_json(a, "/api/convert", &json!({"src": MODEL, "name": "tiny-4bit", "bits": 4})).await.assert_error(409, "already_exists");
-    post_json(a, "/api/convert", &json!({"src": MODEL, "name": "x", "recipe": "mixed_9_9"})).await.assert_error(400, "invalid_value");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "name": "tiny-4bit", "bits": 4})).await.error(409, "already_exists");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "name": "x", "recipe": "mixed_9_9"})).await.error(400, "invalid_value");
     let r = post_json(a, "/api/convert", &json!({"src": MODEL, "name": "tiny-mixed", "bits": 3, "group_size": 64,
         "recipe": "mixed_3_6", "mtp": "keep", "mtp_bits": null})).await;
     assert_eq!(r.status, 202, "{}", r.text());
@@ -715,11 +656,11 @@ async fn conversion_job() {
     let r = send(a, "PATCH", "/api/models/tiny-nomtp/settings", &["Content-Type: application/json"], patch(false).as_bytes()).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let r = send(a, "PATCH", "/api/models/tiny-nomtp/settings", &["Content-Type: application/json"], patch(true).as_bytes()).await;
-    r.assert_error(400, "invalid_value");
+    r.error(400, "invalid_value");
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("no MTP head"), "{}", r.text());
     // Forgetting a finished job.
     assert_eq!(send(a, "DELETE", &format!("/api/convert/{job}"), &[], b"").await.status, 200);
-    get(a, &format!("/api/convert/{job}")).await.assert_error(404, "job_not_found");
+    get(a, &format!("/api/convert/{job}")).await.error(404, "job_not_found");
     let _ = Path::new(&dst);
     server.shutdown().await.unwrap();
 }

@@ -11,12 +11,11 @@ mod common;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use common::http::{get, send, Reply};
 use serde_json::{json, Value};
 use tandem::engine::{Engine, EngineConfig};
 use tandem::registry::Registry;
 use tandem::server::{start_with_engine, RunningServer, ServeConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// A models.toml (the bundled model, a models folder) in a fresh folder; `extra` goes at its top.
 struct Setup {
@@ -52,85 +51,6 @@ impl Setup {
         let engine = Engine::new(Registry::load(&registry_path).unwrap(), EngineConfig::default());
         start_with_engine(config, engine).await.expect("server starts")
     }
-}
-
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-    /// Asserts an error reply with this status and code; returns its message.
-    fn error(&self, status: u16, code: &str) -> String {
-        assert_eq!(self.status, status, "body: {}", self.text());
-        let v = self.json();
-        assert_eq!(v["error"]["code"], code, "{v}");
-        assert!(v["error"]["type"].is_string(), "{v}");
-        v["error"]["message"].as_str().expect("error.message").to_owned()
-    }
-}
-
-async fn send(addr: SocketAddr, method: &str, path: &str, head: &[&str], body: &[u8]) -> Reply {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    let mut req = format!("{method} {path} HTTP/1.1\r\n");
-    if !head.iter().any(|h| h.to_ascii_lowercase().starts_with("host:")) {
-        req.push_str(&format!("Host: 127.0.0.1:{}\r\n", addr.port()));
-    }
-    for h in head {
-        req.push_str(h);
-        req.push_str("\r\n");
-    }
-    req.push_str(&format!("Content-Length: {}\r\nConnection: close\r\n\r\n", body.len()));
-    let (mut rd, mut wr) = stream.split();
-    let write = async {
-        // The server may answer (413) before reading everything; a failed write is then expected.
-        let _ = wr.write_all(req.as_bytes()).await;
-        let _ = wr.write_all(body).await;
-    };
-    let mut raw = Vec::new();
-    let (_, read) = tokio::join!(write, rd.read_to_end(&mut raw));
-    if let Err(e) = read {
-        assert!(!raw.is_empty(), "{method} {path}: connection failed before any response: {e}");
-    }
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete response head");
-    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).expect("status line");
-    let headers = lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned())).collect();
-    let mut body = raw[end + 4..].to_vec();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        body = dechunk(&body);
-    }
-    Reply { status, headers, body }
-}
-
-fn dechunk(mut data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = data.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(String::from_utf8_lossy(&data[..eol]).trim(), 16).unwrap_or(0);
-        if size == 0 {
-            break;
-        }
-        let start = eol + 2;
-        let stop = (start + size).min(data.len());
-        out.extend_from_slice(&data[start..stop]);
-        data = &data[(stop + 2).min(data.len())..];
-    }
-    out
-}
-
-async fn get(addr: SocketAddr, path: &str) -> Reply {
-    send(addr, "GET", path, &[], b"").await
 }
 
 async fn put(addr: SocketAddr, id: &str, body: &Value) -> Reply {

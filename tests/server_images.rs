@@ -12,6 +12,7 @@ mod common;
 use std::path::PathBuf;
 
 use base64::Engine as _;
+use common::http::{post_json, Reply};
 use serde_json::{json, Value};
 use tandem::chat::{ChatOptions, ContentPart, Message, Tokenizer};
 use tandem::engine::{ChatMessage, Engine, EngineConfig, Image, Input, MtpOverrides, Part, Request};
@@ -20,8 +21,6 @@ use tandem::model::vision_input::{expand_image_pads, ImageProcessor};
 use tandem::model::{self, LoadOptions};
 use tandem::registry::Registry;
 use tandem::server::{start_with_engine, RunningServer, ServeConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 const VLM: &str = "vlm";
 const TEXT: &str = "tiny";
@@ -75,66 +74,8 @@ impl Setup {
     }
 }
 
-struct Reply {
-    status: u16,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
-    }
-    /// The `data:` payloads of an event stream.
-    fn events(&self) -> Vec<String> {
-        self.text().lines().filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:"))).map(str::to_owned).collect()
-    }
-    /// Asserts an error reply with this status and code; returns its message.
-    fn error(&self, status: u16, code: &str) -> String {
-        assert_eq!(self.status, status, "body: {}", self.text());
-        let v = self.json();
-        assert_eq!(v["error"]["code"], code, "{v}");
-        v["error"]["message"].as_str().expect("error.message").to_owned()
-    }
-}
-
 async fn post(addr: std::net::SocketAddr, body: &Value) -> Reply {
-    let body = body.to_string();
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        addr.port(),
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(body.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.expect("read the response");
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete response head");
-    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status line");
-    let mut body = raw[end + 4..].to_vec();
-    if head.contains("transfer-encoding: chunked") {
-        body = dechunk(&body);
-    }
-    Reply { status, body }
-}
-
-fn dechunk(mut data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = data.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(String::from_utf8_lossy(&data[..eol]).trim(), 16).unwrap_or(0);
-        if size == 0 {
-            break;
-        }
-        let start = eol + 2;
-        let stop = (start + size).min(data.len());
-        out.extend_from_slice(&data[start..stop]);
-        data = &data[(stop + 2).min(data.len())..];
-    }
-    out
+    post_json(addr, "/v1/chat/completions", body).await
 }
 
 /// A user turn of images (as URLs) then the question.

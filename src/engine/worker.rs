@@ -250,8 +250,8 @@ fn serve(
         *lock(&shared.current) = Some(cancel.clone());
         let _ = events.send(Event::Started);
         let outcome = {
-            let _compute = super::compute_lock();
-            catch_unwind(AssertUnwindSafe(|| run(name, model, tokenizer, &prepared, &events, &cancel, engine)))
+            let mut compute = super::compute_lock();
+            catch_unwind(AssertUnwindSafe(|| run(name, model, tokenizer, &prepared, &events, &cancel, engine, &mut compute)))
         };
         let event = match outcome {
             Ok(Ok(done)) => {
@@ -289,6 +289,7 @@ fn run(
     events: &mpsc::UnboundedSender<Event>,
     cancel: &CancelHandle,
     engine: &WeakEngine,
+    compute: &mut parking_lot::FairMutexGuard<'static, ()>,
 ) -> Result<Completion> {
     let mut decoder = tokenizer.stream_decoder(true);
     let mut stopper = StopMatcher::new(&job.stop);
@@ -323,6 +324,9 @@ fn run(
             engine.with(|e| e.publish());
         }
         let stop = gone || events.is_closed() || cancel.is_cancelled() || stopper.matched().is_some() || decode_error.is_some();
+        // Between tokens nothing of this generation is being computed: let another model's
+        // generation or a conversion waiting for MLX take a turn (no cost when none waits).
+        parking_lot::FairMutexGuard::bump(&mut *compute);
         if stop {
             Control::Stop
         } else {

@@ -1,6 +1,8 @@
 //! Helpers shared by integration tests: the reference Python venv, temporary folders, fixtures.
 #![allow(dead_code)]
 
+pub mod http;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
