@@ -20,11 +20,11 @@ python3 -c 'import mlx.core as mx; print("mlx", mx.__version__, mx.default_devic
 B=target/release/tandem
 echo "== tandem-tiny: tandem bench"
 $B bench --prompt-tokens 128 --gen-tokens 256 --depths 0,1,2,3 --adaptive --json > "$OUT/tiny.json"
-$B bench --prompt-tokens 128 --gen-tokens 256 --depths 0,1,2,3
+$B bench --prompt-tokens 128 --gen-tokens 256 --depths 0,1,2,3 --adaptive
 echo "== tandem-tiny: vs mlx-lm"
 python3 benches/vs_mlx_lm.py --prompt-tokens 128 --gen-tokens 256 | tee "$OUT/tiny_vs_mlx_lm.txt"
 echo "== random Qwen3.5-2B shape"
 python3 benches/gpu/random_qwen35.py /tmp/big
-$B bench --model /tmp/big --prompt-tokens 512 --gen-tokens 128 --depths 0,1,3 --json > "$OUT/big.json"
-$B bench --model /tmp/big --prompt-tokens 512 --gen-tokens 128 --depths 0,1,3
+$B bench --model /tmp/big --prompt-tokens 512 --gen-tokens 128 --depths 0,1,2,3 --adaptive --json > "$OUT/big.json"
+$B bench --model /tmp/big --prompt-tokens 512 --gen-tokens 128 --depths 0,1,2,3 --adaptive
 python3 benches/vs_mlx_lm.py /tmp/big --prompt-tokens 512 --gen-tokens 128 | tee "$OUT/big_vs_mlx_lm.txt"
