@@ -98,3 +98,34 @@ fn rollback_restores_the_caches_of_a_run_without_the_drafts() {
         assert!(rel_err(&la, &lb) < 1e-5, "keep {keep}: logits after rollback differ");
     }
 }
+
+/// The head's state after catching up on many positions at once (what happens after the adaptive
+/// controller parked drafting) equals its state after taking them a few at a time (every cycle):
+/// same outputs at every position, same next draft.
+#[test]
+fn head_catch_up_in_one_pass_equals_step_by_step() {
+    let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32) }).unwrap();
+    let prompt: Vec<i32> = (0..40).map(|i| 20 + (i * 37) % 400).collect();
+    let mut cache = m.make_cache();
+    let hidden = m.forward(&Array::from_slice(&prompt, &[1, prompt.len() as i32]).unwrap(), &mut cache).unwrap();
+    let n = prompt.len() as i32 - 1;
+    // Pairs (h_t, x_{t+1}) for t = 0..n-1.
+    let ids = Array::from_slice(&prompt[1..], &[1, n]).unwrap();
+    let h = hidden.slice_axis(1, 0, n).unwrap();
+    let mut one = m.make_mtp_cache().unwrap();
+    let all = m.mtp_forward(&h, &ids, &mut one).unwrap().to_f32_vec().unwrap();
+    let mut steps = m.make_mtp_cache().unwrap();
+    let mut parts = Vec::new();
+    let mut t = 0;
+    for size in [1, 3, 2, 4].iter().cycle() {
+        if t >= n {
+            break;
+        }
+        let e = (t + size).min(n);
+        parts.extend(m.mtp_forward(&h.slice_axis(1, t, e).unwrap(), &ids.slice_axis(1, t, e).unwrap(), &mut steps).unwrap().to_f32_vec().unwrap());
+        t = e;
+    }
+    assert_eq!(all.len(), parts.len());
+    let e = rel_err(&all, &parts);
+    assert!(e < 1e-5, "head outputs differ between one catch-up pass and small steps (relative error {e})");
+}
