@@ -4,6 +4,17 @@
 # from the repository root, with .devcarry/ holding: mlxcuda.tar.xz.part* (the mlx-cuda-13 wheel's mlx/ and
 # mlx_cuda_13.libs/, tar + xz, split to fit the carry limit), tandem.xz (target/release/tandem built here
 # against the same MLX version), and the mlx and mlx-lm wheels. Results go to $OUT (or /tmp/out).
+#
+# Preparing .devcarry/ here (it is git-ignored through .git/info/exclude: add `/.devcarry/` there):
+#   P="--no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_35_x86_64"
+#   python3 -m pip download $P -d /tmp/w mlx-cuda-13==0.32.4 mlx==0.32.4 mlx-lm==0.32.2
+#   (mkdir x && cd x && python3 -m zipfile -e /tmp/w/mlx_cuda_13-*.whl . && tar cf - mlx mlx_cuda_13.libs) \
+#     | xz -T2 -6 | split -b 41m - .devcarry/mlxcuda.tar.xz.part        # ~75 MB -> two parts
+#   cp /tmp/w/mlx-0.32.4-*.whl /tmp/w/mlx_lm-*.whl .devcarry/
+#   cargo build --release --bin tandem && xz -c target/release/tandem > .devcarry/tandem.xz
+# The device tool carries at most 64 MiB per call with the working tree (~23 MB), so the first call
+# carries `.devcarry/mlxcuda.tar.xz.partaa` and copies it to /tmp/keep; the next call, within the 30 s
+# the machine stays warm, carries partab, tandem.xz and the two wheels and runs this script.
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p /tmp/site "$OUT" target/release
