@@ -251,7 +251,8 @@ fn serve(
         let _ = events.send(Event::Started);
         let outcome = {
             let mut compute = super::compute_lock();
-            catch_unwind(AssertUnwindSafe(|| run(name, model, tokenizer, &prepared, &events, &cancel, engine, &mut compute)))
+            let caller = Caller { events: &events, cancel: &cancel };
+            catch_unwind(AssertUnwindSafe(|| run(name, model, tokenizer, &prepared, caller, engine, &mut compute)))
         };
         let event = match outcome {
             Ok(Ok(done)) => {
@@ -281,16 +282,23 @@ fn serve(
 }
 
 /// One generation: streams text deltas (stop sequences held back and cut) and returns the end.
+/// Who waits for a generation: where its events go and the handle that cancels it.
+#[derive(Clone, Copy)]
+struct Caller<'a> {
+    events: &'a mpsc::UnboundedSender<Event>,
+    cancel: &'a CancelHandle,
+}
+
 fn run(
     name: &str,
     model: &Qwen35,
     tokenizer: &Tokenizer,
     job: &Prepared,
-    events: &mpsc::UnboundedSender<Event>,
-    cancel: &CancelHandle,
+    caller: Caller<'_>,
     engine: &WeakEngine,
     compute: &mut parking_lot::FairMutexGuard<'static, ()>,
 ) -> Result<Completion> {
+    let Caller { events, cancel } = caller;
     let mut decoder = tokenizer.stream_decoder(true);
     let mut stopper = StopMatcher::new(&job.stop);
     let mut text = String::new();

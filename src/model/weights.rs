@@ -160,7 +160,7 @@ impl Checkpoint {
             }
         }
         for (tensor, file) in &weight_map {
-            if !tensors.get(tensor).is_some_and(|t: &TensorRef| t.file.path == dir.join(file)) {
+            if tensors.get(tensor).is_none_or(|t: &TensorRef| t.file.path != dir.join(file)) {
                 return Err(LoadError::MissingShard {
                     index: index.clone(),
                     shard: file.clone(),

@@ -114,7 +114,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             gen_tokens: a.gen_tokens,
             runs,
         };
-        crate::out::line(format!("{}", serde_json::to_string_pretty(&report)?));
+        crate::out::line(serde_json::to_string_pretty(&report)?);
     }
     Ok(())
 }

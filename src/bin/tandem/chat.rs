@@ -92,7 +92,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
                     "token_ids": out.tokens,
                     "stats": out.stats,
                 });
-                crate::out::line(format!("{}", serde_json::to_string(&obj)?));
+                crate::out::line(serde_json::to_string(&obj)?);
             } else {
                 crate::out::line("");
                 eprintln!("{}", summary(&out.stats));

@@ -84,9 +84,9 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         let r = quant::repair_with(&a.src, &a.out, a.force, &mut on_event)?;
         bar.finish_and_clear();
         if a.json {
-            crate::out::line(format!("{}", serde_json::to_string_pretty(&r)?));
+            crate::out::line(serde_json::to_string_pretty(&r)?);
         } else {
-            crate::out::line(format!("{}", r.message));
+            crate::out::line(&r.message);
         }
         return Ok(());
     }
@@ -106,7 +106,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     let report = quant::convert(&a.src, &a.out, &opts, &mut on_event).with_context(|| format!("converting {}", a.src.display()))?;
     bar.finish_and_clear();
     if a.json {
-        crate::out::line(format!("{}", serde_json::to_string_pretty(&report)?));
+        crate::out::line(serde_json::to_string_pretty(&report)?);
     } else {
         crate::out::line(format!(
             "wrote {} ({:.2} MB, {:.3} bits per weight; predicted {:.2} MB) in {:.1} s",
@@ -137,7 +137,7 @@ fn progress_bar(quiet: bool) -> ProgressBar {
 pub fn inspect(a: InspectArgs) -> Result<()> {
     let r = quant::inspect(&a.path)?;
     if a.json {
-        crate::out::line(format!("{}", serde_json::to_string_pretty(&r)?));
+        crate::out::line(serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
     let v = serde_json::to_value(&r)?;

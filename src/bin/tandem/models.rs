@@ -38,7 +38,7 @@ pub fn run(a: ModelsArgs) -> Result<()> {
         })
         .collect();
     if a.json {
-        crate::out::line(format!("{}", serde_json::to_string_pretty(&rows)?));
+        crate::out::line(serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
     for r in rows {
