@@ -38,6 +38,8 @@ struct Run {
 struct Report {
     model: String,
     device: String,
+    /// Cpu, Metal or Cuda.
+    backend: String,
     mlx: String,
     prompt_tokens: usize,
     gen_tokens: usize,
@@ -109,6 +111,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let report = Report {
             model: l.entry.name.clone(),
             device: format!("{:?}", mlx::device::default_device()),
+            backend: format!("{:?}", mlx::device::backend()),
             mlx: mlx::device::version(),
             prompt_tokens: ids.len(),
             gen_tokens: a.gen_tokens,
