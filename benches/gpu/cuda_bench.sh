@@ -5,7 +5,7 @@
 # mlx_cuda_13.libs/, tar + xz, split to fit the carry limit), tandem.xz (target/release/tandem built here
 # against the same MLX version), and the mlx and mlx-lm wheels. Results go to $OUT (or /tmp/out).
 #
-# Preparing .devcarry/ here (it is git-ignored through .git/info/exclude: add `/.devcarry/` there):
+# Preparing .devcarry/ here (git-ignored):
 #   P="--no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_35_x86_64"
 #   python3 -m pip download $P -d /tmp/w mlx-cuda-13==0.32.4 mlx==0.32.4 mlx-lm==0.32.2
 #   (mkdir x && cd x && python3 -m zipfile -e /tmp/w/mlx_cuda_13-*.whl . && tar cf - mlx mlx_cuda_13.libs) \
