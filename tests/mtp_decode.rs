@@ -5,19 +5,8 @@ mod common;
 
 use common::*;
 use mlx::Array;
-use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams};
-use tandem::model::{self, LoadOptions, Qwen35};
-
-fn run(m: &Qwen35, prompt: &[u32], mtp: Option<MtpOptions>, n: usize) -> (Vec<u32>, tandem::generate::Stats) {
-    let opts = GenerateOptions {
-        max_tokens: n,
-        sampling: SamplingParams::greedy(),
-        mtp: mtp.unwrap_or(MtpOptions { enabled: false, ..Default::default() }),
-        ..Default::default()
-    };
-    let out = generate(m, prompt, &opts, &mut |_| Control::Continue).unwrap();
-    (out.tokens, out.stats)
-}
+use tandem::generate::MtpOptions;
+use tandem::model::{self, LoadOptions};
 
 #[test]
 fn greedy_with_mtp_equals_greedy_without_in_f32() {
@@ -26,13 +15,13 @@ fn greedy_with_mtp_equals_greedy_without_in_f32() {
     let m = model::load(dir.path(), &LoadOptions::default()).unwrap();
     assert!(m.has_mtp(), "{:?}", m.mtp_status);
     let prompt: Vec<u32> = vec![3, 17, 99, 4, 250, 8, 8, 61];
-    let (plain, stats) = run(&m, &prompt, None, 40);
+    let (plain, stats) = greedy(&m, &prompt, 40, None);
     assert_eq!(plain.len(), 40);
     assert!(stats.spec.is_none());
     for depth in [1, 2, 3, 5] {
         for exact_verify in [false, true] {
             let opts = MtpOptions { enabled: true, depth, adaptive: false, exact_verify };
-            let (spec, stats) = run(&m, &prompt, Some(opts), 40);
+            let (spec, stats) = greedy(&m, &prompt, 40, Some(opts));
             assert_eq!(spec, plain, "depth {depth}, exact_verify {exact_verify}");
             let s = stats.spec.expect("spec stats");
             assert!(s.cycles > 0 && s.drafted > 0, "depth {depth}: {s:?}");
@@ -44,8 +33,8 @@ fn greedy_with_mtp_equals_greedy_without_in_f32() {
     // do) and catches the head up when it probes again; the text stays the same.
     for depth in [2, 3] {
         let opts = MtpOptions { enabled: true, depth, adaptive: true, exact_verify: false };
-        let (spec, stats) = run(&m, &prompt, Some(opts), 120);
-        let (plain, _) = run(&m, &prompt, None, 120);
+        let (spec, stats) = greedy(&m, &prompt, 120, Some(opts));
+        let (plain, _) = greedy(&m, &prompt, 120, None);
         assert_eq!(spec, plain, "adaptive, depth {depth}");
         let s = stats.spec.expect("spec stats");
         assert!(s.parked_cycles > 0, "depth {depth}: never parked: {s:?}");

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use mlx::{Array, Dtype};
 use tandem::chat::{Message, Tokenizer};
-use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams};
+use tandem::generate::MtpOptions;
 use tandem::model::{self, LoadOptions, Qwen35};
 
 const PROMPTS: [&str; 3] = ["chat", "moby", "sotu"];
@@ -18,17 +18,6 @@ fn load(dtype: Option<Dtype>) -> Qwen35 {
 fn ids_array(ids: &[u32]) -> Array {
     let v: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
     Array::from_slice(&v, &[1, v.len() as i32]).unwrap()
-}
-
-fn greedy(m: &Qwen35, prompt: &[u32], n: usize, mtp: Option<MtpOptions>) -> (Vec<u32>, tandem::generate::Stats) {
-    let opts = GenerateOptions {
-        max_tokens: n,
-        sampling: SamplingParams::greedy(),
-        mtp: mtp.unwrap_or(MtpOptions { enabled: false, ..Default::default() }),
-        ..Default::default()
-    };
-    let out = generate(m, prompt, &opts, &mut |_| Control::Continue).unwrap();
-    (out.tokens, out.stats)
 }
 
 #[test]

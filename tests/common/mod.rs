@@ -83,3 +83,16 @@ pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
+
+/// Greedy generation of `n` tokens, with MTP when `mtp` is given; the tokens and the statistics.
+pub fn greedy(m: &tandem::model::Qwen35, prompt: &[u32], n: usize, mtp: Option<tandem::generate::MtpOptions>) -> (Vec<u32>, tandem::generate::Stats) {
+    use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams};
+    let opts = GenerateOptions {
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        mtp: mtp.unwrap_or(MtpOptions { enabled: false, ..Default::default() }),
+        ..Default::default()
+    };
+    let out = generate(m, prompt, &opts, &mut |_| Control::Continue).expect("greedy generation");
+    (out.tokens, out.stats)
+}
