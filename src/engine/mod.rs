@@ -323,11 +323,10 @@ pub struct ModelStatus {
     pub error: Option<String>,
 }
 
-/// Held while MLX computes (a generation, which yields it between tokens, a load, a unit of a
-/// conversion): MLX is process-wide
-/// state, and two threads never drive it at once, whichever engine they belong to. Fair: whoever
-/// lets go hands it to the thread that has waited longest, so a conversion that takes it again after
-/// each tensor cannot keep a waiting chat out.
+/// Held while MLX computes (a generation, which yields it between tokens; a load; a unit of a
+/// conversion): MLX is process-wide state, and two threads never drive it at once, whichever engine
+/// they belong to. Fair: whoever lets go hands it to the thread that has waited longest, so a
+/// conversion that takes it again after each tensor cannot keep a waiting chat out.
 static COMPUTE: parking_lot::FairMutex<()> = parking_lot::const_fair_mutex(());
 
 /// Takes the MLX lock.
