@@ -110,7 +110,8 @@ impl Recording {
         let k = keep as i32;
         let [q, kk, v, decay, beta] = &self.inputs;
         let at = |a: &Array| a.slice_axis(1, 0, k);
-        let (_, state) = mlx::fast::gated_delta_update(&at(q)?, &at(kk)?, &at(v)?, &at(decay)?, &at(beta)?, Some(&self.initial))?;
+        let (_, state) =
+            mlx::fast::gated_delta_update(&at(q)?, &at(kk)?, &at(v)?, &at(decay)?, &at(beta)?, Some(&self.initial))?;
         Ok(state)
     }
 }
@@ -128,7 +129,8 @@ pub struct LinearState {
 impl LinearState {
     /// Keeps the state after the first `keep` tokens of the recorded pass (`keep >= 1`).
     pub fn rollback(&mut self, keep: usize, kernel: i32) -> Result<()> {
-        let rec = self.recording.take().ok_or_else(|| mlx::Error::Invalid("rollback without a recorded pass".into()))?;
+        let rec =
+            self.recording.take().ok_or_else(|| mlx::Error::Invalid("rollback without a recorded pass".into()))?;
         if keep == 0 || keep > rec.len() {
             return Err(mlx::Error::Invalid(format!("rollback to {keep} of {} recorded tokens", rec.len())));
         }
@@ -203,7 +205,11 @@ mod tests {
             let want = concatenate(&reference.iter().collect::<Vec<_>>(), 2).unwrap();
             assert_eq!(k.shape(), want.shape(), "after op {i}");
             assert_eq!(k.to_f32_vec().unwrap(), want.to_f32_vec().unwrap(), "keys after op {i}");
-            assert_eq!(v.to_f32_vec().unwrap(), want.multiply(&Array::f32(-1.0)).unwrap().to_f32_vec().unwrap(), "values after op {i}");
+            assert_eq!(
+                v.to_f32_vec().unwrap(),
+                want.multiply(&Array::f32(-1.0)).unwrap().to_f32_vec().unwrap(),
+                "values after op {i}"
+            );
             let (buf, _) = cache.state().unwrap();
             assert_eq!(buf.dim(2) % KV_STEP, 0, "capacity is whole steps");
             assert!(buf.dim(2) >= cache.offset);

@@ -2,10 +2,10 @@
 //! MTP speculative decoding, computing with MLX.
 
 pub mod cache;
+pub mod chat;
+pub mod engine;
 pub mod generate;
 pub mod model;
 pub mod quant;
-pub mod chat;
 pub mod registry;
-pub mod engine;
 pub mod server;

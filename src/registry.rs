@@ -38,27 +38,13 @@ pub enum RegistryError {
     #[error("{}:{message}", path.display())]
     Parse { path: PathBuf, message: String },
     #[error("{}: model `{model}`: {field} = {value}: must be {expected}", path.display())]
-    OutOfRange {
-        path: PathBuf,
-        model: String,
-        field: &'static str,
-        value: String,
-        expected: &'static str,
-    },
+    OutOfRange { path: PathBuf, model: String, field: &'static str, value: String, expected: &'static str },
     #[error("{}: model `{name}`: {message}", path.display())]
-    InvalidModel {
-        path: PathBuf,
-        name: String,
-        message: String,
-    },
+    InvalidModel { path: PathBuf, name: String, message: String },
     #[error("{}: model `{name}` is defined twice", path.display())]
     DuplicateName { path: PathBuf, name: String },
     #[error("{}: default = \"{name}\" names no model (known: {})", path.display(), known.join(", "))]
-    UnknownDefault {
-        path: PathBuf,
-        name: String,
-        known: Vec<String>,
-    },
+    UnknownDefault { path: PathBuf, name: String, known: Vec<String> },
     #[error("no model named `{name}` and no model folder at that path (known: {})", known.join(", "))]
     UnknownModel { name: String, known: Vec<String> },
     #[error("{}: not a model folder (it needs config.json and *.safetensors)", path.display())]
@@ -79,10 +65,7 @@ pub struct MtpSettings {
 
 impl Default for MtpSettings {
     fn default() -> Self {
-        Self {
-            enabled: true,
-            depth: 3,
-        }
+        Self { enabled: true, depth: 3 }
     }
 }
 
@@ -101,14 +84,7 @@ pub struct SamplingSettings {
 
 impl Default for SamplingSettings {
     fn default() -> Self {
-        Self {
-            temperature: 0.7,
-            top_p: 0.95,
-            top_k: 0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            max_tokens: 512,
-        }
+        Self { temperature: 0.7, top_p: 0.95, top_k: 0, min_p: 0.0, repetition_penalty: 1.0, max_tokens: 512 }
     }
 }
 
@@ -135,13 +111,7 @@ pub struct ModelEntry {
 
 impl ModelEntry {
     fn with_defaults(name: String, path: PathBuf, source: ModelSource) -> Self {
-        Self {
-            name,
-            path,
-            source,
-            mtp: MtpSettings::default(),
-            sampling: SamplingSettings::default(),
-        }
+        Self { name, path, source, mtp: MtpSettings::default(), sampling: SamplingSettings::default() }
     }
 }
 
@@ -184,11 +154,7 @@ impl SettingsPatch {
             ("sampling", "top_p", s.top_p.map(float)),
             ("sampling", "top_k", s.top_k.map(int)),
             ("sampling", "min_p", s.min_p.map(float)),
-            (
-                "sampling",
-                "repetition_penalty",
-                s.repetition_penalty.map(float),
-            ),
+            ("sampling", "repetition_penalty", s.repetition_penalty.map(float)),
             ("sampling", "max_tokens", s.max_tokens.map(int)),
         ]
         .into_iter()
@@ -238,10 +204,8 @@ pub struct Registry {
 
 impl Registry {
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| RegistryError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| RegistryError::Io { path: path.to_owned(), source })?;
         Self::parse(path, &text)
     }
 
@@ -287,26 +251,16 @@ impl Registry {
         let path = expand_home(name_or_path);
         if !path.is_dir() {
             let known = models.into_iter().map(|m| m.name).collect();
-            return Err(RegistryError::UnknownModel {
-                name: name_or_path.to_owned(),
-                known,
-            });
+            return Err(RegistryError::UnknownModel { name: name_or_path.to_owned(), known });
         }
         if !is_model_folder(&path) {
             return Err(RegistryError::NotAModelFolder { path });
         }
         let canonical = path.canonicalize().ok();
-        if let Some(model) = models
-            .iter()
-            .find(|m| m.path.canonicalize().ok() == canonical)
-        {
+        if let Some(model) = models.iter().find(|m| m.path.canonicalize().ok() == canonical) {
             return Ok(model.clone());
         }
-        Ok(ModelEntry::with_defaults(
-            folder_name(&path),
-            path,
-            ModelSource::Path,
-        ))
+        Ok(ModelEntry::with_defaults(folder_name(&path), path, ModelSource::Path))
     }
 
     /// The `default` model, or else the first one listed.
@@ -319,10 +273,9 @@ impl Registry {
         match (found, &self.default) {
             (Some(model), _) => Ok(model.clone()),
             (None, Some(name)) => Err(self.unknown_default(name, &models)),
-            (None, None) => Err(RegistryError::NoModels {
-                path: self.path.clone(),
-                models_dir: self.models_dir.clone(),
-            }),
+            (None, None) => {
+                Err(RegistryError::NoModels { path: self.path.clone(), models_dir: self.models_dir.clone() })
+            }
         }
     }
 
@@ -330,24 +283,15 @@ impl Registry {
     /// edits made by hand since loading are kept; a scanned model gets its own `[[model]]` entry.
     /// Nothing is written unless the result is valid.
     pub fn update_settings(&mut self, name: &str, patch: &SettingsPatch) -> Result<ModelEntry> {
-        let text = std::fs::read_to_string(&self.path).map_err(|source| RegistryError::Io {
-            path: self.path.clone(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(&self.path)
+            .map_err(|source| RegistryError::Io { path: self.path.clone(), source })?;
         let current = Self::parse(&self.path, &text)?;
-        let mut doc: DocumentMut = text
-            .parse()
-            .map_err(|e| parse_error(&self.path, &text, e))?;
+        let mut doc: DocumentMut = text.parse().map_err(|e| parse_error(&self.path, &text, e))?;
         if model_entry(&mut doc, name).is_none() {
-            let scanned = current
-                .get(name)
-                .filter(|m| m.source == ModelSource::Scanned);
+            let scanned = current.get(name).filter(|m| m.source == ModelSource::Scanned);
             let Some(model) = scanned else {
                 let known = current.list().into_iter().map(|m| m.name).collect();
-                return Err(RegistryError::UnknownModel {
-                    name: name.to_owned(),
-                    known,
-                });
+                return Err(RegistryError::UnknownModel { name: name.to_owned(), known });
             };
             add_model_entry(&mut doc, name, &current.scanned_path_setting(&model));
         }
@@ -365,30 +309,21 @@ impl Registry {
         let updated = Self::parse(&self.path, &text)?;
         write_atomic(&self.path, &text)?;
         *self = updated;
-        self.get(name).ok_or_else(|| RegistryError::UnknownModel {
-            name: name.to_owned(),
-            known: Vec::new(),
-        })
+        self.get(name).ok_or_else(|| RegistryError::UnknownModel { name: name.to_owned(), known: Vec::new() })
     }
 
     fn parse(path: &Path, text: &str) -> Result<Self> {
-        let deserializer =
-            toml_edit::de::Deserializer::parse(text).map_err(|e| parse_error(path, text, e))?;
-        let spec: FileSpec = serde_path_to_error::deserialize(deserializer)
-            .map_err(|e| deserialize_error(path, text, e))?;
+        let deserializer = toml_edit::de::Deserializer::parse(text).map_err(|e| parse_error(path, text, e))?;
+        let spec: FileSpec =
+            serde_path_to_error::deserialize(deserializer).map_err(|e| deserialize_error(path, text, e))?;
 
         let base = path.parent().unwrap_or(Path::new(""));
-        let models_dir_setting = spec
-            .models_dir
-            .unwrap_or_else(|| DEFAULT_MODELS_DIR.to_owned());
+        let models_dir_setting = spec.models_dir.unwrap_or_else(|| DEFAULT_MODELS_DIR.to_owned());
         let mut configured: Vec<ModelEntry> = Vec::new();
         for entry in spec.model {
             validate(path, &entry)?;
             if configured.iter().any(|m| m.name == entry.name) {
-                return Err(RegistryError::DuplicateName {
-                    path: path.to_owned(),
-                    name: entry.name,
-                });
+                return Err(RegistryError::DuplicateName { path: path.to_owned(), name: entry.name });
             }
             let model_path = base.join(expand_home(&entry.path));
             configured.push(ModelEntry {
@@ -402,7 +337,10 @@ impl Registry {
         let models_dir = base.join(expand_home(&models_dir_setting));
         let conversations_dir = match &spec.conversations_dir {
             Some(dir) if dir.trim().is_empty() => {
-                return Err(RegistryError::Parse { path: path.to_owned(), message: " conversations_dir: the path is empty".into() })
+                return Err(RegistryError::Parse {
+                    path: path.to_owned(),
+                    message: " conversations_dir: the path is empty".into(),
+                })
             }
             Some(dir) => base.join(expand_home(dir)),
             None => models_dir.parent().unwrap_or(&models_dir).join(DEFAULT_CONVERSATIONS_DIR),
@@ -426,21 +364,13 @@ impl Registry {
 
     fn unknown_default(&self, name: &str, models: &[ModelEntry]) -> RegistryError {
         let known = models.iter().map(|m| m.name.clone()).collect();
-        RegistryError::UnknownDefault {
-            path: self.path.clone(),
-            name: name.to_owned(),
-            known,
-        }
+        RegistryError::UnknownDefault { path: self.path.clone(), name: name.to_owned(), known }
     }
 
     /// The `path` to write for a scanned model: under `models_dir` as the user wrote it, so that a
     /// `~` stays a `~`.
     fn scanned_path_setting(&self, model: &ModelEntry) -> String {
-        format!(
-            "{}/{}",
-            self.models_dir_setting.trim_end_matches('/'),
-            folder_name(&model.path)
-        )
+        format!("{}/{}", self.models_dir_setting.trim_end_matches('/'), folder_name(&model.path))
     }
 }
 
@@ -448,11 +378,7 @@ impl Registry {
 fn at_line(text: &str, span: Option<std::ops::Range<usize>>, message: &str) -> String {
     match span {
         Some(span) => {
-            let line = text.as_bytes()[..span.start.min(text.len())]
-                .iter()
-                .filter(|&&b| b == b'\n')
-                .count()
-                + 1;
+            let line = text.as_bytes()[..span.start.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1;
             format!("{line}: {message}")
         }
         None => format!(" {message}"),
@@ -469,26 +395,18 @@ fn deserialize_error(
     let inner = error.into_inner();
     // The path of an unknown key ends with that key, which the message names already.
     if inner.message().starts_with("unknown field") {
-        key = key
-            .rsplit_once('.')
-            .map_or(".".into(), |(parent, _)| parent.to_owned());
+        key = key.rsplit_once('.').map_or(".".into(), |(parent, _)| parent.to_owned());
     }
     let message = match key.as_str() {
         "." => inner.message().to_owned(),
         key => format!("{key}: {}", inner.message()),
     };
-    RegistryError::Parse {
-        path: path.to_owned(),
-        message: at_line(text, inner.span(), &message),
-    }
+    RegistryError::Parse { path: path.to_owned(), message: at_line(text, inner.span(), &message) }
 }
 
 fn parse_error(path: &Path, text: &str, error: impl Into<toml_edit::TomlError>) -> RegistryError {
     let error = error.into();
-    RegistryError::Parse {
-        path: path.to_owned(),
-        message: at_line(text, error.span(), error.message()),
-    }
+    RegistryError::Parse { path: path.to_owned(), message: at_line(text, error.span(), error.message()) }
 }
 
 fn validate(path: &Path, entry: &EntrySpec) -> Result<()> {
@@ -505,42 +423,17 @@ fn validate(path: &Path, entry: &EntrySpec) -> Result<()> {
     }
     let (mtp, s) = (&entry.mtp, &entry.sampling);
     let checks: [(&'static str, f64, bool, &'static str); 6] = [
-        (
-            "mtp.depth",
-            mtp.depth.into(),
-            MTP_DEPTHS.contains(&mtp.depth),
-            "in 1..=8",
-        ),
-        (
-            "sampling.temperature",
-            s.temperature.into(),
-            s.temperature >= 0.0 && s.temperature.is_finite(),
-            "0 or more",
-        ),
-        (
-            "sampling.top_p",
-            s.top_p.into(),
-            s.top_p > 0.0 && s.top_p <= 1.0,
-            "in (0, 1]",
-        ),
-        (
-            "sampling.min_p",
-            s.min_p.into(),
-            (0.0..=1.0).contains(&s.min_p),
-            "in [0, 1]",
-        ),
+        ("mtp.depth", mtp.depth.into(), MTP_DEPTHS.contains(&mtp.depth), "in 1..=8"),
+        ("sampling.temperature", s.temperature.into(), s.temperature >= 0.0 && s.temperature.is_finite(), "0 or more"),
+        ("sampling.top_p", s.top_p.into(), s.top_p > 0.0 && s.top_p <= 1.0, "in (0, 1]"),
+        ("sampling.min_p", s.min_p.into(), (0.0..=1.0).contains(&s.min_p), "in [0, 1]"),
         (
             "sampling.repetition_penalty",
             s.repetition_penalty.into(),
             s.repetition_penalty > 0.0 && s.repetition_penalty.is_finite(),
             "more than 0",
         ),
-        (
-            "sampling.max_tokens",
-            s.max_tokens.into(),
-            s.max_tokens >= 1,
-            "1 or more",
-        ),
+        ("sampling.max_tokens", s.max_tokens.into(), s.max_tokens >= 1, "1 or more"),
     ];
     match checks.into_iter().find(|(_, _, ok, _)| !ok) {
         Some((field, value, _, expected)) => Err(RegistryError::OutOfRange {
@@ -565,19 +458,14 @@ fn expand_home(path: &str) -> PathBuf {
 }
 
 fn folder_name(path: &Path) -> String {
-    path.file_name().map_or_else(
-        || path.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    )
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// A folder with config.json and at least one .safetensors file.
 pub fn is_model_folder(dir: &Path) -> bool {
     let has_weights = || {
         std::fs::read_dir(dir).is_ok_and(|entries| {
-            entries
-                .flatten()
-                .any(|e| e.path().extension().is_some_and(|ext| ext == "safetensors"))
+            entries.flatten().any(|e| e.path().extension().is_some_and(|ext| ext == "safetensors"))
         })
     };
     dir.join("config.json").is_file() && has_weights()
@@ -608,10 +496,7 @@ fn scan(models_dir: &Path) -> Vec<ModelEntry> {
 fn model_entry<'d>(doc: &'d mut DocumentMut, name: &str) -> Option<&'d mut dyn TableLike> {
     let named = |t: &dyn TableLike| t.get("name").and_then(Item::as_str) == Some(name);
     match doc.get_mut("model")? {
-        Item::ArrayOfTables(tables) => tables
-            .iter_mut()
-            .find(|t| named(*t))
-            .map(|t| t as &mut dyn TableLike),
+        Item::ArrayOfTables(tables) => tables.iter_mut().find(|t| named(*t)).map(|t| t as &mut dyn TableLike),
         Item::Value(toml_edit::Value::Array(array)) => array
             .iter_mut()
             .filter_map(toml_edit::Value::as_inline_table_mut)
@@ -623,10 +508,7 @@ fn model_entry<'d>(doc: &'d mut DocumentMut, name: &str) -> Option<&'d mut dyn T
 
 /// Appends a model entry with a name and a path, in the style the file already uses.
 fn add_model_entry(doc: &mut DocumentMut, name: &str, path: &str) {
-    match doc
-        .entry("model")
-        .or_insert(Item::ArrayOfTables(Default::default()))
-    {
+    match doc.entry("model").or_insert(Item::ArrayOfTables(Default::default())) {
         Item::ArrayOfTables(tables) => {
             let mut table = Table::new();
             table.insert("name", toml_edit::value(name));
@@ -646,9 +528,7 @@ fn add_model_entry(doc: &mut DocumentMut, name: &str, path: &str) {
 /// Sets `table.key` in a model entry, creating `table` as an inline table (the style of DESIGN.md)
 /// if needed. A replaced value keeps its surrounding whitespace and trailing comment.
 fn set_value(entry: &mut dyn TableLike, table: &str, key: &str, mut value: toml_edit::Value) {
-    let section = entry
-        .entry(table)
-        .or_insert(Item::Value(InlineTable::new().into()));
+    let section = entry.entry(table).or_insert(Item::Value(InlineTable::new().into()));
     if let Some(Item::Value(old)) = section.as_table_like_mut().and_then(|t| t.get_mut(key)) {
         *value.decor_mut() = old.decor().clone();
         *old = value;
@@ -680,24 +560,13 @@ fn set_value(entry: &mut dyn TableLike, table: &str, key: &str, mut value: toml_
 fn write_atomic(path: &Path, text: &str) -> Result<()> {
     // Write through a symlink to its target rather than replacing the link.
     let target = path.canonicalize().unwrap_or_else(|_| path.to_owned());
-    let dir = target
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let write_error = |source| RegistryError::Write {
-        path: target.clone(),
-        source,
-    };
-    let mut file = tempfile::Builder::new()
-        .prefix(".models.toml.")
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .map_err(write_error)?;
+    let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let write_error = |source| RegistryError::Write { path: target.clone(), source };
+    let mut file =
+        tempfile::Builder::new().prefix(".models.toml.").suffix(".tmp").tempfile_in(dir).map_err(write_error)?;
     file.write_all(text.as_bytes()).map_err(write_error)?;
     if let Ok(meta) = std::fs::metadata(&target) {
-        file.as_file()
-            .set_permissions(meta.permissions())
-            .map_err(write_error)?;
+        file.as_file().set_permissions(meta.permissions()).map_err(write_error)?;
     }
     file.as_file().sync_all().map_err(write_error)?;
     file.persist(&target).map_err(|e| write_error(e.error))?;
@@ -727,10 +596,7 @@ mod tests {
 
     /// Temporary files left in a folder by a write.
     fn leftovers(dir: &Path) -> Vec<String> {
-        let names = std::fs::read_dir(dir)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned());
+        let names = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned());
         names.filter(|n| n.starts_with(".models.toml.")).collect()
     }
 
@@ -766,32 +632,19 @@ temperature = 1.0 # hot
         assert_eq!(tiny.name, "tandem-tiny");
         assert_eq!(tiny.path, root.join("assets/models/tandem-tiny"));
         assert_eq!(tiny.source, ModelSource::Configured);
-        assert_eq!(
-            tiny.mtp,
-            MtpSettings {
-                enabled: true,
-                depth: 3
-            }
-        );
+        assert_eq!(tiny.mtp, MtpSettings { enabled: true, depth: 3 });
         assert_eq!(tiny.sampling, SamplingSettings::default());
     }
 
     #[test]
     fn defaults_fill_what_is_left_out() {
-        let (_dir, path) =
-            registry_file("[[model]]\nname = \"a\"\npath = \"/m/a\"\nsampling = { top_k = 20 }\n");
+        let (_dir, path) = registry_file("[[model]]\nname = \"a\"\npath = \"/m/a\"\nsampling = { top_k = 20 }\n");
         let registry = Registry::load(&path).unwrap();
         let home = PathBuf::from(std::env::var_os("HOME").unwrap());
         assert_eq!(registry.models_dir(), home.join(".tandem/models"));
         assert_eq!(registry.conversations_dir(), home.join(".tandem/conversations"));
         let a = registry.default_model().unwrap();
-        assert_eq!(
-            a.mtp,
-            MtpSettings {
-                enabled: true,
-                depth: 3
-            }
-        );
+        assert_eq!(a.mtp, MtpSettings { enabled: true, depth: 3 });
         let expected = SamplingSettings {
             temperature: 0.7,
             top_p: 0.95,
@@ -844,11 +697,7 @@ temperature = 1.0 # hot
         make_model_folder(&models.join("no-weights"), false);
         std::fs::write(models.join("stray.txt"), "").unwrap();
         let registry = Registry::load(&path).unwrap();
-        let listed: Vec<(String, ModelSource)> = registry
-            .list()
-            .into_iter()
-            .map(|m| (m.name, m.source))
-            .collect();
+        let listed: Vec<(String, ModelSource)> = registry.list().into_iter().map(|m| (m.name, m.source)).collect();
         let expected = [
             ("a", ModelSource::Configured),
             ("b", ModelSource::Configured),
@@ -859,11 +708,7 @@ temperature = 1.0 # hot
         let c = registry.get("c-converted").unwrap();
         assert_eq!(
             (c.path, c.mtp, c.sampling),
-            (
-                models.join("c-converted"),
-                MtpSettings::default(),
-                SamplingSettings::default()
-            )
+            (models.join("c-converted"), MtpSettings::default(), SamplingSettings::default())
         );
     }
 
@@ -876,54 +721,26 @@ temperature = 1.0 # hot
         let registry = Registry::load(&path).unwrap();
         assert_eq!(registry.resolve("a").unwrap().path, PathBuf::from("/m/a"));
         // The path of a configured model is that model, with its settings.
-        let b = registry
-            .resolve(&format!("{}/./b", dir.path().display()))
-            .unwrap();
-        assert_eq!(
-            (b.name.as_str(), b.source, b.sampling.temperature),
-            ("b", ModelSource::Configured, 1.0)
-        );
-        let x = registry
-            .resolve(dir.path().join("elsewhere/x").to_str().unwrap())
-            .unwrap();
+        let b = registry.resolve(&format!("{}/./b", dir.path().display())).unwrap();
+        assert_eq!((b.name.as_str(), b.source, b.sampling.temperature), ("b", ModelSource::Configured, 1.0));
+        let x = registry.resolve(dir.path().join("elsewhere/x").to_str().unwrap()).unwrap();
         assert_eq!((x.name.as_str(), x.source), ("x", ModelSource::Path));
 
         let error = registry.resolve("nope").unwrap_err().to_string();
-        assert_eq!(
-            error,
-            "no model named `nope` and no model folder at that path (known: a, b)"
-        );
+        assert_eq!(error, "no model named `nope` and no model folder at that path (known: a, b)");
         let half = dir.path().join("half");
-        let error = registry
-            .resolve(half.to_str().unwrap())
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            error,
-            format!(
-                "{}: not a model folder (it needs config.json and *.safetensors)",
-                half.display()
-            )
-        );
+        let error = registry.resolve(half.to_str().unwrap()).unwrap_err().to_string();
+        assert_eq!(error, format!("{}: not a model folder (it needs config.json and *.safetensors)", half.display()));
     }
 
     #[test]
     fn default_model_is_the_first_when_unset() {
-        let (_dir, path) = registry_file("[[model]]\nname = \"first\"\npath = \"f\"\n[[model]]\nname = \"second\"\npath = \"s\"\n");
-        assert_eq!(
-            Registry::load(&path).unwrap().default_model().unwrap().name,
-            "first"
-        );
+        let (_dir, path) =
+            registry_file("[[model]]\nname = \"first\"\npath = \"f\"\n[[model]]\nname = \"second\"\npath = \"s\"\n");
+        assert_eq!(Registry::load(&path).unwrap().default_model().unwrap().name, "first");
         let (_dir, path) = registry_file("models_dir = \"empty\"\n");
-        let error = Registry::load(&path)
-            .unwrap()
-            .default_model()
-            .unwrap_err()
-            .to_string();
-        let expected = format!(
-            "no model configured and none found in {}",
-            path.with_file_name("empty").display()
-        );
+        let error = Registry::load(&path).unwrap().default_model().unwrap_err().to_string();
+        let expected = format!("no model configured and none found in {}", path.with_file_name("empty").display());
         assert!(error.ends_with(&expected), "{error}");
     }
 
@@ -932,35 +749,14 @@ temperature = 1.0 # hot
         let (dir, path) = registry_file(MODELS);
         let mut registry = Registry::load(&path).unwrap();
         let patch = SettingsPatch {
-            mtp: MtpPatch {
-                depth: Some(2),
-                ..Default::default()
-            },
-            sampling: SamplingPatch {
-                temperature: Some(0.2),
-                top_k: Some(40),
-                ..Default::default()
-            },
+            mtp: MtpPatch { depth: Some(2), ..Default::default() },
+            sampling: SamplingPatch { temperature: Some(0.2), top_k: Some(40), ..Default::default() },
         };
         let a = registry.update_settings("a", &patch).unwrap();
-        assert_eq!(
-            (
-                a.mtp.depth,
-                a.sampling.temperature,
-                a.sampling.top_k,
-                a.sampling.top_p
-            ),
-            (2, 0.2, 40, 0.95)
-        );
+        assert_eq!((a.mtp.depth, a.sampling.temperature, a.sampling.top_k, a.sampling.top_p), (2, 0.2, 40, 0.95));
         let patch = SettingsPatch {
-            mtp: MtpPatch {
-                enabled: Some(false),
-                ..Default::default()
-            },
-            sampling: SamplingPatch {
-                temperature: Some(0.5),
-                ..Default::default()
-            },
+            mtp: MtpPatch { enabled: Some(false), ..Default::default() },
+            sampling: SamplingPatch { temperature: Some(0.5), ..Default::default() },
         };
         registry.update_settings("b", &patch).unwrap();
         let expected = MODELS
@@ -969,10 +765,7 @@ temperature = 1.0 # hot
                 "temperature = 0.7, top_p = 0.95, max_tokens = 512 }",
                 "temperature = 0.2, top_p = 0.95, max_tokens = 512, top_k = 40 }",
             )
-            .replace(
-                "path = \"b\"\n",
-                "path = \"b\"\nmtp = { enabled = false }\n",
-            )
+            .replace("path = \"b\"\n", "path = \"b\"\nmtp = { enabled = false }\n")
             .replace("temperature = 1.0 # hot", "temperature = 0.5 # hot");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
         assert!(leftovers(dir.path()).is_empty());
@@ -989,29 +782,17 @@ temperature = 1.0 # hot
         let (dir, path) = registry_file(MODELS);
         make_model_folder(&dir.path().join("models/q-4bit"), true);
         let mut registry = Registry::load(&path).unwrap();
-        let patch = SettingsPatch {
-            mtp: MtpPatch {
-                depth: Some(1),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
+        let patch = SettingsPatch { mtp: MtpPatch { depth: Some(1), ..Default::default() }, ..Default::default() };
         let q = registry.update_settings("q-4bit", &patch).unwrap();
-        assert_eq!(
-            (q.source, q.mtp.depth, q.path),
-            (ModelSource::Configured, 1, dir.path().join("models/q-4bit"))
-        );
+        assert_eq!((q.source, q.mtp.depth, q.path), (ModelSource::Configured, 1, dir.path().join("models/q-4bit")));
         let text = std::fs::read_to_string(&path).unwrap();
-        assert_eq!(text, format!("{MODELS}\n[[model]]\nname = \"q-4bit\"\npath = \"models/q-4bit\"\nmtp = {{ depth = 1 }}\n"));
-
-        let error = registry
-            .update_settings("ghost", &patch)
-            .unwrap_err()
-            .to_string();
         assert_eq!(
-            error,
-            "no model named `ghost` and no model folder at that path (known: a, b, q-4bit)"
+            text,
+            format!("{MODELS}\n[[model]]\nname = \"q-4bit\"\npath = \"models/q-4bit\"\nmtp = {{ depth = 1 }}\n")
         );
+
+        let error = registry.update_settings("ghost", &patch).unwrap_err().to_string();
+        assert_eq!(error, "no model named `ghost` and no model folder at that path (known: a, b, q-4bit)");
     }
 
     #[test]
@@ -1020,42 +801,21 @@ temperature = 1.0 # hot
         let mut registry = Registry::load(&path).unwrap();
         std::fs::write(&path, MODELS.replace("# My models", "# My models, edited")).unwrap();
         let patch = SettingsPatch {
-            sampling: SamplingPatch {
-                max_tokens: Some(64),
-                ..Default::default()
-            },
+            sampling: SamplingPatch { max_tokens: Some(64), ..Default::default() },
             ..Default::default()
         };
         registry.update_settings("a", &patch).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(
-            text.starts_with("# My models, edited\n") && text.contains("max_tokens = 64 }"),
-            "{text}"
-        );
+        assert!(text.starts_with("# My models, edited\n") && text.contains("max_tokens = 64 }"), "{text}");
     }
 
     #[test]
     fn invalid_update_writes_nothing() {
         let (dir, path) = registry_file(MODELS);
         let mut registry = Registry::load(&path).unwrap();
-        let patch = SettingsPatch {
-            mtp: MtpPatch {
-                depth: Some(9),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let error = registry
-            .update_settings("a", &patch)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            error,
-            format!(
-                "{}: model `a`: mtp.depth = 9: must be in 1..=8",
-                path.display()
-            )
-        );
+        let patch = SettingsPatch { mtp: MtpPatch { depth: Some(9), ..Default::default() }, ..Default::default() };
+        let error = registry.update_settings("a", &patch).unwrap_err().to_string();
+        assert_eq!(error, format!("{}: model `a`: mtp.depth = 9: must be in 1..=8", path.display()));
         assert_eq!(std::fs::read_to_string(&path).unwrap(), MODELS);
         assert!(leftovers(dir.path()).is_empty());
         assert_eq!(registry.get("a").unwrap().mtp.depth, 3);
@@ -1069,10 +829,7 @@ temperature = 1.0 # hot
         std::fs::create_dir(&target).unwrap();
         std::fs::write(target.join("keep"), "x").unwrap();
         let error = write_atomic(&target, "new").unwrap_err().to_string();
-        assert!(
-            error.starts_with(&format!("cannot write {}: ", target.display())),
-            "{error}"
-        );
+        assert!(error.starts_with(&format!("cannot write {}: ", target.display())), "{error}");
         assert!(target.join("keep").is_file());
         assert!(leftovers(dir.path()).is_empty());
 
@@ -1082,33 +839,18 @@ temperature = 1.0 # hot
         let mut registry = Registry::load(&path).unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o555)).unwrap();
         let root_ignores_permissions = std::fs::write(dir.path().join("probe"), "").is_ok();
-        let patch = SettingsPatch {
-            mtp: MtpPatch {
-                depth: Some(2),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
+        let patch = SettingsPatch { mtp: MtpPatch { depth: Some(2), ..Default::default() }, ..Default::default() };
         let result = registry.update_settings("a", &patch);
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         if root_ignores_permissions {
-            eprintln!(
-                "skipped the read-only folder case: running as root, which ignores permissions"
-            );
+            eprintln!("skipped the read-only folder case: running as root, which ignores permissions");
             return;
         }
         let error = result.unwrap_err().to_string();
-        assert!(
-            error.starts_with(&format!("cannot write {}", path.display())),
-            "{error}"
-        );
+        assert!(error.starts_with(&format!("cannot write {}", path.display())), "{error}");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), MODELS);
         assert!(leftovers(dir.path()).is_empty());
-        assert_eq!(
-            registry.get("a").unwrap().mtp.depth,
-            3,
-            "the registry is unchanged too"
-        );
+        assert_eq!(registry.get("a").unwrap().mtp.depth, 3, "the registry is unchanged too");
     }
 
     #[test]
@@ -1117,21 +859,10 @@ temperature = 1.0 # hot
         let link = dir.path().join("link.toml");
         std::os::unix::fs::symlink(&path, &link).unwrap();
         let mut registry = Registry::load(&link).unwrap();
-        let patch = SettingsPatch {
-            mtp: MtpPatch {
-                depth: Some(4),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
+        let patch = SettingsPatch { mtp: MtpPatch { depth: Some(4), ..Default::default() }, ..Default::default() };
         registry.update_settings("a", &patch).unwrap();
-        assert!(std::fs::symlink_metadata(&link)
-            .unwrap()
-            .file_type()
-            .is_symlink());
-        assert!(std::fs::read_to_string(&path)
-            .unwrap()
-            .contains("depth = 4 }"));
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert!(std::fs::read_to_string(&path).unwrap().contains("depth = 4 }"));
     }
 
     #[test]
@@ -1159,31 +890,17 @@ temperature = 1.0 # hot
         for (text, expected) in cases {
             assert_eq!(load_error(&text), expected, "for:\n{text}");
         }
-        let error = Registry::load(Path::new("/nonexistent/models.toml"))
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            error,
-            "/nonexistent/models.toml: No such file or directory (os error 2)"
-        );
+        let error = Registry::load(Path::new("/nonexistent/models.toml")).unwrap_err().to_string();
+        assert_eq!(error, "/nonexistent/models.toml: No such file or directory (os error 2)");
     }
 
     #[test]
     fn settings_patch_reads_json_and_rejects_unknown_keys() {
         let patch: SettingsPatch =
-            serde_json::from_str(r#"{"mtp": {"depth": 2}, "sampling": {"temperature": 0.3}}"#)
-                .unwrap();
-        assert_eq!(
-            (
-                patch.mtp.depth,
-                patch.mtp.enabled,
-                patch.sampling.temperature
-            ),
-            (Some(2), None, Some(0.3))
-        );
-        let error = serde_json::from_str::<SettingsPatch>(r#"{"sampling": {"temprature": 0.3}}"#)
-            .unwrap_err()
-            .to_string();
+            serde_json::from_str(r#"{"mtp": {"depth": 2}, "sampling": {"temperature": 0.3}}"#).unwrap();
+        assert_eq!((patch.mtp.depth, patch.mtp.enabled, patch.sampling.temperature), (Some(2), None, Some(0.3)));
+        let error =
+            serde_json::from_str::<SettingsPatch>(r#"{"sampling": {"temprature": 0.3}}"#).unwrap_err().to_string();
         assert!(error.starts_with("unknown field `temprature`"), "{error}");
     }
 }

@@ -14,7 +14,9 @@ use common::*;
 use mlx::Array;
 use tandem::generate::{generate, Control as GenControl, GenerateOptions, MtpOptions, SamplingParams};
 use tandem::model::{self, LoadOptions};
-use tandem::quant::{self, Control, ConvertError, ConvertEvent, ConvertOptions, ConvertReport, MtpBits, MtpMode, Recipe};
+use tandem::quant::{
+    self, Control, ConvertError, ConvertEvent, ConvertOptions, ConvertReport, MtpBits, MtpMode, Recipe,
+};
 
 const PROMPT: [u32; 10] = [3, 17, 99, 4, 250, 8, 8, 61, 120, 7];
 const GEN: usize = 16;
@@ -126,7 +128,11 @@ fn assert_greedy_agrees(dir: &Path, what: &str) -> (usize, f32) {
         worst = worst.max(diff);
         if margin > 2.0 * diff {
             decisive += 1;
-            assert_eq!(argmax(&ours) as u32, tok, "{what}: step {step}: Tandem's greedy token differs from mlx-lm's (margin {margin}, difference {diff})");
+            assert_eq!(
+                argmax(&ours) as u32,
+                tok,
+                "{what}: step {step}: Tandem's greedy token differs from mlx-lm's (margin {margin}, difference {diff})"
+            );
         }
         input = vec![tok as i32];
     }
@@ -138,7 +144,11 @@ fn assert_greedy_agrees(dir: &Path, what: &str) -> (usize, f32) {
 }
 
 fn convert_ref(args: &[&str]) {
-    let out = std::process::Command::new(python()).arg(repo().join("tests/reference/convert_ref.py")).args(args).output().unwrap();
+    let out = std::process::Command::new(python())
+        .arg(repo().join("tests/reference/convert_ref.py"))
+        .args(args)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "convert_ref {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -147,13 +157,15 @@ fn config(dir: &Path) -> serde_json::Value {
 }
 
 fn index_keys(dir: &Path) -> Vec<String> {
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
     v["weight_map"].as_object().unwrap().keys().cloned().collect()
 }
 
 /// Reads one tensor's raw bytes from whichever shard of `dir` holds it.
 fn tensor_bytes(dir: &Path, key: &str) -> (Vec<u8>, Vec<usize>, String) {
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
     let file = dir.join(v["weight_map"][key].as_str().unwrap_or_else(|| panic!("no {key} in the index")));
     let bytes = std::fs::read(&file).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -174,15 +186,12 @@ fn quantized_tensors_are_bit_identical_to_mx_quantize() {
         "mtp.layers.0.self_attn.o_proj.weight",
         "mtp.layers.0.mlp.down_proj.weight",
     ];
-    for (bits, group, dtype) in [(4u8, 64u32, "bfloat16"), (3, 32, "bfloat16"), (6, 128, "float16"), (8, 64, "float16")] {
+    for (bits, group, dtype) in [(4u8, 64u32, "bfloat16"), (3, 32, "bfloat16"), (6, 128, "float16"), (8, 64, "float16")]
+    {
         let out = tempdir();
         let dst = out.path().join("q");
-        let opts = ConvertOptions {
-            bits: Some(bits),
-            group_size: group,
-            dtype: dtype.parse().unwrap(),
-            ..Default::default()
-        };
+        let opts =
+            ConvertOptions { bits: Some(bits), group_size: group, dtype: dtype.parse().unwrap(), ..Default::default() };
         run(src.path(), &dst, &opts);
         // Layers whose input width (64) the group size does not divide stay dense (mlx-lm's rule).
         let quantizable: Vec<&str> = keys.iter().copied().filter(|k| group != 128 || k.contains("down_proj")).collect();
@@ -203,13 +212,19 @@ fn quantized_tensors_are_bit_identical_to_mx_quantize() {
                 let (got, shape, _) = tensor_bytes(&dst, &format!("{module}.{ours}"));
                 let w = want.tensor(&format!("{key}.{theirs}")).unwrap();
                 assert_eq!(shape, w.shape(), "{module}.{ours} shape ({bits} bits, group {group})");
-                assert!(got == w.data(), "{module}.{ours} differs from mx.quantize ({bits} bits, group {group}, {dtype})");
+                assert!(
+                    got == w.data(),
+                    "{module}.{ours} differs from mx.quantize ({bits} bits, group {group}, {dtype})"
+                );
             }
         }
         if group == 128 {
             let keys = index_keys(&dst);
             assert!(keys.contains(&"language_model.model.layers.0.linear_attn.in_proj_qkv.weight".to_string()));
-            assert!(!keys.iter().any(|k| k.ends_with("in_proj_qkv.scales")), "a 64-wide input cannot take groups of 128");
+            assert!(
+                !keys.iter().any(|k| k.ends_with("in_proj_qkv.scales")),
+                "a 64-wide input cannot take groups of 128"
+            );
         }
     }
 }
@@ -254,10 +269,17 @@ fn every_tensor_equals_mlx_lm_own_conversion() {
             assert!(obytes == bytes, "{what}: `{k}` differs from mlx-lm's conversion");
         }
         let extra: Vec<&String> = ours_t.keys().filter(|k| !theirs_t.contains_key(*k)).collect();
-        assert!(extra.iter().all(|k| k.starts_with("language_model.mtp.")), "{what}: unexpected extra tensors {extra:?}");
+        assert!(
+            extra.iter().all(|k| k.starts_with("language_model.mtp.")),
+            "{what}: unexpected extra tensors {extra:?}"
+        );
         assert!(!extra.is_empty(), "{what}: the MTP head is kept");
         let (cq, tq) = (config(&ours)["quantization"].clone(), config(&theirs)["quantization"].clone());
-        assert_eq!((cq.get("bits"), cq.get("group_size")), (tq.get("bits"), tq.get("group_size")), "{what}: quantization block");
+        assert_eq!(
+            (cq.get("bits"), cq.get("group_size")),
+            (tq.get("bits"), tq.get("group_size")),
+            "{what}: quantization block"
+        );
     }
 }
 
@@ -290,7 +312,10 @@ fn mlx_lm_generates_tandem_greedy_tokens_on_every_output() {
         let (decisive, worst) = assert_greedy_agrees(&dst, what);
         // Most steps must be decisive, or the comparison would prove little.
         assert!(decisive >= GEN / 4, "{what}: only {decisive} of {GEN} steps decisive (engines differ by {worst})");
-        eprintln!("{what}: {} bytes, {:.3} bpw; {decisive}/{GEN} decisive steps, largest log-prob difference {worst:.4}", report.bytes, report.bpw);
+        eprintln!(
+            "{what}: {} bytes, {:.3} bpw; {decisive}/{GEN} decisive steps, largest log-prob difference {worst:.4}",
+            report.bytes, report.bpw
+        );
     }
 }
 
@@ -314,10 +339,15 @@ fn mixed_recipe_writes_per_module_bits_that_mlx_lm_builds() {
     // mlx-lm builds exactly these layers from the files and config.
     let file = out.path().join("modules.json");
     convert_ref(&["modules", dst.to_str().unwrap(), file.to_str().unwrap()]);
-    let built: BTreeMap<String, Option<(u8, u32)>> = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    let built: BTreeMap<String, Option<(u8, u32)>> =
+        serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
     assert_eq!(built["language_model.model.layers.0.mlp.down_proj"], Some((6, 64)));
     assert_eq!(built["language_model.model.layers.1.mlp.down_proj"], Some((4, 64)));
-    assert_eq!(built["language_model.model.layers.6.linear_attn.out_proj"], Some((4, 64)), "out_proj stays low on a high-bit layer");
+    assert_eq!(
+        built["language_model.model.layers.6.linear_attn.out_proj"],
+        Some((4, 64)),
+        "out_proj stays low on a high-bit layer"
+    );
     assert_eq!(built["language_model.lm_head"], Some((6, 64)));
     let groups = &report.quantization.as_ref().unwrap().groups;
     assert_eq!(groups["mlp"].bits.values().sum::<usize>(), 24);
@@ -371,7 +401,8 @@ fn dropping_the_head_writes_none_and_loads_with_mtp_off() {
     let src = source("15", &[]);
     let out = tempdir();
     let dst = out.path().join("nomtp");
-    let (report, _) = run(src.path(), &dst, &ConvertOptions { mtp: MtpMode::Drop, bits: Some(4), ..Default::default() });
+    let (report, _) =
+        run(src.path(), &dst, &ConvertOptions { mtp: MtpMode::Drop, bits: Some(4), ..Default::default() });
     assert!(!report.mtp.kept);
     assert!(!index_keys(&dst).iter().any(|k| k.contains("mtp.")));
     let cfg = config(&dst);
@@ -411,7 +442,8 @@ fn auto_recipe_measures_and_reaches_the_target() {
     let out = tempdir();
     let dst = out.path().join("auto");
     let target = 5.0;
-    let opts = ConvertOptions { recipe: Recipe::Auto, target_bpw: Some(target), calibration_tokens: 64, ..Default::default() };
+    let opts =
+        ConvertOptions { recipe: Recipe::Auto, target_bpw: Some(target), calibration_tokens: 64, ..Default::default() };
     let (report, events) = run(src.path(), &dst, &opts);
     assert!(events.iter().any(|e| matches!(e, ConvertEvent::Calibrating { .. })));
     assert!(report.bpw <= target + 1e-9, "bpw {} above the target {target}", report.bpw);
@@ -435,7 +467,9 @@ fn cancel_existing_destination_and_bad_input_are_refused_cleanly() {
     let before = hash_dir(src.path());
     let out = tempdir();
     let dst = out.path().join("m");
-    let no_partial = |dir: &Path| std::fs::read_dir(dir).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains(".partial-"));
+    let no_partial = |dir: &Path| {
+        std::fs::read_dir(dir).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains(".partial-"))
+    };
 
     // Cancelled after a few tensors: nothing is left behind.
     let mut seen = 0;
@@ -443,7 +477,11 @@ fn cancel_existing_destination_and_bad_input_are_refused_cleanly() {
         if matches!(e, ConvertEvent::Tensor { .. }) {
             seen += 1;
         }
-        if seen >= 3 { Control::Cancel } else { Control::Continue }
+        if seen >= 3 {
+            Control::Cancel
+        } else {
+            Control::Continue
+        }
     });
     assert!(matches!(r, Err(ConvertError::Cancelled)), "{r:?}");
     assert_eq!(seen, 3);
@@ -466,11 +504,21 @@ fn cancel_existing_destination_and_bad_input_are_refused_cleanly() {
     assert_eq!(hash_dir(src.path()), before, "the source changed");
 
     // An already quantized model is not quantized again.
-    let r = quant::convert(&dst, &out.path().join("again"), &ConvertOptions { bits: Some(4), ..Default::default() }, &mut |_| Control::Continue);
+    let r = quant::convert(
+        &dst,
+        &out.path().join("again"),
+        &ConvertOptions { bits: Some(4), ..Default::default() },
+        &mut |_| Control::Continue,
+    );
     let q = out.path().join("q4");
     run(src.path(), &q, &ConvertOptions { bits: Some(4), ..Default::default() });
     assert!(r.is_ok(), "re-converting a bf16 MLX model is allowed: {r:?}");
-    let r = quant::convert(&q, &out.path().join("q4again"), &ConvertOptions { bits: Some(4), ..Default::default() }, &mut |_| Control::Continue);
+    let r = quant::convert(
+        &q,
+        &out.path().join("q4again"),
+        &ConvertOptions { bits: Some(4), ..Default::default() },
+        &mut |_| Control::Continue,
+    );
     let msg = r.expect_err("re-quantizing").to_string();
     assert!(msg.contains("already quantized"), "{msg}");
 
@@ -479,32 +527,55 @@ fn cancel_existing_destination_and_bad_input_are_refused_cleanly() {
     let bytes = std::fs::read(&weights).unwrap();
     type Corruption<'a> = (&'a str, Box<dyn Fn(&Path) + 'a>, Vec<&'a str>);
     let cases: Vec<Corruption> = vec![
-        ("truncated", Box::new(|d: &Path| std::fs::write(d.join("model.safetensors"), &bytes[..bytes.len() - 1000]).unwrap()), vec!["model.safetensors", "runs past the end"]),
-        ("garbage header", Box::new(|d: &Path| {
-            let mut b = bytes.clone();
-            for x in &mut b[8..40] {
-                *x = b'#';
-            }
-            std::fs::write(d.join("model.safetensors"), b).unwrap()
-        }), vec!["model.safetensors", "JSON"]),
-        ("NaN weights", Box::new(|d: &Path| {
-            let mut b = bytes.clone();
-            let n = b.len();
-            for x in &mut b[n - 64..] {
-                *x = 0xff;
-            }
-            std::fs::write(d.join("model.safetensors"), b).unwrap()
-        }), vec!["model.safetensors", "NaN"]),
-        ("unknown model type", Box::new(|d: &Path| {
-            let c = std::fs::read_to_string(d.join("config.json")).unwrap().replacen("\"qwen3_5\"", "\"llama\"", 1);
-            std::fs::write(d.join("config.json"), c).unwrap()
-        }), vec!["llama"]),
-        ("missing tensor", Box::new(|d: &Path| {
-            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-            let kept: Vec<(String, safetensors::tensor::TensorView)> =
-                st.tensors().into_iter().filter(|(k, _)| k != "model.language_model.layers.2.mlp.up_proj.weight").collect();
-            safetensors::serialize_to_file(kept, None, &d.join("model.safetensors")).unwrap();
-        }), vec!["layers.2.mlp.up_proj.weight"]),
+        (
+            "truncated",
+            Box::new(|d: &Path| std::fs::write(d.join("model.safetensors"), &bytes[..bytes.len() - 1000]).unwrap()),
+            vec!["model.safetensors", "runs past the end"],
+        ),
+        (
+            "garbage header",
+            Box::new(|d: &Path| {
+                let mut b = bytes.clone();
+                for x in &mut b[8..40] {
+                    *x = b'#';
+                }
+                std::fs::write(d.join("model.safetensors"), b).unwrap()
+            }),
+            vec!["model.safetensors", "JSON"],
+        ),
+        (
+            "NaN weights",
+            Box::new(|d: &Path| {
+                let mut b = bytes.clone();
+                let n = b.len();
+                for x in &mut b[n - 64..] {
+                    *x = 0xff;
+                }
+                std::fs::write(d.join("model.safetensors"), b).unwrap()
+            }),
+            vec!["model.safetensors", "NaN"],
+        ),
+        (
+            "unknown model type",
+            Box::new(|d: &Path| {
+                let c = std::fs::read_to_string(d.join("config.json")).unwrap().replacen("\"qwen3_5\"", "\"llama\"", 1);
+                std::fs::write(d.join("config.json"), c).unwrap()
+            }),
+            vec!["llama"],
+        ),
+        (
+            "missing tensor",
+            Box::new(|d: &Path| {
+                let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+                let kept: Vec<(String, safetensors::tensor::TensorView)> = st
+                    .tensors()
+                    .into_iter()
+                    .filter(|(k, _)| k != "model.language_model.layers.2.mlp.up_proj.weight")
+                    .collect();
+                safetensors::serialize_to_file(kept, None, &d.join("model.safetensors")).unwrap();
+            }),
+            vec!["layers.2.mlp.up_proj.weight"],
+        ),
     ];
     for (what, corrupt, words) in cases {
         let bad = tempdir();
@@ -513,7 +584,9 @@ fn cancel_existing_destination_and_bad_input_are_refused_cleanly() {
         }
         corrupt(bad.path());
         let dst = out.path().join(format!("bad-{}", what.replace(' ', "-")));
-        let r = quant::convert(bad.path(), &dst, &ConvertOptions { bits: Some(4), ..Default::default() }, &mut |_| Control::Continue);
+        let r = quant::convert(bad.path(), &dst, &ConvertOptions { bits: Some(4), ..Default::default() }, &mut |_| {
+            Control::Continue
+        });
         let msg = r.expect_err(what).to_string();
         for w in words {
             assert!(msg.contains(w), "{what}: message `{msg}` lacks `{w}`");
@@ -562,7 +635,15 @@ fn the_compute_gate_is_taken_per_tensor_and_let_go_between() {
     let tiny = tiny_model_dir();
     for (what, opts) in [
         ("4-bit", ConvertOptions { bits: Some(4), ..Default::default() }),
-        ("auto", ConvertOptions { recipe: Recipe::Auto, target_bpw: Some(5.0), calibration_tokens: 32, ..Default::default() }),
+        (
+            "auto",
+            ConvertOptions {
+                recipe: Recipe::Auto,
+                target_bpw: Some(5.0),
+                calibration_tokens: 32,
+                ..Default::default()
+            },
+        ),
     ] {
         let held = Arc::new(AtomicBool::new(false));
         let taken = Arc::new(AtomicUsize::new(0));
@@ -597,7 +678,10 @@ fn the_compute_gate_is_taken_per_tensor_and_let_go_between() {
         // and, for auto, one more per calibrated module.
         let taken = taken.load(Ordering::SeqCst);
         assert!(tensors > 100, "{what}: {tensors} tensors");
-        assert!(taken >= tensors + modules + 2, "{what}: the gate was taken {taken} times for {tensors} tensors and {modules} modules");
+        assert!(
+            taken >= tensors + modules + 2,
+            "{what}: the gate was taken {taken} times for {tensors} tensors and {modules} modules"
+        );
         assert!(dst.join("config.json").exists(), "{what}");
         eprintln!("{what}: gate taken {taken} times for {tensors} tensors, {modules} calibrated modules");
     }

@@ -35,7 +35,8 @@ fn write_all(file: &Path, tensors: &[Owned], mlx_format: bool) {
 }
 
 fn set_mtp_layers(dir: &Path, n: usize) {
-    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     c["text_config"]["mtp_num_hidden_layers"] = n.into();
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&c).unwrap()).unwrap();
 }
@@ -103,7 +104,12 @@ fn the_convention_matrix_is_reported_loaded_and_repaired() {
     // 1. Raw checkpoint: zero-centred, consistent.
     let r = quant::inspect(src.path()).unwrap();
     assert_eq!(r.format, tandem::model::Layout::Hf);
-    assert_eq!((r.mtp.verdict, r.mtp.complete, r.mtp.tensors_found, r.mtp.norms.len()), (Verdict::Ok, true, 15, 7), "{}", r.mtp.message);
+    assert_eq!(
+        (r.mtp.verdict, r.mtp.complete, r.mtp.tensors_found, r.mtp.norms.len()),
+        (Verdict::Ok, true, 15, 7),
+        "{}",
+        r.mtp.message
+    );
     assert!(r.mtp.norms.iter().all(|n| n.convention == tandem::model::layers::NormConvention::ZeroCentred));
     let raw = load(src.path());
     assert!(raw.has_mtp() && raw.mtp_status.repaired.is_none());
@@ -169,7 +175,12 @@ fn the_convention_matrix_is_reported_loaded_and_repaired() {
     assert!(!m.has_mtp());
     let reason = m.mtp_status.reason.clone().unwrap_or_default();
     assert!(reason.contains("shifted twice") && reason.contains("mtp.norm.weight"), "{reason}");
-    let err = quant::convert(&w("twice"), &w("twice-q"), &ConvertOptions { bits: Some(8), ..Default::default() }, &mut |_| Control::Continue);
+    let err = quant::convert(
+        &w("twice"),
+        &w("twice-q"),
+        &ConvertOptions { bits: Some(8), ..Default::default() },
+        &mut |_| Control::Continue,
+    );
     assert!(matches!(err, Err(ConvertError::Mtp { .. })), "{err:?}");
     convert(&w("twice"), &w("twice-q"), &ConvertOptions { bits: Some(8), repair: true, ..Default::default() });
     assert_eq!(quant::inspect(&w("twice-q")).unwrap().mtp.verdict, Verdict::Ok);
@@ -286,13 +297,25 @@ fn a_converted_head_whose_norms_sit_low_keeps_its_convention() {
 
     // The same raw head re-attached under MLX names: its names are only a claim, the statistics
     // overrule them, and the message says where and why.
-    let head: Vec<Owned> = tensors.iter().filter(|t| t.0.starts_with("mtp.")).map(|(k, d, s, b)| (format!("language_model.{k}"), *d, s.clone(), b.clone())).collect();
-    convert(&w("raw"), &w("mislabelled"), &ConvertOptions { mtp: MtpMode::Drop, dtype: "f16".parse().unwrap(), ..Default::default() });
+    let head: Vec<Owned> = tensors
+        .iter()
+        .filter(|t| t.0.starts_with("mtp."))
+        .map(|(k, d, s, b)| (format!("language_model.{k}"), *d, s.clone(), b.clone()))
+        .collect();
+    convert(
+        &w("raw"),
+        &w("mislabelled"),
+        &ConvertOptions { mtp: MtpMode::Drop, dtype: "f16".parse().unwrap(), ..Default::default() },
+    );
     set_mtp_layers(&w("mislabelled"), 1);
     write_all(&w("mislabelled").join("mtp.safetensors"), &head, false);
     let m = load(&w("mislabelled"));
     let msg = m.mtp_status.repaired.clone().unwrap_or_default();
-    assert!(msg.contains("mtp.safetensors: `language_model.mtp.norm.weight` mean") && msg.contains("`language_model.model.norm.weight` has mean scale"), "{msg}");
+    assert!(
+        msg.contains("mtp.safetensors: `language_model.mtp.norm.weight` mean")
+            && msg.contains("`language_model.model.norm.weight` has mean scale"),
+        "{msg}"
+    );
     let e = rel_err(&mtp_logits(&m, &hidden, &next), &want);
     assert!(e < 5e-3, "re-attached head: relative MTP logit error {e}");
 }

@@ -47,7 +47,10 @@ fn missing_unexpected_and_misshaped_tensors_are_named() {
     random_hf_model(dir.path(), &["--seed", "7"]);
     edit_weights(dir.path(), "w['model.language_model.layers.3.self_attn.k_proj.weight'] = mx.zeros((8, 64))");
     let e = load_err(dir.path());
-    assert!(e.contains("layers.3.self_attn.k_proj.weight") && e.contains("[8, 64]") && e.contains("expected [32, 64]"), "{e}");
+    assert!(
+        e.contains("layers.3.self_attn.k_proj.weight") && e.contains("[8, 64]") && e.contains("expected [32, 64]"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -59,7 +62,11 @@ fn truncated_files_unknown_types_and_missing_configs_are_refused() {
     let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
     file.set_len(len / 2).unwrap();
     let e = load_err(dir.path());
-    assert!(e.contains("model.safetensors") && (e.contains("truncated") || e.contains("past the end") || e.contains("not a valid")), "{e}");
+    assert!(
+        e.contains("model.safetensors")
+            && (e.contains("truncated") || e.contains("past the end") || e.contains("not a valid")),
+        "{e}"
+    );
 
     let dir = tempdir();
     random_hf_model(dir.path(), &["--seed", "8"]);

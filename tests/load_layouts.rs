@@ -27,7 +27,8 @@ type Owned = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
 fn read_all(file: &Path) -> Vec<Owned> {
     let bytes = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut out: Vec<Owned> = st.tensors().into_iter().map(|(k, v)| (k, v.dtype(), v.shape().to_vec(), v.data().to_vec())).collect();
+    let mut out: Vec<Owned> =
+        st.tensors().into_iter().map(|(k, v)| (k, v.dtype(), v.shape().to_vec(), v.data().to_vec())).collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }
@@ -97,7 +98,10 @@ fn make_text_only(src: &Path, dst: &Path, how: &TextOnly) {
                 map.insert(t.0.clone(), json!(file));
             }
         }
-        write_json(&dst.join("model.safetensors.index.json"), &json!({"metadata": {"total_size": 0}, "weight_map": map}));
+        write_json(
+            &dst.join("model.safetensors.index.json"),
+            &json!({"metadata": {"total_size": 0}, "weight_map": map}),
+        );
         if !head.is_empty() {
             write_all(&dst.join("mtp.safetensors"), &head, how.format);
         }
@@ -182,8 +186,13 @@ fn raw_text_only_checkpoints_compute_exactly_like_the_bundled_model() {
     }
     // Converting the text-only checkpoint gives the same model as converting the bundled one.
     let text_only = tmp.path().join("single_file__format_pt");
-    for (src, dst) in [(&text_only, tmp.path().join("from-text-only")), (&tiny_model_dir(), tmp.path().join("from-bundled"))] {
-        quant::convert(src, &dst, &ConvertOptions { bits: Some(8), ..Default::default() }, &mut |_| quant::Control::Continue).unwrap();
+    for (src, dst) in
+        [(&text_only, tmp.path().join("from-text-only")), (&tiny_model_dir(), tmp.path().join("from-bundled"))]
+    {
+        quant::convert(src, &dst, &ConvertOptions { bits: Some(8), ..Default::default() }, &mut |_| {
+            quant::Control::Continue
+        })
+        .unwrap();
     }
     let (a, b) = (load(&tmp.path().join("from-text-only")), load(&tmp.path().join("from-bundled")));
     assert!(a.has_mtp() && b.has_mtp());
@@ -218,16 +227,27 @@ fn mlx_lm_conversions_load_like_tandems_own() {
     let tmp = tempdir();
     let src = tmp.path().join("src");
     copy_dir(&tiny_model_dir(), &src);
-    for (name, args, bits) in [("bf16", vec![], None), ("4-bit", vec!["-q", "--q-bits", "4", "--q-group-size", "64"], Some(4u8))] {
+    for (name, args, bits) in
+        [("bf16", vec![], None), ("4-bit", vec!["-q", "--q-bits", "4", "--q-group-size", "64"], Some(4u8))]
+    {
         let theirs = tmp.path().join(format!("mlx-lm-{name}"));
         let out = Command::new(python())
-            .args(["-m", "mlx_lm", "convert", "--hf-path", src.to_str().unwrap(), "--mlx-path", theirs.to_str().unwrap()])
+            .args([
+                "-m",
+                "mlx_lm",
+                "convert",
+                "--hf-path",
+                src.to_str().unwrap(),
+                "--mlx-path",
+                theirs.to_str().unwrap(),
+            ])
             .args(&args)
             .output()
             .unwrap();
         assert!(out.status.success(), "mlx_lm convert {name}: {}", String::from_utf8_lossy(&out.stderr));
         let ours = tmp.path().join(format!("tandem-{name}"));
-        quant::convert(&src, &ours, &ConvertOptions { bits, ..Default::default() }, &mut |_| quant::Control::Continue).unwrap();
+        quant::convert(&src, &ours, &ConvertOptions { bits, ..Default::default() }, &mut |_| quant::Control::Continue)
+            .unwrap();
 
         let m = load(&theirs);
         assert_eq!(m.layout, Layout::Mlx, "{name}");
@@ -267,10 +287,17 @@ fn tied_text_only_and_disagreeing_tie_flags_follow_the_checkpoint() {
     assert!(m.config.tie_word_embeddings);
     assert_eq!(max_abs(&logits(&m), &want), 0.0);
     let out = tmp.path().join("tie-conflict-q8");
-    quant::convert(&dir, &out, &ConvertOptions { bits: Some(8), ..Default::default() }, &mut |_| quant::Control::Continue).unwrap();
+    quant::convert(&dir, &out, &ConvertOptions { bits: Some(8), ..Default::default() }, &mut |_| {
+        quant::Control::Continue
+    })
+    .unwrap();
     assert!(load(&out).config.tie_word_embeddings);
     let c = read_json(&out.join("config.json"));
-    assert_eq!((&c["tie_word_embeddings"], &c["text_config"]["tie_word_embeddings"]), (&json!(true), &json!(true)), "one answer in the written config");
+    assert_eq!(
+        (&c["tie_word_embeddings"], &c["text_config"]["tie_word_embeddings"]),
+        (&json!(true), &json!(true)),
+        "one answer in the written config"
+    );
 }
 
 #[test]
@@ -284,7 +311,12 @@ fn broken_shard_sets_and_contradictory_layouts_are_named() {
     copy_dir(&sharded, &dir);
     std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
     let e = load_err(&dir);
-    assert!(e.contains("model.safetensors.index.json") && e.contains("model-00002-of-00002.safetensors") && e.contains("missing"), "{e}");
+    assert!(
+        e.contains("model.safetensors.index.json")
+            && e.contains("model-00002-of-00002.safetensors")
+            && e.contains("missing"),
+        "{e}"
+    );
     assert!(e.contains("tensor(s), e.g. `model."), "{e}");
 
     // A shard that does not hold what the index says it holds.

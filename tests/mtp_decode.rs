@@ -111,7 +111,12 @@ fn head_catch_up_in_one_pass_equals_step_by_step() {
             break;
         }
         let e = (t + size).min(n);
-        parts.extend(m.mtp_forward(&h.slice_axis(1, t, e).unwrap(), &ids.slice_axis(1, t, e).unwrap(), &mut steps).unwrap().to_f32_vec().unwrap());
+        parts.extend(
+            m.mtp_forward(&h.slice_axis(1, t, e).unwrap(), &ids.slice_axis(1, t, e).unwrap(), &mut steps)
+                .unwrap()
+                .to_f32_vec()
+                .unwrap(),
+        );
         t = e;
     }
     assert_eq!(all.len(), parts.len());

@@ -129,23 +129,50 @@ async fn bad_requests_get_json_errors() {
     let a = server.addr();
     let json_ct = "Content-Type: application/json";
 
-    send(a, "POST", "/v1/chat/completions", &[json_ct], b"{\"model\": \"tiny\", \"messages\": [").await.error(400, "invalid_json");
-    send(a, "POST", "/v1/chat/completions", &[json_ct], br#"{"model": "tiny", "messages": []} trailing"#).await.error(400, "invalid_json");
+    send(a, "POST", "/v1/chat/completions", &[json_ct], b"{\"model\": \"tiny\", \"messages\": [")
+        .await
+        .error(400, "invalid_json");
+    send(a, "POST", "/v1/chat/completions", &[json_ct], br#"{"model": "tiny", "messages": []} trailing"#)
+        .await
+        .error(400, "invalid_json");
     let r = post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": "hello"})).await;
     r.error(400, "invalid_value");
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("messages"), "names the field: {}", r.text());
-    let r = post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"})).await;
+    let r = post_json(
+        a,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}),
+    )
+    .await;
     r.error(400, "invalid_value");
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("temperature"), "{}", r.text());
     post_json(a, "/v1/chat/completions", &json!({"messages": []})).await.error(400, "invalid_value");
-    post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]})).await.error(400, "invalid_value");
-    post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 2})).await.error(400, "invalid_value");
-    send(a, "POST", "/v1/chat/completions", &["Content-Type: text/plain"], chat_body("hi", 4, false).to_string().as_bytes())
+    post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}))
         .await
-        .error(415, "unsupported_media_type");
-    post_json(a, "/v1/chat/completions", &json!({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}))
-        .await
-        .error(404, "model_not_found");
+        .error(400, "invalid_value");
+    post_json(
+        a,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 2}),
+    )
+    .await
+    .error(400, "invalid_value");
+    send(
+        a,
+        "POST",
+        "/v1/chat/completions",
+        &["Content-Type: text/plain"],
+        chat_body("hi", 4, false).to_string().as_bytes(),
+    )
+    .await
+    .error(415, "unsupported_media_type");
+    post_json(
+        a,
+        "/v1/chat/completions",
+        &json!({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await
+    .error(404, "model_not_found");
     // A body over the limit (1 MiB here; 32 MiB by default).
     let big = json!({"model": MODEL, "messages": [{"role": "user", "content": "x".repeat(2 << 20)}]});
     post_json(a, "/v1/chat/completions", &big).await.error(413, "body_too_large");
@@ -163,14 +190,18 @@ async fn bad_requests_get_json_errors() {
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("text-only"), "{}", r.text());
     let png_file = setup.dir.path().join("pixel.png");
     std::fs::write(&png_file, base64_decode(png.split_once(',').unwrap().1)).unwrap();
-    post_json(a, "/v1/chat/completions", &image(&format!("file://{}", png_file.display()))).await.error(400, "model_not_multimodal");
+    post_json(a, "/v1/chat/completions", &image(&format!("file://{}", png_file.display())))
+        .await
+        .error(400, "model_not_multimodal");
     assert!(!server.engine().is_loaded(MODEL), "an image request does not load a text-only model to refuse it");
 
     // Host and Origin.
     send(a, "GET", "/v1/models", &["Host: evil.example:11435"], b"").await.error(403, "forbidden_host");
     send(a, "GET", "/api/health", &["Host: 192.168.1.20"], b"").await.error(403, "forbidden_host");
     assert_eq!(send(a, "GET", "/api/health", &["Host: localhost"], b"").await.status, 200);
-    send(a, "POST", "/api/models/tiny/load", &["Origin: https://evil.example"], b"").await.error(403, "forbidden_origin");
+    send(a, "POST", "/api/models/tiny/load", &["Origin: https://evil.example"], b"")
+        .await
+        .error(403, "forbidden_origin");
     let own = format!("Origin: http://127.0.0.1:{}", a.port());
     let r = send(a, "GET", "/api/health", &[&own], b"").await;
     assert_eq!(r.status, 200);
@@ -181,9 +212,15 @@ async fn bad_requests_get_json_errors() {
     // Paths outside the models folder.
     let outside = common::tempdir();
     post_json(a, "/api/convert", &json!({"src": "/etc", "bits": 4})).await.error(403, "path_forbidden");
-    post_json(a, "/api/convert", &json!({"src": MODEL, "dst": outside.path().join("x"), "bits": 4})).await.error(403, "path_forbidden");
-    post_json(a, "/api/convert", &json!({"src": MODEL, "dst": "../escape", "bits": 4})).await.error(403, "path_forbidden");
-    post_json(a, "/api/convert", &json!({"src": MODEL, "calibration": "/etc/passwd", "bits": 4})).await.error(403, "path_forbidden");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "dst": outside.path().join("x"), "bits": 4}))
+        .await
+        .error(403, "path_forbidden");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "dst": "../escape", "bits": 4}))
+        .await
+        .error(403, "path_forbidden");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "calibration": "/etc/passwd", "bits": 4}))
+        .await
+        .error(403, "path_forbidden");
     post_json(a, "/api/convert", &json!({"src": MODEL, "bits": "four"})).await.error(400, "invalid_value");
 
     // Unknown routes and methods, unknown models and jobs.
@@ -192,9 +229,15 @@ async fn bad_requests_get_json_errors() {
     send(a, "POST", "/api/models/nope/load", &[], b"").await.error(404, "model_not_found");
     send(a, "POST", "/api/models/nope/unload", &[], b"").await.error(404, "model_not_found");
     get(a, "/api/convert/12345").await.error(404, "job_not_found");
-    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"mtp": {"depth": 99}}"#).await.error(400, "invalid_value");
-    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"mtp": {"colour": 1}}"#).await.error(400, "invalid_value");
-    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"sampling": {"top_p": 0}}"#).await.error(400, "invalid_value");
+    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"mtp": {"depth": 99}}"#)
+        .await
+        .error(400, "invalid_value");
+    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"mtp": {"colour": 1}}"#)
+        .await
+        .error(400, "invalid_value");
+    send(a, "PATCH", "/api/models/tiny/settings", &[json_ct], br#"{"sampling": {"top_p": 0}}"#)
+        .await
+        .error(400, "invalid_value");
 
     // The UI: a short page while it is not built, then the files and index.html for app routes.
     let r = get(a, "/").await;
@@ -271,16 +314,31 @@ async fn admin_models_settings_and_stats() {
     assert_eq!(r.json()["state"], "loaded");
 
     // Settings persist to models.toml, comments kept.
-    let r = send(a, "PATCH", "/api/models/tiny/settings", &["Content-Type: application/json"], br#"{"mtp": {"depth": 2}, "sampling": {"temperature": 0.5}}"#).await;
+    let r = send(
+        a,
+        "PATCH",
+        "/api/models/tiny/settings",
+        &["Content-Type: application/json"],
+        br#"{"mtp": {"depth": 2}, "sampling": {"temperature": 0.5}}"#,
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["mtp"]["depth"], 2);
     let toml = std::fs::read_to_string(setup.registry_path()).unwrap();
-    assert!(toml.contains("depth = 2") && toml.contains("temperature = 0.5") && toml.contains("# keep this comment"), "{toml}");
+    assert!(
+        toml.contains("depth = 2") && toml.contains("temperature = 0.5") && toml.contains("# keep this comment"),
+        "{toml}"
+    );
     assert_eq!(Registry::load(&setup.registry_path()).unwrap().get(MODEL).unwrap().mtp.depth, 2);
 
     // A generation with the new depth shows in the stats.
-    let r = post_json(a, "/v1/chat/completions", &json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
-        "max_tokens": 12, "temperature": 0, "ignore_eos": true})).await;
+    let r = post_json(
+        a,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 12, "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let body = r.json();
     assert_eq!(body["stats"]["spec"]["depth"], 2, "{body}");
@@ -305,14 +363,23 @@ async fn admin_models_settings_and_stats() {
     // The stats stream: a snapshot at once (read one event, then hang up).
     let mut stream = TcpStream::connect(a).await.unwrap();
     stream
-        .write_all(format!("GET /api/stats/stream HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAccept: text/event-stream\r\n\r\n", a.port()).as_bytes())
+        .write_all(
+            format!(
+                "GET /api/stats/stream HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAccept: text/event-stream\r\n\r\n",
+                a.port()
+            )
+            .as_bytes(),
+        )
         .await
         .unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 8192];
     let t0 = Instant::now();
     while !String::from_utf8_lossy(&got).contains("\n\n") || !String::from_utf8_lossy(&got).contains("data:") {
-        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await.expect("an event in time").unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+            .await
+            .expect("an event in time")
+            .unwrap();
         assert!(n > 0 && t0.elapsed() < Duration::from_secs(10), "stream closed early");
         got.extend_from_slice(&buf[..n]);
     }
@@ -431,7 +498,8 @@ async fn queue_limit_and_cancellation() {
     // A hangs up: its generation stops, B runs to completion.
     let a_stream = long_task.await.unwrap();
     drop(a_stream);
-    let b = tokio::time::timeout(Duration::from_secs(60), b_task).await.expect("B finishes").unwrap().expect("B complete");
+    let b =
+        tokio::time::timeout(Duration::from_secs(60), b_task).await.expect("B finishes").unwrap().expect("B complete");
     assert_complete_stream(&b);
     wait_idle(server.engine()).await;
     let stats = server.engine().stats();
@@ -487,7 +555,9 @@ async fn concurrent_clients_with_cancellations() {
     }
     let mut outcomes = Vec::new();
     for t in tasks {
-        outcomes.push(tokio::time::timeout(Duration::from_secs(240), t).await.expect("no client hangs").expect("client ok"));
+        outcomes.push(
+            tokio::time::timeout(Duration::from_secs(240), t).await.expect("no client hangs").expect("client ok"),
+        );
     }
     let complete = outcomes.iter().filter(|o| **o == "complete").count();
     assert!(complete >= 1, "{outcomes:?}");
@@ -561,7 +631,10 @@ async fn engine_queue_and_cancel() {
 async fn two_models_take_turns_between_tokens() {
     let setup = Setup::new();
     let mut toml = std::fs::read_to_string(setup.registry_path()).unwrap();
-    toml.push_str(&format!("\n[[model]]\nname = \"second\"\npath = \"{}\"\nmtp = {{ enabled = false }}\n", tiny_dir().display()));
+    toml.push_str(&format!(
+        "\n[[model]]\nname = \"second\"\npath = \"{}\"\nmtp = {{ enabled = false }}\n",
+        tiny_dir().display()
+    ));
     std::fs::write(setup.registry_path(), toml).unwrap();
     let engine = setup.engine(8);
     engine.load(MODEL).await.unwrap();
@@ -575,7 +648,8 @@ async fn two_models_take_turns_between_tokens() {
     let mut long = engine.submit(request(MODEL, 3000)).unwrap();
     while !matches!(long.events.recv().await, Some(Event::Delta { .. })) {}
     let short = engine.submit(request("second", 16)).unwrap();
-    let short = tokio::time::timeout(Duration::from_secs(120), short.collect()).await.expect("the short answer came").unwrap();
+    let short =
+        tokio::time::timeout(Duration::from_secs(120), short.collect()).await.expect("the short answer came").unwrap();
     assert_eq!(short.tokens.len(), 16);
     // The long generation was still running when the short one finished: cancelling it now stops it.
     long.cancel_handle().cancel();
@@ -601,7 +675,9 @@ async fn conversion_job() {
     assert_eq!(r.status, 202, "{}", r.text());
     let job = r.json()["job"].as_str().expect("job id").to_owned();
     // The event stream replays and then follows the job until its end.
-    let events = tokio::time::timeout(Duration::from_secs(300), get(a, &format!("/api/convert/{job}/events"))).await.expect("job ends");
+    let events = tokio::time::timeout(Duration::from_secs(300), get(a, &format!("/api/convert/{job}/events")))
+        .await
+        .expect("job ends");
     assert_eq!(events.status, 200);
     let events: Vec<Value> = events.events().iter().map(|e| serde_json::from_str(e).unwrap()).collect();
     let kinds: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
@@ -617,10 +693,19 @@ async fn conversion_job() {
     let dst = setup.dir.path().join("models/tiny-4bit");
     assert_eq!(status["path"].as_str().map(PathBuf::from), Some(dst.clone()));
     // The same name again is a conflict; the UI's spelling (`name`, recipe, mtp_bits null) is understood.
-    post_json(a, "/api/convert", &json!({"src": MODEL, "name": "tiny-4bit", "bits": 4})).await.error(409, "already_exists");
-    post_json(a, "/api/convert", &json!({"src": MODEL, "name": "x", "recipe": "mixed_9_9"})).await.error(400, "invalid_value");
-    let r = post_json(a, "/api/convert", &json!({"src": MODEL, "name": "tiny-mixed", "bits": 3, "group_size": 64,
-        "recipe": "mixed_3_6", "mtp": "keep", "mtp_bits": null})).await;
+    post_json(a, "/api/convert", &json!({"src": MODEL, "name": "tiny-4bit", "bits": 4}))
+        .await
+        .error(409, "already_exists");
+    post_json(a, "/api/convert", &json!({"src": MODEL, "name": "x", "recipe": "mixed_9_9"}))
+        .await
+        .error(400, "invalid_value");
+    let r = post_json(
+        a,
+        "/api/convert",
+        &json!({"src": MODEL, "name": "tiny-mixed", "bits": 3, "group_size": 64,
+        "recipe": "mixed_3_6", "mtp": "keep", "mtp_bits": null}),
+    )
+    .await;
     assert_eq!(r.status, 202, "{}", r.text());
     assert_eq!(r.json()["options"]["recipe"], "mixed36");
     assert_eq!(r.json()["options"]["mtp_bits"], "dense");
@@ -629,7 +714,9 @@ async fn conversion_job() {
     let d = send(a, "DELETE", &format!("/api/convert/{mixed}"), &[], b"").await;
     assert!(d.status == 202 || d.status == 200, "{}", d.text());
     if d.status == 202 {
-        let end = tokio::time::timeout(Duration::from_secs(300), get(a, &format!("/api/convert/{mixed}/events"))).await.expect("ends");
+        let end = tokio::time::timeout(Duration::from_secs(300), get(a, &format!("/api/convert/{mixed}/events")))
+            .await
+            .expect("ends");
         let last: Value = serde_json::from_str(end.events().last().expect("an event")).unwrap();
         assert!(last["event"] == "cancelled" || last["event"] == "finished", "{last}");
         if last["event"] == "cancelled" {
@@ -647,15 +734,31 @@ async fn conversion_job() {
     let r = post_json(a, "/api/convert", &json!({"src": MODEL, "name": "tiny-nomtp", "mtp": "drop"})).await;
     assert_eq!(r.status, 202, "{}", r.text());
     let nomtp = r.json()["job"].as_str().unwrap().to_owned();
-    let end = tokio::time::timeout(Duration::from_secs(300), get(a, &format!("/api/convert/{nomtp}/events"))).await.expect("ends");
+    let end = tokio::time::timeout(Duration::from_secs(300), get(a, &format!("/api/convert/{nomtp}/events")))
+        .await
+        .expect("ends");
     assert!(end.events().last().is_some_and(|e| e.contains("\"finished\"")), "{:?}", end.events());
     let m = get(a, "/api/models/tiny-nomtp").await.json();
     assert_eq!(m["mtp"]["available"], false, "{m}");
     assert!(m["mtp"]["reason"].as_str().is_some_and(|r| r.contains("no MTP head")), "{m}");
     let patch = |enabled: bool| format!(r#"{{"mtp": {{"enabled": {enabled}, "depth": 2}}}}"#);
-    let r = send(a, "PATCH", "/api/models/tiny-nomtp/settings", &["Content-Type: application/json"], patch(false).as_bytes()).await;
+    let r = send(
+        a,
+        "PATCH",
+        "/api/models/tiny-nomtp/settings",
+        &["Content-Type: application/json"],
+        patch(false).as_bytes(),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let r = send(a, "PATCH", "/api/models/tiny-nomtp/settings", &["Content-Type: application/json"], patch(true).as_bytes()).await;
+    let r = send(
+        a,
+        "PATCH",
+        "/api/models/tiny-nomtp/settings",
+        &["Content-Type: application/json"],
+        patch(true).as_bytes(),
+    )
+    .await;
     r.error(400, "invalid_value");
     assert!(r.json()["error"]["message"].as_str().unwrap().contains("no MTP head"), "{}", r.text());
     // Forgetting a finished job.
@@ -696,26 +799,35 @@ async fn chat_answers_while_a_conversion_runs() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let sent = Instant::now();
-    let reply = tokio::time::timeout(Duration::from_secs(300), post_json(a, "/v1/chat/completions", &chat_body("Hello there", 8, false)))
-        .await
-        .expect("the chat answers");
+    let reply = tokio::time::timeout(
+        Duration::from_secs(300),
+        post_json(a, "/v1/chat/completions", &chat_body("Hello there", 8, false)),
+    )
+    .await
+    .expect("the chat answers");
     let waited = sent.elapsed();
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert!(reply.json()["choices"][0]["message"]["content"].is_string(), "{}", reply.text());
     let s = status().await;
     let (done, total) = (s["done"].as_u64().unwrap(), s["total"].as_u64().unwrap());
-    assert_eq!(s["state"], "running", "the chat answered after {waited:?}, with the conversion at tensor {done} of {total}");
+    assert_eq!(
+        s["state"], "running",
+        "the chat answered after {waited:?}, with the conversion at tensor {done} of {total}"
+    );
     assert!(done < total, "tensor {done} of {total}");
     eprintln!("the chat answered in {waited:?}, the conversion at tensor {done} of {total}");
 
     let d = send(a, "DELETE", &format!("/api/convert/{job}"), &[], b"").await;
     assert_eq!(d.status, 202, "{}", d.text());
-    let end = tokio::time::timeout(Duration::from_secs(120), get(a, &format!("/api/convert/{job}/events"))).await.expect("the job ends");
+    let end = tokio::time::timeout(Duration::from_secs(120), get(a, &format!("/api/convert/{job}/events")))
+        .await
+        .expect("the job ends");
     let last: Value = serde_json::from_str(end.events().last().expect("an event")).unwrap();
     assert_eq!(last["event"], "cancelled", "{last}");
     assert_eq!(status().await["state"], "cancelled");
     let models = setup.dir.path().join("models");
-    let left: Vec<String> = std::fs::read_dir(&models).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let left: Vec<String> =
+        std::fs::read_dir(&models).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert!(left.is_empty(), "a cancelled conversion left {left:?} in {}", models.display());
     wait_idle(server.engine()).await;
     server.shutdown().await.unwrap();

@@ -135,7 +135,10 @@ async fn round_trip_order_updates_deletes_and_files_on_disk() {
 
     // A save replaces the whole conversation and moves it up the list.
     let mut changed = conversation(one, "First, renamed", 4000);
-    changed["messages"].as_array_mut().unwrap().push(json!({ "id": "u2", "role": "user", "content": "More?", "created": 3 }));
+    changed["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({ "id": "u2", "role": "user", "content": "More?", "created": 3 }));
     let r = put(a, one, &changed).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(listed(a).await[0], (one.to_owned(), "First, renamed".to_owned()));
@@ -169,7 +172,8 @@ async fn round_trip_order_updates_deletes_and_files_on_disk() {
     std::fs::create_dir(folder.join("sub.json")).unwrap();
     assert_eq!(ids(listed(a).await), [one, three]);
     // A file edited by hand is listed as it now is.
-    std::fs::write(folder.join(format!("{three}.json")), conversation(three, "Edited by hand", 5000).to_string()).unwrap();
+    std::fs::write(folder.join(format!("{three}.json")), conversation(three, "Edited by hand", 5000).to_string())
+        .unwrap();
     assert_eq!(listed(a).await[0], (three.to_owned(), "Edited by hand".to_owned()));
     server.shutdown().await.unwrap();
 
@@ -218,7 +222,14 @@ async fn bad_ids_and_path_traversal_are_refused() {
     ] {
         for method in ["GET", "PUT", "DELETE"] {
             let body = conversation("good", "Bad", 1).to_string();
-            let r = send(a, method, &format!("/api/conversations/{raw}"), &["Content-Type: application/json"], body.as_bytes()).await;
+            let r = send(
+                a,
+                method,
+                &format!("/api/conversations/{raw}"),
+                &["Content-Type: application/json"],
+                body.as_bytes(),
+            )
+            .await;
             let message = r.error(400, "invalid_conversation_id");
             assert!(message.contains(shown), "{method} {raw}: the message names the id: {message}");
         }
@@ -226,7 +237,11 @@ async fn bad_ids_and_path_traversal_are_refused() {
     // Not UTF-8 at all: still a JSON 400.
     get(a, "/api/conversations/%FF").await.error(400, "invalid_conversation_id");
     // Raw `..` segments never reach a file either.
-    for path in ["/api/conversations/../../models.toml", "/api/conversations/%2E%2E/models.toml", "/api/conversations/good/../../models.toml"] {
+    for path in [
+        "/api/conversations/../../models.toml",
+        "/api/conversations/%2E%2E/models.toml",
+        "/api/conversations/good/../../models.toml",
+    ] {
         let r = get(a, path).await;
         assert!(r.status == 400 || r.status == 404, "{path}: {} {}", r.status, r.text());
         assert!(!r.text().contains("[[model]]"), "{path} read models.toml");
@@ -279,7 +294,14 @@ async fn malformed_and_oversized_bodies_are_refused() {
         assert!(m.contains(named), "messages[{index}].{field} = {value}: {m}");
     }
     // JSON only.
-    let r = send(a, "PUT", "/api/conversations/c1", &["Content-Type: text/plain"], conversation("c1", "T", 1).to_string().as_bytes()).await;
+    let r = send(
+        a,
+        "PUT",
+        "/api/conversations/c1",
+        &["Content-Type: text/plain"],
+        conversation("c1", "T", 1).to_string().as_bytes(),
+    )
+    .await;
     r.error(415, "unsupported_media_type");
 
     // Larger than the server's body limit (64 KiB here): 413, nothing written.
@@ -302,7 +324,14 @@ async fn the_app_may_call_and_other_pages_may_not() {
     let a = server.addr();
     let body = conversation("x1", "T", 1).to_string();
     // Another web page: refused before anything is written.
-    let r = send(a, "PUT", "/api/conversations/x1", &["Content-Type: application/json", "Origin: https://evil.example"], body.as_bytes()).await;
+    let r = send(
+        a,
+        "PUT",
+        "/api/conversations/x1",
+        &["Content-Type: application/json", "Origin: https://evil.example"],
+        body.as_bytes(),
+    )
+    .await;
     r.error(403, "forbidden_origin");
     let r = send(a, "GET", "/api/conversations", &["Origin: https://evil.example"], b"").await;
     r.error(403, "forbidden_origin");
@@ -312,13 +341,24 @@ async fn the_app_may_call_and_other_pages_may_not() {
         a,
         "OPTIONS",
         "/api/conversations/x1",
-        &["Origin: tauri://localhost", "Access-Control-Request-Method: PUT", "Access-Control-Request-Headers: content-type"],
+        &[
+            "Origin: tauri://localhost",
+            "Access-Control-Request-Method: PUT",
+            "Access-Control-Request-Headers: content-type",
+        ],
         b"",
     )
     .await;
     assert!(r.status < 300, "{} {}", r.status, r.text());
     assert!(r.header("access-control-allow-methods").is_some_and(|m| m.contains("PUT")), "{:?}", r.headers);
-    let r = send(a, "PUT", "/api/conversations/x1", &["Content-Type: application/json", "Origin: tauri://localhost"], body.as_bytes()).await;
+    let r = send(
+        a,
+        "PUT",
+        "/api/conversations/x1",
+        &["Content-Type: application/json", "Origin: tauri://localhost"],
+        body.as_bytes(),
+    )
+    .await;
     assert_eq!(r.status, 201, "{}", r.text());
     // A Host that is not this server (DNS rebinding) is refused.
     let r = send(a, "GET", "/api/conversations", &["Host: evil.example"], b"").await;

@@ -112,7 +112,9 @@ fn direct(engine: &Engine) -> Direct {
     let dir = common::fixture("tiny-vlm");
     let tokenizer = Tokenizer::from_dir(&dir).unwrap();
     let messages = [Message::new("user", vec![ContentPart::Image, ContentPart::Text(QUESTION.into())])];
-    let ids = tokenizer.encode_chat_with(&messages, &ChatOptions { add_generation_prompt: true, enable_thinking: None }).unwrap();
+    let ids = tokenizer
+        .encode_chat_with(&messages, &ChatOptions { add_generation_prompt: true, enable_thinking: None })
+        .unwrap();
     let processor = ImageProcessor::from_model_dir(&dir).unwrap();
     let image = processor.load_file(&canyon()).unwrap();
     let image_tokens = image.tokens();
@@ -130,7 +132,10 @@ fn direct(engine: &Engine) -> Direct {
         mtp: MtpOptions { enabled, depth: 3, ..MtpOptions::default() },
         ..GenerateOptions::default()
     };
-    let seeded = GenerateOptions { sampling: SamplingParams { temperature: TEMPERATURE, seed: Some(SEED), ..SamplingParams::default() }, ..greedy(true) };
+    let seeded = GenerateOptions {
+        sampling: SamplingParams { temperature: TEMPERATURE, seed: Some(SEED), ..SamplingParams::default() },
+        ..greedy(true)
+    };
     // MLX is driven by one thread at a time: the engine's models are idle meanwhile.
     let (with_mtp, without_mtp, sampled, sampled_other, sampled_blind) = engine.exclusive(|| {
         let m = model::load(&dir, &LoadOptions::default()).unwrap();
@@ -182,7 +187,8 @@ async fn images_end_to_end() {
         serde_json::from_str(&std::fs::read_to_string(common::fixture("tiny-vlm-reference.json")).unwrap()).unwrap();
     assert_eq!(want.image_tokens, (64 / 16 / 2) * (96 / 16 / 2));
     let prompt_tokens = want.ids.len() - 1 + want.image_tokens;
-    let reference_ids: Vec<u32> = reference["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let reference_ids: Vec<u32> =
+        reference["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
     assert_eq!(want.expanded, reference_ids);
     assert_eq!(prompt_tokens, 26);
 
@@ -216,7 +222,9 @@ async fn images_end_to_end() {
         }
         r
     };
-    for (mtp, seed, tokens) in [(true, None, &want.with_mtp), (false, None, &want.without_mtp), (true, Some(SEED), &want.sampled)] {
+    for (mtp, seed, tokens) in
+        [(true, None, &want.with_mtp), (false, None, &want.without_mtp), (true, Some(SEED), &want.sampled)]
+    {
         let generation = engine.chat(request(mtp, seed)).await.unwrap();
         assert_eq!(generation.prompt_tokens, prompt_tokens);
         let done = generation.collect().await.unwrap();
@@ -238,7 +246,10 @@ async fn images_end_to_end() {
     let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(text, want.text_with_mtp);
     let usage = &chunks.last().unwrap()["usage"];
-    assert_eq!((usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64()), (Some(prompt_tokens as u64), Some(N as u64)));
+    assert_eq!(
+        (usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64()),
+        (Some(prompt_tokens as u64), Some(N as u64))
+    );
 
     // File URLs: inside the folder of models.toml or a configured image folder, read; the same answer.
     for dir in [setup.dir.path(), extra.path()] {
@@ -256,7 +267,8 @@ async fn images_end_to_end() {
         refused.push(setup.dir.path().join("link.png"));
     }
     for path in refused {
-        let m = post(a, &chat(VLM, &[&format!("file://{}", path.display())], json!({}))).await.error(403, "path_forbidden");
+        let m =
+            post(a, &chat(VLM, &[&format!("file://{}", path.display())], json!({}))).await.error(403, "path_forbidden");
         assert!(m.starts_with("image #1 (`messages[0].content[0].image_url`)") && m.contains("outside"), "{m}");
     }
 
@@ -266,7 +278,8 @@ async fn images_end_to_end() {
     assert!(m.starts_with("image #1: cannot decode"), "{m}");
     let m = post(a, &chat(VLM, &[&url, &truncated], json!({"stream": true}))).await.error(400, "invalid_image");
     assert!(m.starts_with("image #2: cannot decode"), "{m}");
-    let m = post(a, &chat(VLM, &[&url, &data_url(b"GIF89a but not really")], json!({}))).await.error(400, "invalid_image");
+    let m =
+        post(a, &chat(VLM, &[&url, &data_url(b"GIF89a but not really")], json!({}))).await.error(400, "invalid_image");
     assert!(m.starts_with("image #2: "), "{m}");
     let m = post(a, &chat(VLM, &[&url, &data_url(b"plain text")], json!({}))).await.error(400, "invalid_image");
     assert!(m.starts_with("image #2 (`messages[0].content[1].image_url`): not a PNG"), "{m}");

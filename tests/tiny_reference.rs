@@ -118,7 +118,10 @@ fn chat_template_and_tokenizer_match_transformers() {
     let tok = Tokenizer::from_dir(&tiny_model_dir()).unwrap();
     let f = fixture("tandem-tiny-reference.safetensors");
     let ids = tok
-        .encode_chat(&[Message::system("You are a helpful assistant."), Message::user("What is the state of the Union?")], true)
+        .encode_chat(
+            &[Message::system("You are a helpful assistant."), Message::user("What is the state of the Union?")],
+            true,
+        )
         .unwrap();
     assert_eq!(ids, read_ids(&f, "chat.input_ids"));
     let ids = tok.encode("Call me Ishmael. Some years ago", false).unwrap();

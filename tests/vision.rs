@@ -31,11 +31,18 @@ fn read_i64(path: &Path, name: &str) -> Vec<i64> {
 fn fixture_image() -> ImageInput {
     let (pixel_values, shape) = read_f32(&reference(), "pixel_values");
     let g = read_ids(&reference(), "image_grid_thw");
-    ImageInput { pixel_values, grid_thw: [g[0], g[1], g[2]], patch_dim: shape[1], merge_size: 2, source: "fixture".into() }
+    ImageInput {
+        pixel_values,
+        grid_thw: [g[0], g[1], g[2]],
+        patch_dim: shape[1],
+        merge_size: 2,
+        source: "fixture".into(),
+    }
 }
 
 fn pixels(img: &ImageInput) -> Array {
-    Array::from_slice(&img.pixel_values, &[(img.pixel_values.len() / img.patch_dim) as i32, img.patch_dim as i32]).unwrap()
+    Array::from_slice(&img.pixel_values, &[(img.pixel_values.len() / img.patch_dim) as i32, img.patch_dim as i32])
+        .unwrap()
 }
 
 // Tolerances (f32 engine vs transformers f32 on the CPU): both compute the same f32 math; the differences come
@@ -51,7 +58,11 @@ fn vision_tower_matches_transformers_in_f32() {
     assert!(m.has_vision());
     let img = fixture_image();
     let trace = m.vision().unwrap().encode_traced(&pixels(&img), &[img.grid_thw]).unwrap();
-    for (name, got) in [("vision.patch_embed", &trace.patch_embed), ("vision.blocks_out", &trace.blocks_out), ("vision.merged", &trace.merged)] {
+    for (name, got) in [
+        ("vision.patch_embed", &trace.patch_embed),
+        ("vision.blocks_out", &trace.blocks_out),
+        ("vision.merged", &trace.merged),
+    ] {
         let (want, shape) = read_f32(&reference(), name);
         assert_eq!(got.shape().iter().map(|&d| d as usize).collect::<Vec<_>>(), shape, "{name}");
         let d = max_abs(&got.to_f32_vec().unwrap(), &want);
@@ -76,13 +87,21 @@ fn mrope_positions_and_pad_expansion_match_transformers() {
     let mut rendered: Vec<u32> = ids.iter().copied().filter(|&id| id != 5).collect();
     rendered.insert(first, 5);
     assert_eq!(expand_image_pads(&rendered, 5, &[fixture_image()]).unwrap(), ids);
-    assert!(matches!(expand_image_pads(&ids, 5, &[fixture_image()]), Err(ImageError::PadCount { pads: 6, images: 1, .. })));
+    assert!(matches!(
+        expand_image_pads(&ids, 5, &[fixture_image()]),
+        Err(ImageError::PadCount { pads: 6, images: 1, .. })
+    ));
     assert!(rope_index(&ids[..8], 5, &[fixture_image().grid_thw], 2).is_err(), "too few pads");
     assert!(rope_index(&ids, 5, &[], 2).is_err(), "pads without an image");
 }
 
 /// Logits of every prompt position, from generation's own prefill.
-fn prefill_logits(m: &Qwen35, ids: &[u32], images: &[ImageInput], chunk: usize) -> (Vec<f32>, Vec<tandem::cache::LayerCache>) {
+fn prefill_logits(
+    m: &Qwen35,
+    ids: &[u32],
+    images: &[ImageInput],
+    chunk: usize,
+) -> (Vec<f32>, Vec<tandem::cache::LayerCache>) {
     let mut cache = m.make_cache();
     let h = prefill_images(m, ids, images, &mut cache, chunk).unwrap();
     (m.logits(&h).unwrap().to_f32_vec().unwrap(), cache)
@@ -131,7 +150,11 @@ fn positions_and_features_matter() {
     let table = mlx::concatenate(&[&m.embed(&Array::from_slice(&idx, &[t]).unwrap()).unwrap(), &feats], 0).unwrap();
     let h = table.take(&Array::from_slice(&rows, &[t]).unwrap(), 0).unwrap().expand_dims(&[0]).unwrap();
     let plain = m.logits(&m.forward_embeddings(&h, &mut m.make_cache()).unwrap()).unwrap().to_f32_vec().unwrap();
-    let no_image = m.logits(&m.forward(&Array::from_slice(&idx, &[1, t]).unwrap(), &mut m.make_cache()).unwrap()).unwrap().to_f32_vec().unwrap();
+    let no_image = m
+        .logits(&m.forward(&Array::from_slice(&idx, &[1, t]).unwrap(), &mut m.make_cache()).unwrap())
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
     let (d_plain, d_text) = (max_abs(&plain, &want), max_abs(&no_image, &want));
     println!("plain 1-D positions: {d_plain:.3e}; pad embeddings instead of features: {d_text:.3e}");
     assert!(d_plain > 100.0 * F32_TOL && d_text > 100.0 * F32_TOL);
@@ -140,7 +163,10 @@ fn positions_and_features_matter() {
 #[test]
 fn preprocessor_config_is_read() {
     let p = ImageProcessor::from_model_dir(&fixture("tiny-vlm")).unwrap();
-    assert_eq!((p.min_pixels, p.max_pixels, p.patch_size, p.temporal_patch_size, p.merge_size), (4096, 1048576, 16, 2, 2));
+    assert_eq!(
+        (p.min_pixels, p.max_pixels, p.patch_size, p.temporal_patch_size, p.merge_size),
+        (4096, 1048576, 16, 2, 2)
+    );
     let defaults = ImageProcessor::from_model_dir(&tiny_model_dir()).unwrap(); // no preprocessor_config.json
     assert_eq!((defaults.min_pixels, defaults.max_pixels), (65_536, 16_777_216));
     let legacy = serde_json::json!({"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14});
@@ -161,7 +187,8 @@ fn preprocessor_config_is_read() {
 #[test]
 fn preprocessing_matches_transformers() {
     let vref = fixture("vision-reference.safetensors");
-    let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("vision-reference.json")).unwrap()).unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("vision-reference.json")).unwrap()).unwrap();
     let cases = meta["cases"].as_object().unwrap();
     assert!(cases.len() >= 8);
     for (case, c) in cases {
@@ -217,7 +244,12 @@ fn png_header(w: u32, h: u32) -> Vec<u8> {
 /// The process's peak resident memory (VmHWM), in bytes.
 fn peak_rss() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok()).unwrap_or(0) * 1024
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
 }
 
 #[test]
@@ -277,7 +309,11 @@ fn a_text_only_model_refuses_images() {
     assert!(matches!(e, GenerateError::NoVision { .. }), "{e}");
     let msg = e.to_string();
     assert!(msg.contains("tandem-tiny") && msg.contains("no vision tower"), "{msg}");
-    assert!(m.encode_images(&pixels(&fixture_image()), &[fixture_image().grid_thw]).unwrap_err().to_string().contains("tandem-tiny"));
+    assert!(m
+        .encode_images(&pixels(&fixture_image()), &[fixture_image().grid_thw])
+        .unwrap_err()
+        .to_string()
+        .contains("tandem-tiny"));
 }
 
 /// tandem-tiny (trained text model and MTP head) with a small random vision tower grafted on: `visual.safetensors`
@@ -288,7 +324,8 @@ fn tandem_tiny_with_eyes(dir: &Path) -> Qwen35 {
     for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
-    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     let (hv, iv, out) = (32usize, 64usize, 256usize);
     config["vision_config"] = serde_json::json!({"depth": 2, "hidden_size": hv, "intermediate_size": iv, "num_heads": 2,
         "out_hidden_size": out, "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "num_position_embeddings": 2304});
@@ -306,10 +343,18 @@ fn tandem_tiny_with_eyes(dir: &Path) -> Qwen35 {
     ];
     for j in 0..2 {
         for (name, shape) in [
-            ("norm1.weight", vec![hv]), ("norm1.bias", vec![hv]), ("norm2.weight", vec![hv]), ("norm2.bias", vec![hv]),
-            ("attn.qkv.weight", vec![3 * hv, hv]), ("attn.qkv.bias", vec![3 * hv]), ("attn.proj.weight", vec![hv, hv]),
-            ("attn.proj.bias", vec![hv]), ("mlp.linear_fc1.weight", vec![iv, hv]), ("mlp.linear_fc1.bias", vec![iv]),
-            ("mlp.linear_fc2.weight", vec![hv, iv]), ("mlp.linear_fc2.bias", vec![hv]),
+            ("norm1.weight", vec![hv]),
+            ("norm1.bias", vec![hv]),
+            ("norm2.weight", vec![hv]),
+            ("norm2.bias", vec![hv]),
+            ("attn.qkv.weight", vec![3 * hv, hv]),
+            ("attn.qkv.bias", vec![3 * hv]),
+            ("attn.proj.weight", vec![hv, hv]),
+            ("attn.proj.bias", vec![hv]),
+            ("mlp.linear_fc1.weight", vec![iv, hv]),
+            ("mlp.linear_fc1.bias", vec![iv]),
+            ("mlp.linear_fc2.weight", vec![hv, iv]),
+            ("mlp.linear_fc2.bias", vec![hv]),
         ] {
             shapes.push((format!("blocks.{j}.{name}"), shape));
         }
@@ -319,7 +364,8 @@ fn tandem_tiny_with_eyes(dir: &Path) -> Qwen35 {
         .into_iter()
         .map(|(name, shape)| {
             let n: usize = shape.iter().product();
-            let norm_weight = name.ends_with("norm.weight") || name.contains(".norm1.weight") || name.contains(".norm2.weight");
+            let norm_weight =
+                name.ends_with("norm.weight") || name.contains(".norm1.weight") || name.contains(".norm2.weight");
             let bytes = (0..n)
                 .flat_map(|_| {
                     seed ^= seed << 13;
@@ -334,7 +380,9 @@ fn tandem_tiny_with_eyes(dir: &Path) -> Qwen35 {
         .collect();
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
         .iter()
-        .map(|(name, shape, bytes)| (name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).unwrap()))
+        .map(|(name, shape, bytes)| {
+            (name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).unwrap())
+        })
         .collect();
     std::fs::write(dir.join("visual.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
     model::load(dir, &LoadOptions { dtype: Some(Dtype::F32) }).expect("load tandem-tiny with a vision tower")
@@ -361,7 +409,8 @@ fn greedy_with_an_image_is_the_same_with_and_without_mtp() {
         println!("{name}: {plain:?}");
         for depth in [1, 2, 3] {
             for exact_verify in [false, true] {
-                let (spec, stats) = run(&prompt, Some(MtpOptions { enabled: true, depth, adaptive: false, exact_verify }));
+                let (spec, stats) =
+                    run(&prompt, Some(MtpOptions { enabled: true, depth, adaptive: false, exact_verify }));
                 assert_eq!(spec, plain, "{name}: depth {depth}, exact_verify {exact_verify}");
                 let s = stats.spec.expect("spec stats");
                 assert!(s.cycles > 0 && s.drafted > 0, "{name}: depth {depth}: {s:?}");
@@ -384,7 +433,8 @@ fn rollback_after_an_image_keeps_positions() {
     let continued = read_ids(&vref, "continued_ids");
     let (want_next, _) = read_f32(&vref, "continued_logits");
     let n = ids.len();
-    let tokens = |t: &[u32]| Array::from_slice(&t.iter().map(|&x| x as i32).collect::<Vec<_>>(), &[1, t.len() as i32]).unwrap();
+    let tokens =
+        |t: &[u32]| Array::from_slice(&t.iter().map(|&x| x as i32).collect::<Vec<_>>(), &[1, t.len() as i32]).unwrap();
     for keep in 1..=4 {
         let (_, mut cache) = prefill_logits(&m, &ids, &[fixture_image()], 512);
         for c in cache.iter_mut().filter_map(|c| c.as_linear()) {
@@ -405,7 +455,10 @@ fn rollback_after_an_image_keeps_positions() {
 }
 
 /// A copy of tiny-vlm in `dir` whose tensors went through `edit` (which may rename, change or drop them).
-fn edited_tiny_vlm(dir: &Path, edit: impl Fn(&str, Vec<usize>, Vec<u8>) -> Option<(String, Vec<usize>, Vec<u8>)>) -> Result<Qwen35, model::LoadError> {
+fn edited_tiny_vlm(
+    dir: &Path,
+    edit: impl Fn(&str, Vec<usize>, Vec<u8>) -> Option<(String, Vec<usize>, Vec<u8>)>,
+) -> Result<Qwen35, model::LoadError> {
     let src = fixture("tiny-vlm");
     for f in ["config.json", "preprocessor_config.json", "tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
@@ -415,10 +468,14 @@ fn edited_tiny_vlm(dir: &Path, edit: impl Fn(&str, Vec<usize>, Vec<u8>) -> Optio
     let data: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
         .tensors()
         .into_iter()
-        .filter_map(|(name, t)| edit(&name, t.shape().to_vec(), t.data().to_vec()).map(|(n, shape, raw)| (n, t.dtype(), shape, raw)))
+        .filter_map(|(name, t)| {
+            edit(&name, t.shape().to_vec(), t.data().to_vec()).map(|(n, shape, raw)| (n, t.dtype(), shape, raw))
+        })
         .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> =
-        data.iter().map(|(n, d, s, r)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), r).unwrap())).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
+        .iter()
+        .map(|(n, d, s, r)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), r).unwrap()))
+        .collect();
     std::fs::write(dir.join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
     model::load(dir, &LoadOptions { dtype: Some(Dtype::F32) })
 }
@@ -459,13 +516,18 @@ fn vision_tower_loads_under_mlx_names_in_either_conv_layout() {
 #[test]
 fn vision_tensors_all_or_none() {
     let dir = tempdir();
-    let m = edited_tiny_vlm(dir.path(), |name, shape, raw| (!name.starts_with("model.visual.")).then(|| (name.to_string(), shape, raw))).unwrap();
+    let m = edited_tiny_vlm(dir.path(), |name, shape, raw| {
+        (!name.starts_with("model.visual.")).then(|| (name.to_string(), shape, raw))
+    })
+    .unwrap();
     assert!(!m.has_vision());
     let prompt = Prompt { ids: read_ids(&reference(), "input_ids"), images: vec![fixture_image()] };
     let e = generate_prompt(&m, &prompt, &greedy_opts(4, None), &mut |_| Control::Continue).unwrap_err().to_string();
     assert!(e.contains("no vision tower") && e.contains("no visual.* tensors"), "{e}");
     let dir = tempdir();
     let missing = "model.visual.blocks.1.attn.proj.bias";
-    let e = edited_tiny_vlm(dir.path(), |name, shape, raw| (name != missing).then(|| (name.to_string(), shape, raw))).err().expect("must fail");
+    let e = edited_tiny_vlm(dir.path(), |name, shape, raw| (name != missing).then(|| (name.to_string(), shape, raw)))
+        .err()
+        .expect("must fail");
     assert!(e.to_string().contains("visual.blocks.1.attn.proj.bias"), "{e}");
 }

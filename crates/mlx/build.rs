@@ -49,6 +49,5 @@ fn find_mlx() -> Option<PathBuf> {
 }
 
 fn has_mlx(p: &Path) -> bool {
-    p.join("include/mlx/mlx.h").exists()
-        && (p.join("lib/libmlx.so").exists() || p.join("lib/libmlx.dylib").exists())
+    p.join("include/mlx/mlx.h").exists() && (p.join("lib/libmlx.so").exists() || p.join("lib/libmlx.dylib").exists())
 }

@@ -57,7 +57,12 @@ impl Locations {
         if let Some(path) = &cx.config_env {
             return Ok(Locations { models_toml: path.clone(), ui_dir });
         }
-        let checkout = cx.exe.iter().flat_map(|exe| exe.ancestors().skip(1).take(4)).map(|d| d.join("models.toml")).find(|p| p.is_file());
+        let checkout = cx
+            .exe
+            .iter()
+            .flat_map(|exe| exe.ancestors().skip(1).take(4))
+            .map(|d| d.join("models.toml"))
+            .find(|p| p.is_file());
         if let Some(models_toml) = checkout {
             return Ok(Locations { models_toml, ui_dir });
         }
@@ -115,13 +120,24 @@ mod tests {
 
     #[test]
     fn tandem_config_wins() {
-        let cx = Environment { config_env: Some("/x/models.toml".into()), exe: Some(repo().join("target/debug/tandem-desktop")), ..Environment::default() };
-        assert_eq!(Locations::resolve_in(&cx).unwrap(), Locations { models_toml: "/x/models.toml".into(), ui_dir: None });
+        let cx = Environment {
+            config_env: Some("/x/models.toml".into()),
+            exe: Some(repo().join("target/debug/tandem-desktop")),
+            ..Environment::default()
+        };
+        assert_eq!(
+            Locations::resolve_in(&cx).unwrap(),
+            Locations { models_toml: "/x/models.toml".into(), ui_dir: None }
+        );
     }
 
     #[test]
     fn a_development_build_uses_its_checkouts_registry() {
-        let cx = Environment { exe: Some(repo().join("target/debug/tandem-desktop")), home: Some("/nonexistent".into()), ..Environment::default() };
+        let cx = Environment {
+            exe: Some(repo().join("target/debug/tandem-desktop")),
+            home: Some("/nonexistent".into()),
+            ..Environment::default()
+        };
         assert_eq!(Locations::resolve_in(&cx).unwrap().models_toml, repo().join("models.toml"));
     }
 
@@ -132,7 +148,8 @@ mod tests {
         std::fs::create_dir_all(resources.join("models")).unwrap();
         std::fs::create_dir_all(resources.join("ui/dist")).unwrap();
         std::fs::write(resources.join("ui/dist/index.html"), "<!doctype html>").unwrap();
-        std::os::unix::fs::symlink(repo().join("assets/models/tandem-tiny"), resources.join("models/tandem-tiny")).unwrap();
+        std::os::unix::fs::symlink(repo().join("assets/models/tandem-tiny"), resources.join("models/tandem-tiny"))
+            .unwrap();
         let cx = Environment {
             exe: Some(root.join("Tandem.app/Contents/MacOS/Tandem")),
             home: Some(root.join("home")),

@@ -20,10 +20,10 @@ mod webview_language;
 use std::sync::Mutex;
 
 use anyhow::Context;
-use tauri::{Manager, RunEvent, WebviewUrl, WebviewWindow, WebviewWindowBuilder, WindowEvent};
 use tandem::engine::Engine;
 use tandem::registry::Registry;
 use tandem::server::{RunningServer, ServeConfig, DEFAULT_PORT};
+use tauri::{Manager, RunEvent, WebviewUrl, WebviewWindow, WebviewWindowBuilder, WindowEvent};
 
 /// The label of the one window.
 pub const MAIN_WINDOW: &str = "main";
@@ -85,7 +85,8 @@ fn start(app: &mut tauri::App) -> anyhow::Result<()> {
     if let Some(ui_dir) = places.ui_dir {
         config.ui_dir = ui_dir;
     }
-    let registry = Registry::load(&config.registry).with_context(|| format!("cannot load {}", config.registry.display()))?;
+    let registry =
+        Registry::load(&config.registry).with_context(|| format!("cannot load {}", config.registry.display()))?;
     let engine = Engine::new(registry, config.engine.clone());
     let server = tauri::async_runtime::block_on(listen(config, engine.clone()))?;
     let url = server.url();
@@ -244,15 +245,24 @@ mod tests {
     #[test]
     fn the_macos_bundle_carries_mlx_where_the_rpath_points() {
         let read = |name: &str| -> serde_json::Value {
-            serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/").to_owned() + name).unwrap()).unwrap()
+            serde_json::from_str(
+                &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/").to_owned() + name).unwrap(),
+            )
+            .unwrap()
         };
         let mut config = read("tauri.conf.json");
         merge(&mut config, read("tauri.macos.conf.json"));
         let config: tauri::utils::config::Config = serde_json::from_value(config).expect("a valid Tauri config");
         let mac = &config.bundle.macos;
-        assert_eq!(mac.minimum_system_version.as_deref(), Some("14.0"), "the mlx-metal wheel's libmlx is built for macOS 14");
-        let dylib = mac.files.get(std::path::Path::new("Resources/mlx/lib/libmlx.dylib")).expect("libmlx.dylib is bundled");
-        let metallib = mac.files.get(std::path::Path::new("Resources/mlx/lib/mlx.metallib")).expect("mlx.metallib is bundled");
+        assert_eq!(
+            mac.minimum_system_version.as_deref(),
+            Some("14.0"),
+            "the mlx-metal wheel's libmlx is built for macOS 14"
+        );
+        let dylib =
+            mac.files.get(std::path::Path::new("Resources/mlx/lib/libmlx.dylib")).expect("libmlx.dylib is bundled");
+        let metallib =
+            mac.files.get(std::path::Path::new("Resources/mlx/lib/mlx.metallib")).expect("mlx.metallib is bundled");
         // MLX looks for mlx.metallib beside libmlx.
         assert_eq!(dylib.parent(), metallib.parent());
         let build = include_str!("../build.rs");

@@ -60,7 +60,12 @@ impl TrayView {
         let (load, unload, can_load, can_unload) = match default_model {
             Some(name) => {
                 let loaded = snapshot.loaded_models.iter().any(|m| m == name);
-                (format!("Load {name}"), format!("Unload {name}"), !loaded && notice.is_none(), loaded && notice.is_none())
+                (
+                    format!("Load {name}"),
+                    format!("Unload {name}"),
+                    !loaded && notice.is_none(),
+                    loaded && notice.is_none(),
+                )
             }
             None => ("Load the default model".to_owned(), "Unload the default model".to_owned(), false, false),
         };
@@ -173,7 +178,8 @@ pub fn install(app: &AppHandle, engine: Engine, server_url: String) -> tauri::Re
         .show_menu_on_left_click(true)
         .build(app)?;
 
-    let items = Arc::new(Items { tray, model, speed, memory, load, unload, shown: Mutex::new(None), notice: Mutex::new(None) });
+    let items =
+        Arc::new(Items { tray, model, speed, memory, load, unload, shown: Mutex::new(None), notice: Mutex::new(None) });
     refresh(&items, &engine, &engine.stats());
 
     tray_actions(app, &items, &engine);
@@ -195,7 +201,8 @@ fn tray_actions(app: &AppHandle, items: &Arc<Items>, engine: &Engine) {
                 refresh(&items, &engine, &engine.stats());
             }
             tauri::async_runtime::spawn(async move {
-                let outcome = if load { engine.load(&name).await.map(|_| ()) } else { engine.unload(&name).await.map(|_| ()) };
+                let outcome =
+                    if load { engine.load(&name).await.map(|_| ()) } else { engine.unload(&name).await.map(|_| ()) };
                 items.set_notice(match outcome {
                     Ok(()) => None,
                     Err(error) => {
@@ -264,7 +271,12 @@ mod tests {
     fn stats(decode_tok_s: f64, acceptance: Option<f64>) -> Stats {
         Stats {
             decode_tok_s,
-            spec: acceptance.map(|acceptance| SpecStats { method: "mtp".into(), depth: 3, acceptance, ..SpecStats::default() }),
+            spec: acceptance.map(|acceptance| SpecStats {
+                method: "mtp".into(),
+                depth: 3,
+                acceptance,
+                ..SpecStats::default()
+            }),
             ..Stats::default()
         }
     }
@@ -321,7 +333,10 @@ mod tests {
         };
         let view = TrayView::of(&snapshot, Some("tandem-tiny"), None);
         assert_eq!(view.speed, "Last answer: 55.0 tok/s · MTP acceptance 50%");
-        let without_mtp = StatsSnapshot { last: snapshot.last.clone().map(|l| LastGeneration { stats: stats(9.0, None), ..l }), ..snapshot };
+        let without_mtp = StatsSnapshot {
+            last: snapshot.last.clone().map(|l| LastGeneration { stats: stats(9.0, None), ..l }),
+            ..snapshot
+        };
         assert_eq!(TrayView::of(&without_mtp, Some("tandem-tiny"), None).speed, "Last answer: 9.0 tok/s");
     }
 

@@ -13,7 +13,9 @@ pub fn from_locale(lc_all: Option<&str>, lc_ctype: Option<&str>, lang: Option<&s
     let mut parts = name.split('_');
     let language = parts.next().unwrap_or("");
     let region = parts.next();
-    let letters = |s: &str, n: std::ops::RangeInclusive<usize>| n.contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphabetic());
+    let letters = |s: &str, n: std::ops::RangeInclusive<usize>| {
+        n.contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphabetic())
+    };
     if !letters(language, 2..=3) || parts.next().is_some() {
         return "en-US".into();
     }

@@ -44,7 +44,8 @@ pub fn inspect_folder(dir: &Path) -> FolderInfo {
     };
     let text = config.get("text_config").unwrap_or(&config);
     let field = |name: &str| text.get(name).or_else(|| config.get(name));
-    info.quantization = config.get("quantization").or_else(|| config.get("quantization_config")).map(summarize_quantization);
+    info.quantization =
+        config.get("quantization").or_else(|| config.get("quantization_config")).map(summarize_quantization);
     info.dtype = ["torch_dtype", "dtype"].iter().find_map(|k| field(k).and_then(|v| v.as_str()).map(str::to_owned));
     info.vision = config.get("vision_config").is_some();
     info.context_length = field("max_position_embeddings").and_then(|v| v.as_u64());

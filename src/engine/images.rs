@@ -159,7 +159,10 @@ mod tests {
         assert_eq!(p.processor().unwrap().max_pixels, 4096, "never below min_pixels");
         // Qwen3.5's defaults (16.7 MP) are capped per device.
         let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/models/tandem-tiny");
-        assert_eq!(ImageReader::new("t", &text, &ImageLimits::default(), true).processor().unwrap().max_pixels, GPU_MAX_PIXELS);
+        assert_eq!(
+            ImageReader::new("t", &text, &ImageLimits::default(), true).processor().unwrap().max_pixels,
+            GPU_MAX_PIXELS
+        );
 
         let canyon = image("images/black-canyon-96x64.png");
         let (decoded, held) = cpu.read("vlm", &[&canyon, &canyon]).unwrap();
@@ -169,7 +172,12 @@ mod tests {
         drop(held);
         assert_eq!(cpu.held(), 0);
 
-        let tight = ImageReader::new("vlm", &vlm, &ImageLimits { max_queued_bytes: 24 * 1536 * 4, max_per_request: 2, ..ImageLimits::default() }, false);
+        let tight = ImageReader::new(
+            "vlm",
+            &vlm,
+            &ImageLimits { max_queued_bytes: 24 * 1536 * 4, max_per_request: 2, ..ImageLimits::default() },
+            false,
+        );
         let (_first, _held) = tight.read("vlm", &[&canyon]).unwrap();
         let e = tight.read("vlm", &[&canyon]).err().unwrap();
         assert!(matches!(e, EngineError::ImagesBusy { .. }), "{e}");

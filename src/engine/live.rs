@@ -217,7 +217,9 @@ impl Live {
     /// Records the progress of a running generation; true when it is time to publish.
     pub fn progress(&self, model: &str, request: u64, stats: &Stats) -> bool {
         let mut state = lock(&self.state);
-        state.running.insert(model.to_owned(), RunningGeneration { model: model.to_owned(), request, stats: stats.clone() });
+        state
+            .running
+            .insert(model.to_owned(), RunningGeneration { model: model.to_owned(), request, stats: stats.clone() });
         let due = state.last_publish.is_none_or(|t| t.elapsed() >= PUBLISH_EVERY);
         if due && stats.completion_tokens > 1 {
             let point = SeriesPoint {
@@ -242,12 +244,21 @@ impl Live {
         state.totals.prompt_tokens += stats.prompt_tokens as u64;
         state.totals.completion_tokens += stats.completion_tokens as u64;
         if stats.completion_tokens > 1 {
-            let point =
-                SeriesPoint { t_ms: unix_ms(), model: model.to_owned(), tok_s: stats.decode_tok_s, acceptance: acceptance(stats) };
+            let point = SeriesPoint {
+                t_ms: unix_ms(),
+                model: model.to_owned(),
+                tok_s: stats.decode_tok_s,
+                acceptance: acceptance(stats),
+            };
             push_point(&mut state.series, point);
         }
-        state.last =
-            Some(LastGeneration { model: model.to_owned(), request, finish, ended_ms: unix_ms(), stats: stats.clone() });
+        state.last = Some(LastGeneration {
+            model: model.to_owned(),
+            request,
+            finish,
+            ended_ms: unix_ms(),
+            stats: stats.clone(),
+        });
     }
 
     /// Forgets a running generation that ended without stats (an error).

@@ -83,7 +83,9 @@ impl From<RegistryError> for EngineError {
     fn from(e: RegistryError) -> Self {
         match e {
             RegistryError::UnknownModel { name, known } => EngineError::UnknownModel { name, known },
-            e @ (RegistryError::OutOfRange { .. } | RegistryError::InvalidModel { .. }) => EngineError::InvalidSettings(e.to_string()),
+            e @ (RegistryError::OutOfRange { .. } | RegistryError::InvalidModel { .. }) => {
+                EngineError::InvalidSettings(e.to_string())
+            }
             other => EngineError::Registry(other.to_string()),
         }
     }
@@ -104,7 +106,12 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { queue_limit: 16, memory_check: true, load_options: LoadOptions::default(), images: ImageLimits::default() }
+        EngineConfig {
+            queue_limit: 16,
+            memory_check: true,
+            load_options: LoadOptions::default(),
+            images: ImageLimits::default(),
+        }
     }
 }
 
@@ -205,7 +212,11 @@ pub enum Event {
     Started,
     /// New text (possibly empty while a character or a possible stop sequence is incomplete) and
     /// the token ids generated since the last delta; a few times a second, the running statistics.
-    Delta { text: String, tokens: Vec<u32>, stats: Option<Stats> },
+    Delta {
+        text: String,
+        tokens: Vec<u32>,
+        stats: Option<Stats>,
+    },
     Done(Completion),
     Failed(EngineError),
 }
@@ -783,7 +794,9 @@ fn prompt_of(
                 ids
             } else {
                 let pad = facts.image_token_id.ok_or_else(|| {
-                    EngineError::Images(format!("model `{model}` cannot read images: its config.json has no image_token_id"))
+                    EngineError::Images(format!(
+                        "model `{model}` cannot read images: its config.json has no image_token_id"
+                    ))
                 })?;
                 // Fails when the text itself holds `<|image_pad|>` tokens.
                 crate::model::vision_input::expand_image_pads(&ids, pad, &decoded)
@@ -795,7 +808,10 @@ fn prompt_of(
         return Err(EngineError::InvalidRequest("the prompt is empty".into()));
     }
     if let Some(&bad) = ids.iter().find(|&&id| id as usize >= facts.vocab_size) {
-        return Err(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary of {}", facts.vocab_size)));
+        return Err(EngineError::InvalidRequest(format!(
+            "token id {bad} is outside the vocabulary of {}",
+            facts.vocab_size
+        )));
     }
     Ok((Prompt { ids, images: decoded }, held))
 }
@@ -831,11 +847,21 @@ fn resolve_options(
     let max_tokens = match (request.max_tokens, facts.context) {
         (Some(0), _) => return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into())),
         (Some(n), Some(context)) if prompt_len + n > context => {
-            return Err(EngineError::ContextLength { model: entry.name.clone(), prompt: prompt_len, max_tokens: n, context })
+            return Err(EngineError::ContextLength {
+                model: entry.name.clone(),
+                prompt: prompt_len,
+                max_tokens: n,
+                context,
+            })
         }
         (Some(n), _) => n,
         (None, Some(context)) if prompt_len >= context => {
-            return Err(EngineError::ContextLength { model: entry.name.clone(), prompt: prompt_len, max_tokens: 1, context })
+            return Err(EngineError::ContextLength {
+                model: entry.name.clone(),
+                prompt: prompt_len,
+                max_tokens: 1,
+                context,
+            })
         }
         // The model's default shortened to what fits.
         (None, Some(context)) => (s.max_tokens as usize).min(context - prompt_len),

@@ -31,7 +31,8 @@ impl StopMatcher {
         if self.stops.is_empty() {
             return std::mem::take(&mut self.pending);
         }
-        let first = self.stops.iter().filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s))).min_by_key(|(at, _)| *at);
+        let first =
+            self.stops.iter().filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s))).min_by_key(|(at, _)| *at);
         if let Some((at, stop)) = first {
             let released = self.pending[..at].to_owned();
             self.matched = Some(stop.clone());

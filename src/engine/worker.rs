@@ -12,8 +12,8 @@ use super::images::{ImageReader, Reservation};
 use super::live::LoadedModel;
 use super::stop::StopMatcher;
 use super::{
-    lock, prompt_of, resolve_options, CancelHandle, Completion, EngineConfig, EngineError, Event, Generation, ModelFacts, Request,
-    Result, WeakEngine,
+    lock, prompt_of, resolve_options, CancelHandle, Completion, EngineConfig, EngineError, Event, Generation,
+    ModelFacts, Request, Result, WeakEngine,
 };
 use crate::chat::Tokenizer;
 use crate::generate::{generate_prompt, Control, FinishReason, GenerateError, GenerateOptions, Progress, Prompt};
@@ -173,7 +173,8 @@ impl Worker {
     /// Checks and tokenizes a request and decodes its images (on the caller's thread).
     pub fn prepare(&self, id: u64, request: Request) -> Result<Prepared> {
         let entry = self.entry();
-        let (prompt, images_held) = prompt_of(&entry.name, &self.info, &self.tokenizer, self.images.as_ref(), &request)?;
+        let (prompt, images_held) =
+            prompt_of(&entry.name, &self.info, &self.tokenizer, self.images.as_ref(), &request)?;
         let opts = resolve_options(&entry, &self.info, &self.tokenizer, &request, prompt.ids.len())?;
         Ok(Prepared { id, prompt, images_held, opts, stop: request.stop })
     }
@@ -242,7 +243,13 @@ fn serve(
             prepared.free_images();
             drop(slot);
             let stats = crate::generate::Stats { prompt_tokens: prepared.prompt.ids.len(), ..Default::default() };
-            let done = Completion { text: String::new(), tokens: Vec::new(), stats, finish: FinishReason::Cancelled, stop: None };
+            let done = Completion {
+                text: String::new(),
+                tokens: Vec::new(),
+                stats,
+                finish: FinishReason::Cancelled,
+                stop: None,
+            };
             let _ = events.send(Event::Done(done));
             continue;
         }
@@ -331,7 +338,11 @@ fn run(
         if engine.with(|e| e.inner.live.progress(name, job.id, p.stats)) == Some(true) {
             engine.with(|e| e.publish());
         }
-        let stop = gone || events.is_closed() || cancel.is_cancelled() || stopper.matched().is_some() || decode_error.is_some();
+        let stop = gone
+            || events.is_closed()
+            || cancel.is_cancelled()
+            || stopper.matched().is_some()
+            || decode_error.is_some();
         // Between tokens nothing of this generation is being computed: let another model's
         // generation or a conversion waiting for MLX take a turn (no cost when none waits).
         parking_lot::FairMutexGuard::bump(&mut *compute);
@@ -352,7 +363,8 @@ fn run(
     }
     let mut tail = String::new();
     if stopper.matched().is_none() {
-        let rest = decoder.flush().map_err(|e| EngineError::Generate(format!("cannot decode the generated tokens: {e}")))?;
+        let rest =
+            decoder.flush().map_err(|e| EngineError::Generate(format!("cannot decode the generated tokens: {e}")))?;
         if let Some(rest) = rest {
             tail.push_str(&stopper.push(&rest));
         }

@@ -66,7 +66,13 @@ pub struct GenerateOptions {
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        GenerateOptions { max_tokens: 256, sampling: SamplingParams::default(), stop_ids: vec![], mtp: MtpOptions::default(), prefill_chunk: 512 }
+        GenerateOptions {
+            max_tokens: 256,
+            sampling: SamplingParams::default(),
+            stop_ids: vec![],
+            mtp: MtpOptions::default(),
+            prefill_chunk: 512,
+        }
     }
 }
 
@@ -114,18 +120,31 @@ impl Prompt {
 }
 
 /// Runs the prompt and generates up to `max_tokens` tokens.
-pub fn generate(model: &Qwen35, prompt: &[u32], opts: &GenerateOptions, on_progress: &mut dyn FnMut(Progress<'_>) -> Control) -> Result<Output> {
+pub fn generate(
+    model: &Qwen35,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_progress: &mut dyn FnMut(Progress<'_>) -> Control,
+) -> Result<Output> {
     generate_with(model, prompt, &[], opts, on_progress)
 }
 
 /// [`generate`] for a prompt with images: the vision tower encodes them and their features replace
 /// the image pads during prefill, at M-RoPE positions. A model without a vision tower refuses.
-pub fn generate_prompt(model: &Qwen35, prompt: &Prompt, opts: &GenerateOptions, on_progress: &mut dyn FnMut(Progress<'_>) -> Control) -> Result<Output> {
+pub fn generate_prompt(
+    model: &Qwen35,
+    prompt: &Prompt,
+    opts: &GenerateOptions,
+    on_progress: &mut dyn FnMut(Progress<'_>) -> Control,
+) -> Result<Output> {
     if prompt.images.is_empty() {
         return generate(model, &prompt.ids, opts, on_progress);
     }
     let vision = model.vision().ok_or_else(|| no_vision(model))?;
-    let image_id = vision.config.image_token_id.ok_or_else(|| GenerateError::Images(format!("model `{}`: config.json has no image_token_id", model.name())))?;
+    let image_id = vision
+        .config
+        .image_token_id
+        .ok_or_else(|| GenerateError::Images(format!("model `{}`: config.json has no image_token_id", model.name())))?;
     let pads = prompt.ids.iter().filter(|&&id| id == image_id).count();
     let ids = if pads == prompt.images.len() && pads != prompt.images.iter().map(ImageInput::tokens).sum::<usize>() {
         expand_image_pads(&prompt.ids, image_id, &prompt.images).map_err(|e| GenerateError::Images(e.to_string()))?
@@ -135,7 +154,13 @@ pub fn generate_prompt(model: &Qwen35, prompt: &Prompt, opts: &GenerateOptions, 
     generate_with(model, &ids, &prompt.images, opts, on_progress)
 }
 
-fn generate_with(model: &Qwen35, prompt: &[u32], images: &[ImageInput], opts: &GenerateOptions, on_progress: &mut dyn FnMut(Progress<'_>) -> Control) -> Result<Output> {
+fn generate_with(
+    model: &Qwen35,
+    prompt: &[u32],
+    images: &[ImageInput],
+    opts: &GenerateOptions,
+    on_progress: &mut dyn FnMut(Progress<'_>) -> Control,
+) -> Result<Output> {
     check(model, prompt, opts)?;
     let mut sampler = Sampler::new(opts.sampling.clone())?;
     let mut cache = model.make_cache();
@@ -155,7 +180,8 @@ fn generate_with(model: &Qwen35, prompt: &[u32], images: &[ImageInput], opts: &G
         ..Default::default()
     };
 
-    let mut run = Run { opts, tokens: Vec::new(), finish: None, stats: &mut stats, on_progress, t_decode: Instant::now() };
+    let mut run =
+        Run { opts, tokens: Vec::new(), finish: None, stats: &mut stats, on_progress, t_decode: Instant::now() };
     let want_mtp = opts.mtp.enabled;
     if want_mtp && model.has_mtp() && opts.max_tokens > 1 {
         let mut spec = SpecDecoder::new(model, &opts.mtp, &mut sampler, cache, &hidden, prompt, first)?;
@@ -275,13 +301,23 @@ fn no_vision(model: &Qwen35) -> GenerateError {
 /// [`prefill`] for a prompt with images (its pads already expanded, one per vision feature): the
 /// vision tower's features replace the pads' embeddings, positions follow M-RoPE, and every KV cache
 /// keeps the rope delta so that decoding continues after the images' largest position.
-pub fn prefill_images(model: &Qwen35, prompt: &[u32], images: &[ImageInput], cache: &mut [LayerCache], chunk: usize) -> Result<Array> {
+pub fn prefill_images(
+    model: &Qwen35,
+    prompt: &[u32],
+    images: &[ImageInput],
+    cache: &mut [LayerCache],
+    chunk: usize,
+) -> Result<Array> {
     let vision = model.vision().ok_or_else(|| no_vision(model))?;
     let vc = &vision.config;
-    let image_id = vc.image_token_id.ok_or_else(|| GenerateError::Images(format!("model `{}`: config.json has no image_token_id", model.name())))?;
+    let image_id = vc
+        .image_token_id
+        .ok_or_else(|| GenerateError::Images(format!("model `{}`: config.json has no image_token_id", model.name())))?;
     for img in images {
         let expected = (vc.patch_dim() as usize, vc.spatial_merge_size as u32);
-        if (img.patch_dim, img.merge_size) != expected || img.pixel_values.len() != img.tokens() * img.merge_size.pow(2) as usize * img.patch_dim {
+        if (img.patch_dim, img.merge_size) != expected
+            || img.pixel_values.len() != img.tokens() * img.merge_size.pow(2) as usize * img.patch_dim
+        {
             return Err(GenerateError::Images(format!(
                 "{}: preprocessed for {} values per patch and merge size {} ({} values), but model `{}` takes {} and {}",
                 img.source,
@@ -295,7 +331,8 @@ pub fn prefill_images(model: &Qwen35, prompt: &[u32], images: &[ImageInput], cac
         }
     }
     let grids: Vec<GridThw> = images.iter().map(|i| i.grid_thw).collect();
-    let (positions, delta) = rope_index(prompt, image_id, &grids, vc.spatial_merge_size as u32).map_err(GenerateError::Images)?;
+    let (positions, delta) =
+        rope_index(prompt, image_id, &grids, vc.spatial_merge_size as u32).map_err(GenerateError::Images)?;
     let pixels: Vec<f32> = images.iter().flat_map(|i| i.pixel_values.iter().copied()).collect();
     let patches = (pixels.len() / vc.patch_dim() as usize) as i32;
     let features = vision.encode(&Array::from_slice(&pixels, &[patches, vc.patch_dim()])?, &grids)?;
@@ -324,7 +361,8 @@ pub fn prefill_images(model: &Qwen35, prompt: &[u32], images: &[ImageInput], cac
     let step = chunk.max(1) as i32;
     for start in (0..t).step_by(step as usize) {
         let end = (start + step).min(t);
-        let out = model.forward_embeddings_at(&h.slice_axis(1, start, end)?, cache, &positions.slice_axis(1, start, end)?)?;
+        let out =
+            model.forward_embeddings_at(&h.slice_axis(1, start, end)?, cache, &positions.slice_axis(1, start, end)?)?;
         let mut arrays: Vec<&Array> = cache.iter().flat_map(|c| c.arrays()).collect();
         arrays.push(&out);
         mlx::device::eval(&arrays)?;

@@ -36,7 +36,15 @@ pub struct SpecDecoder<'m> {
 impl<'m> SpecDecoder<'m> {
     /// Starts from a prefilled cache: `hidden` holds the prompt's post-norm hidden states and
     /// `first` the token sampled after the prompt.
-    pub fn new(model: &'m Qwen35, opts: &MtpOptions, _sampler: &mut Sampler, cache: Vec<LayerCache>, hidden: &Array, prompt: &[u32], first: u32) -> Result<Self> {
+    pub fn new(
+        model: &'m Qwen35,
+        opts: &MtpOptions,
+        _sampler: &mut Sampler,
+        cache: Vec<LayerCache>,
+        hidden: &Array,
+        prompt: &[u32],
+        first: u32,
+    ) -> Result<Self> {
         let mut tokens: Vec<u32> = prompt[1..].to_vec();
         tokens.push(first);
         Ok(SpecDecoder {
@@ -55,7 +63,13 @@ impl<'m> SpecDecoder<'m> {
 
     /// One plain step or one speculative cycle; returns the new tokens (at least one).
     /// `history` holds the prompt and every emitted token except the newest (`last`).
-    pub fn step(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, remaining: usize, stats: &mut Stats) -> Result<Vec<u32>> {
+    pub fn step(
+        &mut self,
+        sampler: &mut Sampler,
+        history: &mut Vec<u32>,
+        remaining: usize,
+        stats: &mut Stats,
+    ) -> Result<Vec<u32>> {
         let spec = stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth));
         let k = self.opts.depth.min(remaining.saturating_sub(1));
         if k == 0 || self.ctl.parked() {
@@ -116,7 +130,8 @@ impl<'m> SpecDecoder<'m> {
         let hidden = concatenate(&self.pending_hidden.iter().collect::<Vec<_>>(), 1)?;
         let ids: Vec<i32> = self.pending_tokens.iter().map(|&t| t as i32).collect();
         debug_assert_eq!(hidden.dim(1) as usize, ids.len());
-        let out = self.model.mtp_forward(&hidden, &Array::from_slice(&ids, &[1, ids.len() as i32])?, &mut self.mtp_cache)?;
+        let out =
+            self.model.mtp_forward(&hidden, &Array::from_slice(&ids, &[1, ids.len() as i32])?, &mut self.mtp_cache)?;
         self.pending_hidden.clear();
         self.pending_tokens.clear();
         let t = out.dim(1);
@@ -167,7 +182,15 @@ impl<'m> SpecDecoder<'m> {
 
     /// Verifies one token at a time, so verify logits are exactly those of plain decoding, and
     /// stops at the first mismatch (no rollback of the main caches is needed).
-    fn exact_cycle(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, drafts: &[u32], stats: &mut Stats, t0: Instant, t1: Instant) -> Result<Vec<u32>> {
+    fn exact_cycle(
+        &mut self,
+        sampler: &mut Sampler,
+        history: &mut Vec<u32>,
+        drafts: &[u32],
+        stats: &mut Stats,
+        t0: Instant,
+        t1: Instant,
+    ) -> Result<Vec<u32>> {
         let k = drafts.len();
         let mut fed = self.last;
         let mut accepted = 0;
@@ -249,7 +272,8 @@ fn accept(sampler: &mut Sampler, logits: &Array, drafts: &[u32], history: &mut V
             let u = random::uniform(&[1], Dtype::F32, &sampler.next_key()?)?.item::<f32>()?;
             if u >= pd {
                 // Residual max(0, p - q) with q one-hot at d_j: p without d_j, renormalised.
-                let mask = Array::arange(0.0, p.dim(0) as f64, 1.0, Dtype::I32)?.equal(&Array::scalar(drafts[j], Dtype::I32)?)?;
+                let mask = Array::arange(0.0, p.dim(0) as f64, 1.0, Dtype::I32)?
+                    .equal(&Array::scalar(drafts[j], Dtype::I32)?)?;
                 let resid = mlx::where_(&mask, &Array::f32(f32::NEG_INFINITY), &lp)?;
                 let t = random::categorical(&resid, -1, &sampler.next_key()?)?.item::<u32>()?;
                 return Ok((j, t));
@@ -345,7 +369,8 @@ impl Controller {
         if let (Some(spec), Some(plain)) = (self.spec.ms_per_token(), self.plain.ms_per_token()) {
             if self.spec.items.len() >= Self::JUDGE_AFTER {
                 if spec > plain * (1.0 + Self::MARGIN) {
-                    self.reason = Some(format!("parked: drafting costs {spec:.2} ms/token, plain decoding {plain:.2} ms/token"));
+                    self.reason =
+                        Some(format!("parked: drafting costs {spec:.2} ms/token, plain decoding {plain:.2} ms/token"));
                     tracing::debug!("{}", self.reason.as_deref().unwrap_or(""));
                     self.parked_left = self.next_park;
                     self.next_park = (self.next_park * 2).min(Self::MAX_PARK);

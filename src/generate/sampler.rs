@@ -26,7 +26,15 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, min_p: 0.0, repetition_penalty: 1.0, repetition_context: 64, seed: None }
+        SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            repetition_context: 64,
+            seed: None,
+        }
     }
 }
 
@@ -101,7 +109,8 @@ impl Sampler {
         let picked = logits.take(&idx, -1)?;
         let penalty = Array::f32(p);
         // transformers' rule: divide positive logits, multiply negative ones.
-        let scaled = where_(&picked.greater(&Array::f32(0.0))?, &picked.divide(&penalty)?, &picked.multiply(&penalty)?)?;
+        let scaled =
+            where_(&picked.greater(&Array::f32(0.0))?, &picked.divide(&penalty)?, &picked.multiply(&penalty)?)?;
         logits.put_along_axis(&idx, &scaled, -1)
     }
 

@@ -79,7 +79,10 @@ pub enum HeadOrigin {
 
 /// Decides the head's origin from its tensors' names and files. `entries` are (canonical name,
 /// provenance, file) of every tensor of the checkpoint.
-pub fn head_origin<'a>(layout: Layout, entries: impl IntoIterator<Item = (&'a str, Provenance, &'a Shard)>) -> HeadOrigin {
+pub fn head_origin<'a>(
+    layout: Layout,
+    entries: impl IntoIterator<Item = (&'a str, Provenance, &'a Shard)>,
+) -> HeadOrigin {
     let body = match layout {
         Layout::Hf => Provenance::Hf,
         Layout::Mlx => Provenance::Mlx,
@@ -192,7 +195,10 @@ pub fn decide(origin: HeadOrigin, norms: Vec<NormStat>, reference: &Reference) -
         votes
             .iter()
             .filter(|(_, d, v)| {
-                *v == alt && *d != alt && (matches!(origin, HeadOrigin::Grafted(_)) || (*d == Stored::Shifted && alt == Stored::ShiftedTwice))
+                *v == alt
+                    && *d != alt
+                    && (matches!(origin, HeadOrigin::Grafted(_))
+                        || (*d == Stored::Shifted && alt == Stored::ShiftedTwice))
             })
             .count()
     };
@@ -220,7 +226,12 @@ pub fn decide(origin: HeadOrigin, norms: Vec<NormStat>, reference: &Reference) -
             .collect::<Vec<_>>()
             .join("; ")
     };
-    let yardstick = format!("the body's final norm {}: `{}` has mean scale {:.3}", file_name(&reference.file), reference.key, reference.scale);
+    let yardstick = format!(
+        "the body's final norm {}: `{}` has mean scale {:.3}",
+        file_name(&reference.file),
+        reference.key,
+        reference.scale
+    );
     let total = votes.len();
     let mut d = HeadDecision { origin: origin.clone(), norms: Vec::new(), repaired: None, refused: None, doubt: None };
     let act = n >= MAJORITY.min(total.max(1));
@@ -265,7 +276,13 @@ mod tests {
         means
             .iter()
             .enumerate()
-            .map(|(i, &mean)| NormStat { name: format!("mtp.n{i}.weight"), key: format!("k{i}"), file: "m.safetensors".into(), provenance: prov, mean })
+            .map(|(i, &mean)| NormStat {
+                name: format!("mtp.n{i}.weight"),
+                key: format!("k{i}"),
+                file: "m.safetensors".into(),
+                provenance: prov,
+                mean,
+            })
             .collect()
     }
 
@@ -283,17 +300,24 @@ mod tests {
         // The same values, re-attached, are repaired (the old, per-norm behaviour for every head).
         let d = decide(HeadOrigin::Grafted("test".into()), stats(Provenance::Mlx, &[0.6; 7]), &reference(1.54));
         assert!(d.norms.iter().all(|n| n.stored == Stored::ZeroCentred), "{d:?}");
-        assert!(d.repaired.as_deref().is_some_and(|m| m.contains("7 tensor") && m.contains("`k0` mean 0.600")), "{d:?}");
+        assert!(
+            d.repaired.as_deref().is_some_and(|m| m.contains("7 tensor") && m.contains("`k0` mean 0.600")),
+            "{d:?}"
+        );
     }
 
     #[test]
     fn shifted_twice_is_refused_only_by_a_majority() {
         let d = decide(HeadOrigin::WithBody, stats(Provenance::Mlx, &[2.0; 7]), &reference(1.0));
         let r = d.refused.as_deref().unwrap_or_default();
-        assert!(r.contains("7 of 7") && r.contains("shifted twice") && r.contains("m.safetensors: `k3` mean 2.000"), "{r}");
+        assert!(
+            r.contains("7 of 7") && r.contains("shifted twice") && r.contains("m.safetensors: `k3` mean 2.000"),
+            "{r}"
+        );
         assert!(r.contains("model.safetensors: `language_model.model.norm.weight` has mean scale 1.000"), "{r}");
         // Four high norms are not enough: the names stand, with a doubt that names them.
-        let d = decide(HeadOrigin::WithBody, stats(Provenance::Mlx, &[2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0]), &reference(1.0));
+        let d =
+            decide(HeadOrigin::WithBody, stats(Provenance::Mlx, &[2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0]), &reference(1.0));
         assert!(d.refused.is_none() && d.norms.iter().all(|n| n.stored == Stored::Shifted), "{d:?}");
         assert!(d.doubt.as_deref().is_some_and(|m| m.contains("4 of 7") && m.contains("`k0`")), "{d:?}");
     }
@@ -301,13 +325,20 @@ mod tests {
     #[test]
     fn a_raw_head_on_a_raw_body_is_never_second_guessed() {
         let d = decide(HeadOrigin::WithBody, stats(Provenance::Hf, &[1.2; 7]), &reference(1.0));
-        assert!(d.norms.iter().all(|n| n.stored == Stored::ZeroCentred) && d.repaired.is_none() && d.refused.is_none(), "{d:?}");
+        assert!(
+            d.norms.iter().all(|n| n.stored == Stored::ZeroCentred) && d.repaired.is_none() && d.refused.is_none(),
+            "{d:?}"
+        );
     }
 
     #[test]
     fn one_outlier_does_not_split_a_grafted_head() {
         // Raw names, raw values, one norm far off: the head stays zero-centred as a whole.
-        let d = decide(HeadOrigin::Grafted("test".into()), stats(Provenance::Hf, &[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.3]), &reference(1.0));
+        let d = decide(
+            HeadOrigin::Grafted("test".into()),
+            stats(Provenance::Hf, &[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.3]),
+            &reference(1.0),
+        );
         assert!(d.norms.iter().all(|n| n.stored == Stored::ZeroCentred) && d.repaired.is_none(), "{d:?}");
         assert!(d.doubt.is_some());
     }

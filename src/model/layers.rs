@@ -152,7 +152,8 @@ impl Fused {
             let arrays: Option<Vec<Array>> = parts.iter().map(f).collect();
             arrays.map(|a| mlx::concatenate(&a.iter().collect::<Vec<_>>(), 0)).transpose()
         };
-        let no_bias = parts.iter().all(|p| matches!(p, Linear::Dense { bias: None, .. } | Linear::Quantized { bias: None, .. }));
+        let no_bias =
+            parts.iter().all(|p| matches!(p, Linear::Dense { bias: None, .. } | Linear::Quantized { bias: None, .. }));
         if !no_bias || parts.len() < 2 {
             return Ok(Fused::Separate(parts));
         }
@@ -167,7 +168,14 @@ impl Fused {
             }
             Linear::Quantized { q: q0, .. } => {
                 let same = |l: &Linear| match l {
-                    Linear::Quantized { q, .. } if q.bits == q0.bits && q.group_size == q0.group_size && q.mode == q0.mode && q.biases.is_some() == q0.biases.is_some() => Some(q.clone()),
+                    Linear::Quantized { q, .. }
+                        if q.bits == q0.bits
+                            && q.group_size == q0.group_size
+                            && q.mode == q0.mode
+                            && q.biases.is_some() == q0.biases.is_some() =>
+                    {
+                        Some(q.clone())
+                    }
                     _ => None,
                 };
                 match (cat(&|l| same(l).map(|q| q.weight))?, cat(&|l| same(l).map(|q| q.scales))?) {
@@ -222,7 +230,13 @@ pub fn per_query_causal_attention(q: &Array, k: &Array, v: &Array, scale: f32) -
     let rows = (0..t)
         .map(|i| {
             let seen = l - t + i + 1;
-            fast::scaled_dot_product_attention(&q.slice_axis(2, i, i + 1)?, &k.slice_axis(2, 0, seen)?, &v.slice_axis(2, 0, seen)?, scale, Mask::None)
+            fast::scaled_dot_product_attention(
+                &q.slice_axis(2, i, i + 1)?,
+                &k.slice_axis(2, 0, seen)?,
+                &v.slice_axis(2, 0, seen)?,
+                scale,
+                Mask::None,
+            )
         })
         .collect::<Result<Vec<_>>>()?;
     concatenate(&rows.iter().collect::<Vec<_>>(), 2)

@@ -122,20 +122,27 @@ impl Config {
             None => (0..n).map(|i| (i + 1) % text.full_attention_interval.max(1) == 0).collect(),
         };
         let check = |ok: bool, msg: &str| if ok { Ok(()) } else { Err(LoadError::Config(msg.to_string())) };
-        check(text.linear_num_key_heads > 0 && text.linear_num_value_heads % text.linear_num_key_heads == 0,
-            "linear_num_value_heads must be a multiple of linear_num_key_heads")?;
-        check(text.num_key_value_heads > 0 && text.num_attention_heads % text.num_key_value_heads == 0,
-            "num_attention_heads must be a multiple of num_key_value_heads")?;
+        check(
+            text.linear_num_key_heads > 0 && text.linear_num_value_heads % text.linear_num_key_heads == 0,
+            "linear_num_value_heads must be a multiple of linear_num_key_heads",
+        )?;
+        check(
+            text.num_key_value_heads > 0 && text.num_attention_heads % text.num_key_value_heads == 0,
+            "num_attention_heads must be a multiple of num_key_value_heads",
+        )?;
         let rope = text.rope_parameters.clone();
         let rope_theta = rope.as_ref().map(|r| r.rope_theta).or(text.rope_theta).unwrap_or(default_theta());
-        let partial = rope.as_ref().map(|r| r.partial_rotary_factor).or(text.partial_rotary_factor).unwrap_or(default_partial());
+        let partial =
+            rope.as_ref().map(|r| r.partial_rotary_factor).or(text.partial_rotary_factor).unwrap_or(default_partial());
         let rope_dims = (text.head_dim as f32 * partial).round() as i32;
         // The text config's flag wins over the top level's (a common source of tied/untied mix-ups);
         // where both are given and disagree, the checkpoint decides (see `resolve_tie`).
-        let top_tie = if v.get("text_config").is_some() { v.get("tie_word_embeddings").and_then(|t| t.as_bool()) } else { None };
+        let top_tie =
+            if v.get("text_config").is_some() { v.get("tie_word_embeddings").and_then(|t| t.as_bool()) } else { None };
         let tie_word_embeddings = text.tie_word_embeddings.or(top_tie).unwrap_or(false);
         let tie_conflict = matches!((text.tie_word_embeddings, top_tie), (Some(a), Some(b)) if a != b);
-        let (mrope_section, mrope_interleaved) = rope.map(|r| (r.mrope_section, r.mrope_interleaved)).unwrap_or_default();
+        let (mrope_section, mrope_interleaved) =
+            rope.map(|r| (r.mrope_section, r.mrope_interleaved)).unwrap_or_default();
         Ok(Config {
             tie_word_embeddings,
             tie_conflict,
@@ -216,7 +223,8 @@ impl GatedDeltaNet {
             s.tensor(&conv_name, &[c.conv_dim(), k, 1])?
         };
         let a_log = s.raw(&format!("{p}.A_log"), &[hv])?;
-        let neg_a = a_log.as_dtype(Dtype::F32).and_then(|a| a.exp()).and_then(|a| a.negative()).map_err(|e| mlx_err(p, e))?;
+        let neg_a =
+            a_log.as_dtype(Dtype::F32).and_then(|a| a.exp()).and_then(|a| a.negative()).map_err(|e| mlx_err(p, e))?;
         Ok(GatedDeltaNet {
             in_proj: Fused::new(vec![
                 s.linear(&format!("{p}.in_proj_qkv"), c.conv_dim(), d, false)?,
@@ -248,7 +256,8 @@ impl GatedDeltaNet {
             taps.see(&self.prefix, name, x);
         }
         let mut proj = self.in_proj.forward(x)?.into_iter();
-        let mut next = || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
+        let mut next =
+            || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
         let (qkv, z, b_in, a_in) = (next()?, next()?, next()?, next()?);
         let z = z.reshape(&[b, t, self.hv, self.dv])?;
         let beta = b_in.as_dtype(Dtype::F32)?.sigmoid()?;
@@ -284,7 +293,8 @@ impl GatedDeltaNet {
         };
         let (o, state) = fast::gated_delta_update(&q, &k, &v, &decay, &beta, Some(&initial))?;
         if std::mem::take(&mut st.record_next) {
-            st.recording = Some(Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state: state.clone() });
+            st.recording =
+                Some(Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state: state.clone() });
         }
         st.ssm = Some(state);
         let o = o.as_dtype(dt)?; // [B,T,Hv,Dv]
@@ -315,11 +325,21 @@ pub struct Attention {
 }
 
 impl Attention {
-    fn load(s: &Store, p: &str, c: &Config, norms: &dyn Fn(&str, i32) -> std::result::Result<RmsNorm, LoadError>) -> std::result::Result<Self, LoadError> {
-        let (d, hq, hkv, hd) = (c.text.hidden_size, c.text.num_attention_heads, c.text.num_key_value_heads, c.text.head_dim);
+    fn load(
+        s: &Store,
+        p: &str,
+        c: &Config,
+        norms: &dyn Fn(&str, i32) -> std::result::Result<RmsNorm, LoadError>,
+    ) -> std::result::Result<Self, LoadError> {
+        let (d, hq, hkv, hd) =
+            (c.text.hidden_size, c.text.num_attention_heads, c.text.num_key_value_heads, c.text.head_dim);
         Ok(Attention {
-            qkv: Fused::new(vec![s.linear(&format!("{p}.q_proj"), 2 * hq * hd, d, false)?, s.linear(&format!("{p}.k_proj"), hkv * hd, d, false)?, s.linear(&format!("{p}.v_proj"), hkv * hd, d, false)?])
-                .map_err(|e| mlx_err(p, e))?,
+            qkv: Fused::new(vec![
+                s.linear(&format!("{p}.q_proj"), 2 * hq * hd, d, false)?,
+                s.linear(&format!("{p}.k_proj"), hkv * hd, d, false)?,
+                s.linear(&format!("{p}.v_proj"), hkv * hd, d, false)?,
+            ])
+            .map_err(|e| mlx_err(p, e))?,
             o_proj: s.linear(&format!("{p}.o_proj"), d, hq * hd, false)?,
             q_norm: norms(&format!("{p}.q_norm.weight"), hd)?,
             k_norm: norms(&format!("{p}.k_norm.weight"), hd)?,
@@ -338,7 +358,8 @@ impl Attention {
             taps.see(&self.prefix, name, x);
         }
         let mut proj = self.qkv.forward(x)?.into_iter();
-        let mut next = || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
+        let mut next =
+            || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
         let (qg, k, v) = (next()?, next()?, next()?);
         let halves = qg.reshape(&[b, t, self.hq, 2 * self.hd])?.split(2, 3)?;
         let gate = halves[1].reshape(&[b, t, self.hq * self.hd])?;
@@ -350,7 +371,10 @@ impl Attention {
             None => {
                 // After images, text positions run `rope_delta` behind (or ahead of) the token count.
                 let pos = cache.offset + cache.rope_delta;
-                (fast::rope(&q, self.rope_dims, false, self.rope_theta, 1.0, pos)?, fast::rope(&k, self.rope_dims, false, self.rope_theta, 1.0, pos)?)
+                (
+                    fast::rope(&q, self.rope_dims, false, self.rope_theta, 1.0, pos)?,
+                    fast::rope(&k, self.rope_dims, false, self.rope_theta, 1.0, pos)?,
+                )
             }
         };
         let (keys, values) = cache.update(&k, &v)?;
@@ -374,7 +398,10 @@ impl MRope {
         let half = c.rope_dims / 2;
         let t = position_ids.dim(1);
         if position_ids.shape() != [3, t] {
-            return Err(mlx::Error::Invalid(format!("M-RoPE position ids have shape {:?}, expected [3, T]", position_ids.shape())));
+            return Err(mlx::Error::Invalid(format!(
+                "M-RoPE position ids have shape {:?}, expected [3, T]",
+                position_ids.shape()
+            )));
         }
         let inv: Vec<f32> = (0..half).map(|i| 1.0 / c.rope_theta.powf((2 * i) as f32 / c.rope_dims as f32)).collect();
         let sec = |i: usize| c.mrope_section.get(i).copied().unwrap_or(0);
@@ -396,7 +423,8 @@ impl MRope {
                 }
             })
             .collect();
-        let freqs = position_ids.as_dtype(Dtype::F32)?.expand_dims(&[2])?.multiply(&Array::from_slice(&inv, &[1, 1, half])?)?;
+        let freqs =
+            position_ids.as_dtype(Dtype::F32)?.expand_dims(&[2])?.multiply(&Array::from_slice(&inv, &[1, 1, half])?)?;
         let pick = Array::from_slice(&axis, &[1, 1, half])?.broadcast_to(&[1, t, half])?;
         let f = freqs.take_along_axis(&pick, 0)?.squeeze(&[0])?; // [T, half]
         let emb = concatenate(&[&f, &f], -1)?;
@@ -449,7 +477,13 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    fn load(s: &Store, p: &str, c: &Config, full: bool, norms: &dyn Fn(&str, i32) -> std::result::Result<RmsNorm, LoadError>) -> std::result::Result<Self, LoadError> {
+    fn load(
+        s: &Store,
+        p: &str,
+        c: &Config,
+        full: bool,
+        norms: &dyn Fn(&str, i32) -> std::result::Result<RmsNorm, LoadError>,
+    ) -> std::result::Result<Self, LoadError> {
         let (d, i) = (c.text.hidden_size, c.text.intermediate_size);
         let mixer = if full {
             Mixer::Attention(Attention::load(s, &format!("{p}.self_attn"), c, norms)?)
@@ -605,8 +639,21 @@ impl Qwen35 {
             store.skip_prefix("visual.");
         }
         store.finish()?;
-        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
-        Ok(Qwen35 { config: c, layout: store.layout, embed_tokens, layers, norm, lm_head, mtp, mtp_status, vision, vision_status, name })
+        let name =
+            dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
+        Ok(Qwen35 {
+            config: c,
+            layout: store.layout,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            mtp,
+            mtp_status,
+            vision,
+            vision_status,
+            name,
+        })
     }
 
     /// Fresh per-sequence state: one cache per decoder layer.
@@ -614,7 +661,15 @@ impl Qwen35 {
         self.config
             .full_attention
             .iter()
-            .map(|&full| if full { LayerCache::Kv(KvCache::default()) } else { LayerCache::Linear(LinearState::default()) })
+            .map(
+                |&full| {
+                    if full {
+                        LayerCache::Kv(KvCache::default())
+                    } else {
+                        LayerCache::Linear(LinearState::default())
+                    }
+                },
+            )
             .collect()
     }
 
@@ -673,11 +728,22 @@ impl Qwen35 {
 
     /// [`forward`](Self::forward) that shows `observe` the input of every linear layer, named by
     /// its canonical module name (`layers.3.mlp.down_proj`), e.g. to calibrate quantization.
-    pub fn forward_observed(&self, tokens: &Array, cache: &mut [LayerCache], observe: &mut dyn FnMut(&str, &Array)) -> Result<Array> {
+    pub fn forward_observed(
+        &self,
+        tokens: &Array,
+        cache: &mut [LayerCache],
+        observe: &mut dyn FnMut(&str, &Array),
+    ) -> Result<Array> {
         self.forward_tapped(&self.embed(tokens)?, cache, None, &mut Taps(Some(observe)))
     }
 
-    fn forward_tapped(&self, h: &Array, cache: &mut [LayerCache], rope: Option<&MRope>, taps: &mut Taps<'_>) -> Result<Array> {
+    fn forward_tapped(
+        &self,
+        h: &Array,
+        cache: &mut [LayerCache],
+        rope: Option<&MRope>,
+        taps: &mut Taps<'_>,
+    ) -> Result<Array> {
         let mut h = h.clone();
         for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
             h = layer.forward(&h, c, rope, taps)?;
@@ -701,11 +767,23 @@ impl Qwen35 {
 
     /// [`mtp_forward`](Self::mtp_forward) that shows `observe` the input of every linear layer of
     /// the head (`mtp.fc`, `mtp.layers.0.self_attn.q_proj`, ...).
-    pub fn mtp_forward_observed(&self, hidden: &Array, next_tokens: &Array, cache: &mut KvCache, observe: &mut dyn FnMut(&str, &Array)) -> Result<Array> {
+    pub fn mtp_forward_observed(
+        &self,
+        hidden: &Array,
+        next_tokens: &Array,
+        cache: &mut KvCache,
+        observe: &mut dyn FnMut(&str, &Array),
+    ) -> Result<Array> {
         self.mtp_forward_tapped(hidden, next_tokens, cache, &mut Taps(Some(observe)))
     }
 
-    fn mtp_forward_tapped(&self, hidden: &Array, next_tokens: &Array, cache: &mut KvCache, taps: &mut Taps<'_>) -> Result<Array> {
+    fn mtp_forward_tapped(
+        &self,
+        hidden: &Array,
+        next_tokens: &Array,
+        cache: &mut KvCache,
+        taps: &mut Taps<'_>,
+    ) -> Result<Array> {
         let head = self.mtp.as_ref().ok_or_else(|| mlx::Error::Invalid("this model has no MTP head loaded".into()))?;
         let e = head.pre_fc_norm_embedding.forward(&self.embed(next_tokens)?)?;
         let hh = head.pre_fc_norm_hidden.forward(hidden)?;
@@ -743,7 +821,8 @@ fn load_mtp(s: &Store, c: &Config) -> std::result::Result<(Option<MtpHead>, MtpS
     let declared = c.text.mtp_num_hidden_layers;
     let present = s.names_with_prefix("mtp.");
     let found = MTP_TENSORS.iter().filter(|n| s.has(&format!("mtp.{n}"))).count();
-    let mut status = MtpStatus { declared_layers: declared, tensors_found: found, loaded: false, reason: None, repaired: None };
+    let mut status =
+        MtpStatus { declared_layers: declared, tensors_found: found, loaded: false, reason: None, repaired: None };
     if declared == 0 {
         if !present.is_empty() {
             status.reason = Some(format!("config declares no MTP layers; ignoring {} mtp.* tensors", present.len()));
@@ -754,7 +833,10 @@ fn load_mtp(s: &Store, c: &Config) -> std::result::Result<(Option<MtpHead>, MtpS
         return Ok((None, status));
     }
     if declared > 1 || c.text.mtp_use_dedicated_embeddings {
-        status.reason = Some(format!("unsupported MTP head ({declared} layers, dedicated embeddings {})", c.text.mtp_use_dedicated_embeddings));
+        status.reason = Some(format!(
+            "unsupported MTP head ({declared} layers, dedicated embeddings {})",
+            c.text.mtp_use_dedicated_embeddings
+        ));
         s.skip_prefix("mtp.");
         return Ok((None, status));
     }
@@ -806,7 +888,13 @@ pub fn mtp_head_norms(s: &Store) -> std::result::Result<HeadDecision, LoadError>
     let stat = |name: &str| -> std::result::Result<NormStat, LoadError> {
         let (key, file) = s.origin(name).ok_or_else(|| LoadError::Missing(name.to_string()))?;
         let provenance = s.provenance(name).ok_or_else(|| LoadError::Missing(name.to_string()))?;
-        Ok(NormStat { name: name.to_string(), key: key.to_string(), file: file.to_path_buf(), provenance, mean: s.mean(name)? })
+        Ok(NormStat {
+            name: name.to_string(),
+            key: key.to_string(),
+            file: file.to_path_buf(),
+            provenance,
+            mean: s.mean(name)?,
+        })
     };
     let body = stat("norm.weight")?;
     let scale = body.mean + 1.0 - Stored::declared_by(body.provenance).offset();

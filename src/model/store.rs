@@ -104,7 +104,11 @@ impl Store {
 
     /// Canonical names starting with `prefix`.
     pub fn names_with_prefix(&self, prefix: &str) -> Vec<String> {
-        self.tensors.range(prefix.to_string()..).take_while(|(k, _)| k.starts_with(prefix)).map(|(k, _)| k.clone()).collect()
+        self.tensors
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     /// Marks tensors as deliberately unused (e.g. an MTP head that cannot run).
@@ -122,7 +126,12 @@ impl Store {
     pub fn raw(&self, name: &str, shape: &[i32]) -> Result<Array, LoadError> {
         let (key, _, t) = self.get(name)?;
         if t.shape != shape {
-            return Err(LoadError::Shape { name: key.clone(), file: t.file.path.clone(), actual: t.shape.clone(), expected: shape.to_vec() });
+            return Err(LoadError::Shape {
+                name: key.clone(),
+                file: t.file.path.clone(),
+                actual: t.shape.clone(),
+                expected: shape.to_vec(),
+            });
         }
         t.to_array()
     }
@@ -165,11 +174,15 @@ impl Store {
         // From the expected input width: bits = 32 * packed / in, group = in / groups.
         let (packed, groups) = (w.shape[1], s.shape[1]);
         if groups == 0 || inp % groups != 0 || (packed * 32) % inp != 0 {
-            return Err(shape_err(&format!("packed width {packed} and {groups} groups do not divide input width {inp}")));
+            return Err(shape_err(&format!(
+                "packed width {packed} and {groups} groups do not divide input width {inp}"
+            )));
         }
         let (bits, group_size) = (packed * 32 / inp, inp / groups);
         if !matches!(bits, 2..=8) || !matches!(group_size, 16 | 32 | 64 | 128) {
-            return Err(shape_err(&format!("inferred {bits} bits with group size {group_size}, not a supported setting")));
+            return Err(shape_err(&format!(
+                "inferred {bits} bits with group size {group_size}, not a supported setting"
+            )));
         }
         let weight = self.raw(&wname, &[out, packed])?;
         let scales = self.cast(self.raw(&format!("{prefix}.scales"), &[out, groups])?, prefix)?;
@@ -199,13 +212,17 @@ impl Store {
     pub fn mean(&self, name: &str) -> Result<f32, LoadError> {
         let (_, _, t) = self.tensors.get(name).ok_or_else(|| LoadError::Missing(name.to_string()))?;
         let a = t.to_array()?;
-        a.as_dtype(Dtype::F32).and_then(|a| a.mean(&[], false)).and_then(|m| m.item::<f32>()).map_err(|e| LoadError::Mlx { context: name.to_string(), source: e })
+        a.as_dtype(Dtype::F32)
+            .and_then(|a| a.mean(&[], false))
+            .and_then(|m| m.item::<f32>())
+            .map_err(|e| LoadError::Mlx { context: name.to_string(), source: e })
     }
 
     /// Fails if any tensor was neither used nor deliberately skipped.
     pub fn finish(&self) -> Result<(), LoadError> {
         let used = self.used.borrow();
-        let extra: Vec<String> = self.tensors.iter().filter(|(k, _)| !used.contains(*k)).map(|(_, (key, _, _))| key.clone()).collect();
+        let extra: Vec<String> =
+            self.tensors.iter().filter(|(k, _)| !used.contains(*k)).map(|(_, (key, _, _))| key.clone()).collect();
         if extra.is_empty() {
             Ok(())
         } else {

@@ -75,10 +75,16 @@ impl VisionConfig {
         c.image_token_id = v.get("image_token_id").and_then(|t| t.as_u64()).and_then(|t| u32::try_from(t).ok());
         let bad = |msg: String| Err(LoadError::Config(format!("vision_config: {msg}")));
         if !c.deepstack_visual_indexes.is_empty() {
-            return bad(format!("deepstack_visual_indexes {:?} is not supported (Qwen3.5 has none)", c.deepstack_visual_indexes));
+            return bad(format!(
+                "deepstack_visual_indexes {:?} is not supported (Qwen3.5 has none)",
+                c.deepstack_visual_indexes
+            ));
         }
         if c.num_heads <= 0 || c.hidden_size % c.num_heads != 0 || (c.hidden_size / c.num_heads) % 4 != 0 {
-            return bad(format!("hidden_size {} over num_heads {} must give a head dim divisible by 4", c.hidden_size, c.num_heads));
+            return bad(format!(
+                "hidden_size {} over num_heads {} must give a head dim divisible by 4",
+                c.hidden_size, c.num_heads
+            ));
         }
         let side = (c.num_position_embeddings as f64).sqrt() as i32;
         if side < 2 || side * side != c.num_position_embeddings {
@@ -113,7 +119,10 @@ struct LayerNorm {
 
 impl LayerNorm {
     fn load(s: &Store, p: &str, dim: i32) -> std::result::Result<Self, LoadError> {
-        Ok(LayerNorm { weight: s.tensor(&format!("{p}.weight"), &[dim])?, bias: s.tensor(&format!("{p}.bias"), &[dim])? })
+        Ok(LayerNorm {
+            weight: s.tensor(&format!("{p}.weight"), &[dim])?,
+            bias: s.tensor(&format!("{p}.bias"), &[dim])?,
+        })
     }
     fn forward(&self, x: &Array) -> Result<Array> {
         fast::layer_norm(x, Some(&self.weight), Some(&self.bias), 1e-6)
@@ -214,8 +223,12 @@ impl VisionTower {
                 c.patch_dim()
             )));
         }
-        if let Some(g) = grids.iter().find(|g| g[0] == 0 || g[1] == 0 || g[2] == 0 || g[1] % merge != 0 || g[2] % merge != 0) {
-            return Err(mlx::Error::Invalid(format!("image grid {g:?}: h and w must be positive multiples of the merge size {merge}")));
+        if let Some(g) =
+            grids.iter().find(|g| g[0] == 0 || g[1] == 0 || g[2] == 0 || g[1] % merge != 0 || g[2] % merge != 0)
+        {
+            return Err(mlx::Error::Invalid(format!(
+                "image grid {g:?}: h and w must be positive multiples of the merge size {merge}"
+            )));
         }
         let (mut patch, mut out, mut merged) = (Vec::new(), Vec::new(), Vec::new());
         let mut start = 0;
@@ -343,8 +356,14 @@ pub fn merge_order(g: GridThw, merge: u32) -> (Vec<u32>, Vec<u32>) {
 /// together; the `t*(h/m)*(w/m)` pads of an image get `(start + t, start + row, start + col)`, and the
 /// text after it resumes at `start + max(h, w)/m`. Returns the rows (t, h, w) and the rope delta
 /// `max position + 1 - tokens`, which positions every later token at `index + delta`.
-pub fn rope_index(ids: &[u32], image_token_id: u32, grids: &[GridThw], merge: u32) -> std::result::Result<([Vec<i32>; 3], i32), String> {
-    let mut pos: [Vec<i32>; 3] = [Vec::with_capacity(ids.len()), Vec::with_capacity(ids.len()), Vec::with_capacity(ids.len())];
+pub fn rope_index(
+    ids: &[u32],
+    image_token_id: u32,
+    grids: &[GridThw],
+    merge: u32,
+) -> std::result::Result<([Vec<i32>; 3], i32), String> {
+    let mut pos: [Vec<i32>; 3] =
+        [Vec::with_capacity(ids.len()), Vec::with_capacity(ids.len()), Vec::with_capacity(ids.len())];
     let (mut next, mut i, mut images) = (0i64, 0usize, grids.iter().enumerate());
     while i < ids.len() {
         if ids[i] != image_token_id {
@@ -355,7 +374,9 @@ pub fn rope_index(ids: &[u32], image_token_id: u32, grids: &[GridThw], merge: u3
             i += 1;
             continue;
         }
-        let (k, g) = images.next().ok_or_else(|| format!("the prompt has more image pad tokens (id {image_token_id}) than the {} image(s)", grids.len()))?;
+        let (k, g) = images.next().ok_or_else(|| {
+            format!("the prompt has more image pad tokens (id {image_token_id}) than the {} image(s)", grids.len())
+        })?;
         let (t, h, w) = (g[0], g[1] / merge.max(1), g[2] / merge.max(1));
         let n = (t * h * w) as usize;
         if ids.len() < i + n || ids[i..i + n].iter().any(|&id| id != image_token_id) {

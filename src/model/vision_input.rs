@@ -131,8 +131,11 @@ impl ImageProcessor {
             return Ok(ImageProcessor::default());
         }
         let text = std::fs::read_to_string(&path).map_err(|e| ImageError::Read { path: path.clone(), source: e })?;
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| ImageError::Config { path: path.clone(), field: "(file)".into(), message: format!("invalid JSON: {e}") })?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| ImageError::Config {
+            path: path.clone(),
+            field: "(file)".into(),
+            message: format!("invalid JSON: {e}"),
+        })?;
         Self::from_json(&v, &path)
     }
 
@@ -141,23 +144,39 @@ impl ImageProcessor {
     /// `min_pixels`/`max_pixels` as transformers does.
     pub fn from_json(v: &Value, path: &Path) -> Result<ImageProcessor> {
         let mut p = ImageProcessor::default();
-        let err = |field: &str, message: String| ImageError::Config { path: path.to_path_buf(), field: field.into(), message };
-        let uint = |field: &str, x: &Value| x.as_u64().filter(|&n| n > 0).ok_or_else(|| err(field, format!("expected a positive integer, got {x}")));
+        let err = |field: &str, message: String| ImageError::Config {
+            path: path.to_path_buf(),
+            field: field.into(),
+            message,
+        };
+        let uint = |field: &str, x: &Value| {
+            x.as_u64().filter(|&n| n > 0).ok_or_else(|| err(field, format!("expected a positive integer, got {x}")))
+        };
         let lookup = |field: &str| field.split('.').try_fold(v, |node, key| node.get(key)).filter(|x| !x.is_null());
-        for (fields, slot) in [(["size.shortest_edge", "min_pixels"], &mut p.min_pixels), (["size.longest_edge", "max_pixels"], &mut p.max_pixels)] {
+        for (fields, slot) in [
+            (["size.shortest_edge", "min_pixels"], &mut p.min_pixels),
+            (["size.longest_edge", "max_pixels"], &mut p.max_pixels),
+        ] {
             for field in fields {
                 if let Some(x) = lookup(field) {
                     *slot = uint(field, x)?;
                 }
             }
         }
-        for (field, slot) in [("patch_size", &mut p.patch_size), ("temporal_patch_size", &mut p.temporal_patch_size), ("merge_size", &mut p.merge_size)] {
+        for (field, slot) in [
+            ("patch_size", &mut p.patch_size),
+            ("temporal_patch_size", &mut p.temporal_patch_size),
+            ("merge_size", &mut p.merge_size),
+        ] {
             if let Some(x) = v.get(field).filter(|x| !x.is_null()) {
                 *slot = u32::try_from(uint(field, x)?).map_err(|_| err(field, format!("{x} is too large")))?;
             }
         }
         if let Some(x) = v.get("rescale_factor") {
-            p.rescale_factor = x.as_f64().filter(|f| *f > 0.0).ok_or_else(|| err("rescale_factor", format!("expected a positive number, got {x}")))?;
+            p.rescale_factor = x
+                .as_f64()
+                .filter(|f| *f > 0.0)
+                .ok_or_else(|| err("rescale_factor", format!("expected a positive number, got {x}")))?;
         }
         for (field, slot) in [("image_mean", &mut p.image_mean), ("image_std", &mut p.image_std)] {
             if let Some(x) = v.get(field) {
@@ -167,7 +186,9 @@ impl ImageProcessor {
                     _ => None,
                 };
                 match vals.as_deref() {
-                    Some(&[a, b, c]) if field == "image_mean" || (a != 0.0 && b != 0.0 && c != 0.0) => *slot = [a, b, c],
+                    Some(&[a, b, c]) if field == "image_mean" || (a != 0.0 && b != 0.0 && c != 0.0) => {
+                        *slot = [a, b, c]
+                    }
                     _ => return Err(err(field, format!("expected three numbers (std non-zero), got {x}"))),
                 }
             }
@@ -197,7 +218,11 @@ impl ImageProcessor {
     /// Decodes and preprocesses an encoded image (e.g. from a data URL); `name` names it in errors.
     pub fn load_bytes(&self, bytes: &[u8], name: &str) -> Result<ImageInput> {
         if bytes.len() as u64 > self.limits.max_file_bytes {
-            return Err(ImageError::FileTooLarge { name: name.into(), bytes: bytes.len() as u64, limit: self.limits.max_file_bytes });
+            return Err(ImageError::FileTooLarge {
+                name: name.into(),
+                bytes: bytes.len() as u64,
+                limit: self.limits.max_file_bytes,
+            });
         }
         let rgb = decode(bytes, name, &self.limits)?;
         self.preprocess(&rgb, name)
@@ -280,7 +305,9 @@ impl ImageProcessor {
 /// `exif_transpose`, then `convert("RGB")`).
 pub fn decode(bytes: &[u8], name: &str, limits: &DecodeLimits) -> Result<RgbImage> {
     let decode_err = |e: image::ImageError| match e {
-        image::ImageError::Limits(l) => ImageError::Decode { name: name.into(), message: format!("over a decoding limit ({l})") },
+        image::ImageError::Limits(l) => {
+            ImageError::Decode { name: name.into(), message: format!("over a decoding limit ({l})") }
+        }
         e => ImageError::Decode { name: name.into(), message: e.to_string() },
     };
     let mut reader = ImageReader::new(Cursor::new(bytes))

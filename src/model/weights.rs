@@ -41,7 +41,10 @@ pub struct Shard {
 impl Shard {
     /// The file name (for messages).
     pub fn name(&self) -> String {
-        self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| self.path.display().to_string())
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| self.path.display().to_string())
     }
 
     /// Whether this is an `mtp.safetensors` sidecar: a file of MTP tensors kept beside the model,
@@ -96,8 +99,8 @@ impl Checkpoint {
         let mut weight_map: Vec<(String, String)> = Vec::new();
         let mut files: Vec<PathBuf> = if index.exists() {
             let text = std::fs::read_to_string(&index).map_err(|e| LoadError::io(&index, e))?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| LoadError::Json { path: index.clone(), message: e.to_string() })?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| LoadError::Json { path: index.clone(), message: e.to_string() })?;
             let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| LoadError::Json {
                 path: index.clone(),
                 message: "missing object `weight_map`".into(),
@@ -113,7 +116,9 @@ impl Checkpoint {
                 if !plain {
                     return Err(LoadError::Json {
                         path: index.clone(),
-                        message: format!("weight_map: tensor `{tensor}` maps to `{file}`, which is not a file in the model folder"),
+                        message: format!(
+                            "weight_map: tensor `{tensor}` maps to `{file}`, which is not a file in the model folder"
+                        ),
                     });
                 }
                 weight_map.push((tensor.clone(), file.to_string()));
@@ -236,23 +241,44 @@ impl Checkpoint {
             return Ok(LayoutEvidence { layout, reason: format!("{} ({what})", conv(c)) });
         }
         if let Some((k, t)) = raw_name {
-            return Ok(LayoutEvidence { layout: Layout::Hf, reason: format!("{}: `{k}` is named as in a raw checkpoint", at(t)) });
+            return Ok(LayoutEvidence {
+                layout: Layout::Hf,
+                reason: format!("{}: `{k}` is named as in a raw checkpoint", at(t)),
+            });
         }
         if let Some((k, t)) = mlx_name {
-            return Ok(LayoutEvidence { layout: Layout::Mlx, reason: format!("{}: `{k}` is named as in an MLX conversion", at(t)) });
+            return Ok(LayoutEvidence {
+                layout: Layout::Mlx,
+                reason: format!("{}: `{k}` is named as in an MLX conversion", at(t)),
+            });
         }
         // 3. affine quantization.
         let quantized = body().find(|(k, t)| {
-            k.ends_with(".weight") && t.dtype == Dtype::U32 && self.tensors.contains_key(&format!("{}.scales", &k[..k.len() - ".weight".len()]))
+            k.ends_with(".weight")
+                && t.dtype == Dtype::U32
+                && self.tensors.contains_key(&format!("{}.scales", &k[..k.len() - ".weight".len()]))
         });
         if let Some((k, t)) = quantized {
-            return Ok(LayoutEvidence { layout: Layout::Mlx, reason: format!("{}: `{k}` is affine-quantized (only MLX writes that)", at(t)) });
+            return Ok(LayoutEvidence {
+                layout: Layout::Mlx,
+                reason: format!("{}: `{k}` is affine-quantized (only MLX writes that)", at(t)),
+            });
         }
         // 4. metadata.
         for (_, t) in body() {
             match t.file.format.as_deref() {
-                Some("mlx") => return Ok(LayoutEvidence { layout: Layout::Mlx, reason: format!("{}: safetensors metadata format \"mlx\"", at(t)) }),
-                Some("pt") => return Ok(LayoutEvidence { layout: Layout::Hf, reason: format!("{}: safetensors metadata format \"pt\" (written by PyTorch)", at(t)) }),
+                Some("mlx") => {
+                    return Ok(LayoutEvidence {
+                        layout: Layout::Mlx,
+                        reason: format!("{}: safetensors metadata format \"mlx\"", at(t)),
+                    })
+                }
+                Some("pt") => {
+                    return Ok(LayoutEvidence {
+                        layout: Layout::Hf,
+                        reason: format!("{}: safetensors metadata format \"pt\" (written by PyTorch)", at(t)),
+                    })
+                }
                 _ => {}
             }
         }
@@ -292,23 +318,31 @@ fn read_header(shard: &Arc<Shard>) -> Result<Vec<(String, TensorRef)>, LoadError
     let base = 8 + header_len;
     let mut out = Vec::new();
     for (name, info) in meta.tensors() {
-        let dtype = Dtype::from_safetensors_name(&format!("{:?}", info.dtype)).ok_or_else(|| LoadError::Safetensors {
+        let dtype =
+            Dtype::from_safetensors_name(&format!("{:?}", info.dtype)).ok_or_else(|| LoadError::Safetensors {
+                path: shard.path.clone(),
+                message: format!("tensor `{name}` has unsupported dtype {:?}", info.dtype),
+            })?;
+        let bad = |message: String| LoadError::Safetensors {
             path: shard.path.clone(),
-            message: format!("tensor `{name}` has unsupported dtype {:?}", info.dtype),
-        })?;
-        let bad = |message: String| LoadError::Safetensors { path: shard.path.clone(), message: format!("tensor `{name}` {message}") };
+            message: format!("tensor `{name}` {message}"),
+        };
         let shape: Vec<i32> = info
             .shape
             .iter()
             .map(|&d| i32::try_from(d))
             .collect::<Result<_, _>>()
             .map_err(|_| bad(format!("has shape {:?}, a dimension too large", info.shape)))?;
-        let (Some(start), Some(end)) = (base.checked_add(info.data_offsets.0), base.checked_add(info.data_offsets.1)) else {
+        let (Some(start), Some(end)) = (base.checked_add(info.data_offsets.0), base.checked_add(info.data_offsets.1))
+        else {
             return Err(bad(format!("has data offsets {:?} past any file", info.data_offsets)));
         };
         let bytes = info.shape.iter().try_fold(dtype.size(), |a, &d| a.checked_mul(d));
         if end < start || bytes != Some(end - start) {
-            return Err(bad(format!("has data offsets {:?} that do not hold shape {:?} of {:?}", info.data_offsets, info.shape, info.dtype)));
+            return Err(bad(format!(
+                "has data offsets {:?} that do not hold shape {:?} of {:?}",
+                info.data_offsets, info.shape, info.dtype
+            )));
         }
         if end > shard.map.len() {
             return Err(LoadError::Safetensors {

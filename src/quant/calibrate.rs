@@ -29,8 +29,11 @@ pub fn calibration_tokens(dir: &Path, opts: &ConvertOptions, vocab: i32) -> Resu
     let n = opts.calibration_tokens.max(8);
     let mut ids: Vec<i32> = Vec::new();
     if dir.join("tokenizer.json").exists() {
-        let tok = crate::chat::Tokenizer::from_dir(dir).map_err(|e| ConvertError::Calibration(format!("{}: {e}", dir.display())))?;
-        let enc = tok.encode(&text, false).map_err(|e| ConvertError::Calibration(format!("tokenizing the calibration text: {e}")))?;
+        let tok = crate::chat::Tokenizer::from_dir(dir)
+            .map_err(|e| ConvertError::Calibration(format!("{}: {e}", dir.display())))?;
+        let enc = tok
+            .encode(&text, false)
+            .map_err(|e| ConvertError::Calibration(format!("tokenizing the calibration text: {e}")))?;
         ids = enc.into_iter().filter(|&t| (t as i64) < vocab as i64).map(|t| t as i32).take(n).collect();
     }
     if ids.len() < 8 {
@@ -93,7 +96,8 @@ pub fn measure(
             }
         };
         let mut cache = model.make_cache();
-        let hidden = model.forward_observed(&tokens, &mut cache, &mut observe).map_err(|e| mlx_err("calibration forward", e))?;
+        let hidden =
+            model.forward_observed(&tokens, &mut cache, &mut observe).map_err(|e| mlx_err("calibration forward", e))?;
         let heads: Vec<(&str, Array)> = wanted
             .values()
             .filter(|m| m.kind == LinearKind::LmHead || (m.kind == LinearKind::Embedding && tied))
@@ -108,7 +112,9 @@ pub fn measure(
             let h = hidden.slice_axis(1, 0, t - 1).map_err(|e| mlx_err("calibration", e))?;
             let next = tokens.slice_axis(1, 1, t).map_err(|e| mlx_err("calibration", e))?;
             if let Some(mut mc) = model.make_mtp_cache() {
-                model.mtp_forward_observed(&h, &next, &mut mc, &mut observe).map_err(|e| mlx_err("calibration MTP forward", e))?;
+                model
+                    .mtp_forward_observed(&h, &next, &mut mc, &mut observe)
+                    .map_err(|e| mlx_err("calibration MTP forward", e))?;
             }
         }
     }

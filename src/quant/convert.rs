@@ -80,13 +80,24 @@ fn check_options(opts: &ConvertOptions) -> Result<(), ConvertError> {
     }
     if let Some((low, _)) = recipe::mixed_bits(opts.recipe) {
         if opts.bits.is_some_and(|b| b != low) {
-            return bad("bits", format!("{} conflicts with recipe {} ({low} bits, 6 for sensitive layers); leave bits unset", opts.bits.unwrap_or(0), opts.recipe));
+            return bad(
+                "bits",
+                format!(
+                    "{} conflicts with recipe {} ({low} bits, 6 for sensitive layers); leave bits unset",
+                    opts.bits.unwrap_or(0),
+                    opts.recipe
+                ),
+            );
         }
     }
     match (opts.recipe, opts.target_bpw) {
         (Recipe::Auto, None) => return bad("target_bpw", "the auto recipe needs a target bits per weight".into()),
-        (Recipe::Auto, Some(t)) if !(1.0..=32.0).contains(&t) => return bad("target_bpw", format!("{t} is outside 1..32")),
-        (r, Some(_)) if r != Recipe::Auto => return bad("target_bpw", format!("only the auto recipe takes a target (recipe is {r})")),
+        (Recipe::Auto, Some(t)) if !(1.0..=32.0).contains(&t) => {
+            return bad("target_bpw", format!("{t} is outside 1..32"))
+        }
+        (r, Some(_)) if r != Recipe::Auto => {
+            return bad("target_bpw", format!("only the auto recipe takes a target (recipe is {r})"))
+        }
         _ => {}
     }
     if opts.recipe == Recipe::Uniform && opts.bits.is_none() && opts.mtp_bits.is_some() && opts.mtp == MtpMode::Drop {
@@ -106,9 +117,16 @@ pub(crate) fn check_paths(src: &Path, dst: &Path, force: bool) -> Result<(), Con
         path: dst.to_path_buf(),
         message: format!("its folder {} is not usable: {e}", parent.display()),
     })?;
-    let dst_abs = parent_abs.join(dst.file_name().ok_or_else(|| ConvertError::Destination { path: dst.to_path_buf(), message: "has no folder name".into() })?);
+    let dst_abs =
+        parent_abs.join(dst.file_name().ok_or_else(|| ConvertError::Destination {
+            path: dst.to_path_buf(),
+            message: "has no folder name".into(),
+        })?);
     if dst_abs.starts_with(&src_abs) || src_abs.starts_with(&dst_abs) {
-        return Err(ConvertError::Destination { path: dst.to_path_buf(), message: format!("overlaps the source {}", src.display()) });
+        return Err(ConvertError::Destination {
+            path: dst.to_path_buf(),
+            message: format!("overlaps the source {}", src.display()),
+        });
     }
     if dst.exists() && !force {
         return Err(ConvertError::DestinationExists(dst.to_path_buf()));
@@ -176,7 +194,9 @@ fn units(
             },
             Role::ZeroCentredNorm => {
                 let add = if is_mtp {
-                    1.0 - head.stored(name).map_or(if t.provenance == Provenance::Hf { 0.0 } else { 1.0 }, |s| s.offset())
+                    1.0 - head
+                        .stored(name)
+                        .map_or(if t.provenance == Provenance::Hf { 0.0 } else { 1.0 }, |s| s.offset())
                 } else if t.provenance == Provenance::Hf {
                     1.0
                 } else {
@@ -199,7 +219,9 @@ fn units(
         if let Op::Quantize { group_size, .. } = op {
             let s = &t.tensor.shape;
             if s.len() != 2 || s[1] % group_size as i32 != 0 {
-                return Err(ConvertError::Internal(format!("`{name}` of shape {s:?} cannot be quantized with group size {group_size}")));
+                return Err(ConvertError::Internal(format!(
+                    "`{name}` of shape {s:?} cannot be quantized with group size {group_size}"
+                )));
             }
         }
         let params = t.tensor.shape.iter().map(|&d| d as u64).product();
@@ -226,7 +248,8 @@ fn check_finite(a: &Array) -> mlx::Result<bool> {
 impl Computer<'_, '_> {
     fn compute_arrays(&mut self, unit: &Unit) -> Result<Vec<Vec<u8>>, ConvertError> {
         let t = &self.src.tensors[unit.src];
-        let fail = |message: String| ConvertError::Tensor { file: t.file().to_path_buf(), tensor: t.key.clone(), message };
+        let fail =
+            |message: String| ConvertError::Tensor { file: t.file().to_path_buf(), tensor: t.key.clone(), message };
         let mlx_e = |e: mlx::Error| fail(e.to_string());
         let a = t.tensor.to_array()?;
         if a.dtype().is_float() && !check_finite(&a).map_err(mlx_e)? {
@@ -237,12 +260,17 @@ impl Computer<'_, '_> {
             Op::Cast(d) => vec![if a.dtype().is_float() { a.as_dtype(d).map_err(mlx_e)? } else { a }],
             Op::Shift { add, dtype } => {
                 let dtype = if a.dtype().is_float() { dtype } else { a.dtype() };
-                vec![a.as_dtype(Dtype::F32).and_then(|x| x.add(&Array::f32(add))).and_then(|x| x.as_dtype(dtype)).map_err(mlx_e)?]
+                vec![a
+                    .as_dtype(Dtype::F32)
+                    .and_then(|x| x.add(&Array::f32(add)))
+                    .and_then(|x| x.as_dtype(dtype))
+                    .map_err(mlx_e)?]
             }
             Op::ConvLayout(d) => vec![a.swapaxes(-1, -2).and_then(|x| x.as_dtype(d)).map_err(mlx_e)?],
             Op::Quantize { dtype, bits, group_size } => {
                 let w = a.as_dtype(dtype).map_err(mlx_e)?;
-                let q = mlx::quantized::quantize(&w, group_size as i32, bits as i32, QuantMode::Affine).map_err(mlx_e)?;
+                let q =
+                    mlx::quantized::quantize(&w, group_size as i32, bits as i32, QuantMode::Affine).map_err(mlx_e)?;
                 let biases = q.biases.ok_or_else(|| fail("affine quantization returned no biases".into()))?;
                 vec![q.scales, biases, q.weight]
             }
@@ -278,7 +306,13 @@ impl UnitSource for Computer<'_, '_> {
     }
 
     fn written(&mut self, unit: &Unit, index: usize, bytes_done: u64) -> bool {
-        let e = ConvertEvent::Tensor { name: unit.name.clone(), index, total: self.total, bytes_done, bytes_total: self.bytes_total };
+        let e = ConvertEvent::Tensor {
+            name: unit.name.clone(),
+            index,
+            total: self.total,
+            bytes_done,
+            bytes_total: self.bytes_total,
+        };
         (self.on_event)(&e) == Control::Continue
     }
 }
@@ -329,7 +363,8 @@ fn out_config(
             text.insert("mtp_num_hidden_layers".into(), 0.into());
         }
     }
-    let quantized: Vec<(&Module, QuantParams)> = modules.iter().filter_map(|m| assignment.get(&m.name).copied().flatten().map(|q| (m, q))).collect();
+    let quantized: Vec<(&Module, QuantParams)> =
+        modules.iter().filter_map(|m| assignment.get(&m.name).copied().flatten().map(|q| (m, q))).collect();
     if quantized.is_empty() {
         return config;
     }
@@ -383,7 +418,11 @@ pub(crate) fn copy_side_files(src: &Path, dst: &Path) -> Result<Vec<String>, Con
     for p in entries {
         let Some(name) = p.file_name().and_then(|n| n.to_str()) else { continue };
         let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
-        if name.starts_with('.') || name == "config.json" || name == "model.safetensors.index.json" || WEIGHTS.contains(&ext) {
+        if name.starts_with('.')
+            || name == "config.json"
+            || name == "model.safetensors.index.json"
+            || WEIGHTS.contains(&ext)
+        {
             continue;
         }
         std::fs::copy(&p, dst.join(name)).map_err(|e| ConvertError::io(&p, e))?;
@@ -407,16 +446,26 @@ pub fn convert(
     let source = gate.run(|| Source::open(src, true))?;
     let quantized = source.quantized_modules();
     if let Some(example) = quantized.first() {
-        return Err(ConvertError::AlreadyQuantized { path: src.to_path_buf(), modules: quantized.len(), example: example.clone() });
+        return Err(ConvertError::AlreadyQuantized {
+            path: src.to_path_buf(),
+            modules: quantized.len(),
+            example: example.clone(),
+        });
     }
     let head = gate.run(|| head::analyse(&source))?;
     let mut notes = Vec::new();
     let keep_mtp = opts.mtp == MtpMode::Keep && head.complete;
     if opts.mtp == MtpMode::Keep && head.declared_layers > 0 && !head.complete {
-        return Err(ConvertError::Mtp { path: src.to_path_buf(), message: format!("{}; convert with mtp drop to write the model without it", head.message) });
+        return Err(ConvertError::Mtp {
+            path: src.to_path_buf(),
+            message: format!("{}; convert with mtp drop to write the model without it", head.message),
+        });
     }
     if keep_mtp && head.needs_repair() && !opts.repair {
-        return Err(ConvertError::Mtp { path: src.to_path_buf(), message: format!("{}; pass repair to fix it while converting, or drop the head", head.message) });
+        return Err(ConvertError::Mtp {
+            path: src.to_path_buf(),
+            message: format!("{}; pass repair to fix it while converting, or drop the head", head.message),
+        });
     }
     if keep_mtp && head.needs_repair() {
         notes.push(format!("MTP head repaired: {}", head.message));
@@ -426,10 +475,27 @@ pub fn convert(
     }
     let vision = source.tensors.iter().filter(|t| t.name.starts_with("visual.")).count();
     if vision > 0 {
-        notes.push(format!("vision tower kept as vision_tower.* ({vision} tensors, cast to {}, not quantized)", opts.dtype.config_name()));
+        notes.push(format!(
+            "vision tower kept as vision_tower.* ({vision} tensors, cast to {}, not quantized)",
+            opts.dtype.config_name()
+        ));
     }
-    let mtp_state = if keep_mtp { "keep".to_string() } else if head.declared_layers == 0 { "none".into() } else { "drop".into() };
-    emit(on_event, ConvertEvent::Validated { format: source.layout, tensors: source.tensors.len(), bytes: source.bytes(), mtp: mtp_state })?;
+    let mtp_state = if keep_mtp {
+        "keep".to_string()
+    } else if head.declared_layers == 0 {
+        "none".into()
+    } else {
+        "drop".into()
+    };
+    emit(
+        on_event,
+        ConvertEvent::Validated {
+            format: source.layout,
+            tensors: source.tensors.len(),
+            bytes: source.bytes(),
+            mtp: mtp_state,
+        },
+    )?;
 
     let mods = modules(&source, keep_mtp);
     let n_layers = source.model.text.num_hidden_layers;
@@ -463,7 +529,8 @@ pub fn convert(
     // With a locking gate, other MLX work may run between tensors and count in the peak.
     gate.run(mlx::device::reset_peak_memory);
     let partial = PartialDir::create(dst)?;
-    let mut computer = Computer { src: &source, gate, on_event, total: plan.units.len(), bytes_total: plan.tensor_bytes() };
+    let mut computer =
+        Computer { src: &source, gate, on_event, total: plan.units.len(), bytes_total: plan.tensor_bytes() };
     writer::write(&plan, &partial.path, &mut computer)?;
     let on_event = computer.on_event;
     let config = out_config(&source, opts, &mods, &assignment, keep_mtp);
@@ -507,7 +574,9 @@ pub fn convert(
         predicted_bpw,
         tensors: plan.tensors(),
         shards: plan.shards.len(),
-        quantization: inspect::summarise(mods.iter().map(|m| (m.name.as_str(), m.kind, assignment.get(&m.name).copied().flatten()))),
+        quantization: inspect::summarise(
+            mods.iter().map(|m| (m.name.as_str(), m.kind, assignment.get(&m.name).copied().flatten())),
+        ),
         mtp,
         allocation,
         peak_memory,
@@ -530,7 +599,8 @@ fn auto_assign(
     let g = opts.group_size;
     let target = opts.target_bpw.unwrap_or(4.5);
     // Modules whose width auto decides: quantizable, and not MTP linears with a fixed width.
-    let free: Vec<Module> = mods.iter().filter(|m| m.quantizable(g) && !(m.is_mtp && opts.mtp_bits.is_some())).cloned().collect();
+    let free: Vec<Module> =
+        mods.iter().filter(|m| m.quantizable(g) && !(m.is_mtp && opts.mtp_bits.is_some())).cloned().collect();
     let n_layers = source.model.text.num_hidden_layers;
     let tied = source.model.tie_word_embeddings;
     // Everything else is fixed: plan with the free modules in full precision to price it.
@@ -539,7 +609,8 @@ fn auto_assign(
     let base_units = units(source, opts, head, keep_mtp, &base)?;
     let free_names: std::collections::BTreeSet<String> = free.iter().map(|m| format!("{}.weight", m.name)).collect();
     let params: u64 = base_units.iter().map(|u| u.params).sum();
-    let fixed_bits: f64 = base_units.iter().filter(|u| !free_names.contains(&u.name)).map(|u| 8.0 * u.nbytes() as f64).sum();
+    let fixed_bits: f64 =
+        base_units.iter().filter(|u| !free_names.contains(&u.name)).map(|u| 8.0 * u.nbytes() as f64).sum();
     let budget = target * params as f64 - fixed_bits;
     let dense_bits = 8 * opts.dtype.dtype().size() as u32;
     let floor: f64 = free.iter().map(|m| m.params() as f64 * recipe::bits_per_weight(2, g, dense_bits)).sum();
@@ -547,7 +618,9 @@ fn auto_assign(
         let reachable = (fixed_bits + floor) / params.max(1) as f64;
         return Err(ConvertError::Option {
             option: "target_bpw",
-            message: format!("{target} is below the smallest reachable {reachable:.3} bits per weight (every layer at 2 bits)"),
+            message: format!(
+                "{target} is below the smallest reachable {reachable:.3} bits per weight (every layer at 2 bits)"
+            ),
         });
     }
     let total = free.len();

@@ -71,7 +71,8 @@ impl HeadAnalysis {
 
 pub fn analyse(src: &Source) -> Result<HeadAnalysis, ConvertError> {
     let declared_layers = src.model.text.mtp_num_hidden_layers;
-    let present: Vec<&str> = src.tensors.iter().filter(|t| t.name.starts_with("mtp.")).map(|t| t.name.as_str()).collect();
+    let present: Vec<&str> =
+        src.tensors.iter().filter(|t| t.name.starts_with("mtp.")).map(|t| t.name.as_str()).collect();
     let tensors_found = MTP_TENSORS.iter().filter(|n| src.has(&format!("mtp.{n}"))).count();
     let complete = declared_layers == 1 && tensors_found == MTP_TENSORS.len();
     let head_provenance = src.get("mtp.fc.weight").or_else(|| src.get("mtp.norm.weight")).map(|t| t.provenance);
@@ -109,26 +110,53 @@ pub fn analyse(src: &Source) -> Result<HeadAnalysis, ConvertError> {
     }
 
     let stat = |name: &str| -> Result<NormStat, ConvertError> {
-        let t = src.get(name).ok_or_else(|| ConvertError::Source { path: src.dir.clone(), message: format!("missing tensor `{name}`") })?;
-        Ok(NormStat { name: name.to_string(), key: t.key.clone(), file: t.file().to_path_buf(), provenance: t.provenance, mean: src.mean(name)? })
+        let t = src.get(name).ok_or_else(|| ConvertError::Source {
+            path: src.dir.clone(),
+            message: format!("missing tensor `{name}`"),
+        })?;
+        Ok(NormStat {
+            name: name.to_string(),
+            key: t.key.clone(),
+            file: t.file().to_path_buf(),
+            provenance: t.provenance,
+            mean: src.mean(name)?,
+        })
     };
     let body = stat("norm.weight")?;
     let scale = body.mean + 1.0 - Stored::declared_by(body.provenance).offset();
     let reference = Reference { key: body.key, file: body.file, scale };
     let norms = MTP_NORMS.iter().map(|n| stat(&format!("mtp.{n}"))).collect::<Result<Vec<_>, _>>()?;
-    let origin = convention::head_origin(src.layout, src.tensors.iter().map(|t| (t.name.as_str(), t.provenance, t.tensor.file.as_ref())));
+    let origin = convention::head_origin(
+        src.layout,
+        src.tensors.iter().map(|t| (t.name.as_str(), t.provenance, t.tensor.file.as_ref())),
+    );
     let decision = convention::decide(origin, norms, &reference);
     a.norms = decision
         .norms
         .iter()
-        .map(|n| HeadNorm { name: n.stat.name.clone(), key: n.stat.key.clone(), mean: n.stat.mean, declared: n.declared, stored: n.stored })
+        .map(|n| HeadNorm {
+            name: n.stat.name.clone(),
+            key: n.stat.key.clone(),
+            mean: n.stat.mean,
+            declared: n.declared,
+            stored: n.stored,
+        })
         .collect();
 
     let body_layout = src.layout;
-    let mislabelled: Vec<&str> = a.norms.iter().filter(|n| n.stored != n.declared && n.stored != Stored::ShiftedTwice).map(|n| n.key.as_str()).collect();
+    let mislabelled: Vec<&str> = a
+        .norms
+        .iter()
+        .filter(|n| n.stored != n.declared && n.stored != Stored::ShiftedTwice)
+        .map(|n| n.key.as_str())
+        .collect();
     let grafted = match (head_provenance, body_layout) {
-        (Some(Provenance::Hf), Layout::Mlx) => Some("a raw (zero-centred) head under top-level `mtp.*` names on an MLX-converted body"),
-        (Some(Provenance::Mlx), Layout::Hf) => Some("a converted (shifted) head under `language_model.mtp.*` names on a raw body"),
+        (Some(Provenance::Hf), Layout::Mlx) => {
+            Some("a raw (zero-centred) head under top-level `mtp.*` names on an MLX-converted body")
+        }
+        (Some(Provenance::Mlx), Layout::Hf) => {
+            Some("a converted (shifted) head under `language_model.mtp.*` names on a raw body")
+        }
         _ => None,
     };
     let (verdict, message) = if let Some(why) = &decision.refused {

@@ -65,7 +65,9 @@ pub struct NormReport {
 }
 
 /// Groups modules' storage by module group; None when none is quantized.
-pub fn summarise<'a>(modules: impl Iterator<Item = (&'a str, LinearKind, Option<QuantParams>)>) -> Option<QuantSummary> {
+pub fn summarise<'a>(
+    modules: impl Iterator<Item = (&'a str, LinearKind, Option<QuantParams>)>,
+) -> Option<QuantSummary> {
     let mut groups: BTreeMap<String, GroupQuant> = BTreeMap::new();
     let mut any = false;
     for (name, kind, q) in modules {
@@ -118,7 +120,8 @@ pub fn inspect(path: &Path) -> Result<InspectReport, ConvertError> {
             let inp = src.linear_in(kind);
             let q = src.get(&format!("{module}.scales")).and_then(|s| {
                 let (packed, groups) = (*shape.get(1)?, *s.tensor.shape.get(1)?);
-                (groups > 0 && inp > 0).then(|| QuantParams { bits: (packed * 32 / inp) as u8, group_size: (inp / groups) as u32 })
+                (groups > 0 && inp > 0)
+                    .then(|| QuantParams { bits: (packed * 32 / inp) as u8, group_size: (inp / groups) as u32 })
             });
             params += match q {
                 Some(_) => shape.first().map_or(0, |&o| o as u64 * inp as u64),
@@ -142,7 +145,11 @@ pub fn inspect(path: &Path) -> Result<InspectReport, ConvertError> {
         declared_layers: head.declared_layers,
         tensors_found: head.tensors_found,
         complete: head.complete,
-        norms: head.norms.iter().map(|n| NormReport { name: n.key.clone(), mean: n.mean, convention: n.stored.convention() }).collect(),
+        norms: head
+            .norms
+            .iter()
+            .map(|n| NormReport { name: n.key.clone(), mean: n.mean, convention: n.stored.convention() })
+            .collect(),
         verdict: head.verdict,
         message: head.message,
     };

@@ -136,7 +136,11 @@ impl Plan {
         for (i, mut g) in groups.into_iter().enumerate() {
             // Widest alignment first keeps every tensor aligned for its dtype without gaps.
             g.sort_by_key(|&u| std::cmp::Reverse(units[u].align()));
-            let file = if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", i + 1) };
+            let file = if n == 1 {
+                "model.safetensors".to_string()
+            } else {
+                format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+            };
             let header = header(&g, &units)?;
             shards.push(Shard { file, units: g, header });
         }

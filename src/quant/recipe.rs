@@ -133,7 +133,12 @@ pub struct Sensitivity {
 /// the upgrade (to any larger width, or full precision) that removes the most error per extra bit
 /// spent is taken. `budget_bits` is what the quantizable modules may use in total.
 /// Returns each module's width (None = full precision) and the bits used.
-pub fn allocate(sens: &[Sensitivity], group_size: u32, dense_bits: u32, budget_bits: f64) -> (BTreeMap<String, Option<u8>>, f64) {
+pub fn allocate(
+    sens: &[Sensitivity],
+    group_size: u32,
+    dense_bits: u32,
+    budget_bits: f64,
+) -> (BTreeMap<String, Option<u8>>, f64) {
     // Options per module: (bits code, cost in bits, error); code 0 is full precision.
     let options: Vec<Vec<(u8, f64, f64)>> = sens
         .iter()

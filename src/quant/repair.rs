@@ -50,9 +50,20 @@ pub fn repair_with(
     let source = Source::open(src, false)?;
     let head = head::analyse(&source)?;
     if !matches!(head.verdict, Verdict::Repaired | Verdict::Inconsistent) {
-        return Err(ConvertError::NothingToRepair { path: src.to_path_buf(), message: format!("MTP verdict {:?}: {}", head.verdict, head.message) });
+        return Err(ConvertError::NothingToRepair {
+            path: src.to_path_buf(),
+            message: format!("MTP verdict {:?}: {}", head.verdict, head.message),
+        });
     }
-    emit(on_event, ConvertEvent::Validated { format: source.layout, tensors: source.tensors.len(), bytes: source.bytes(), mtp: "repair".into() })?;
+    emit(
+        on_event,
+        ConvertEvent::Validated {
+            format: source.layout,
+            tensors: source.tensors.len(),
+            bytes: source.bytes(),
+            mtp: "repair".into(),
+        },
+    )?;
     // The body decides: an MLX body gets a shifted head named `language_model.mtp.*`, a raw body a
     // zero-centred one named `mtp.*`.
     let target = if source.layout == Layout::Mlx { 1.0 } else { 0.0 };
@@ -83,7 +94,11 @@ pub fn repair_with(
         let parts = plan::parts(&key, op, t.tensor.dtype, &t.tensor.shape);
         units.push(Unit { src: i, name: t.name.clone(), op, parts, params });
     }
-    let renamed = source.tensors.iter().filter(|t| t.name.starts_with("mtp.") && !t.key.starts_with("language_model.") && source.layout == Layout::Mlx).count();
+    let renamed = source
+        .tensors
+        .iter()
+        .filter(|t| t.name.starts_with("mtp.") && !t.key.starts_with("language_model.") && source.layout == Layout::Mlx)
+        .count();
     if renamed > 0 {
         fixed.push(format!("{renamed} head tensors renamed from mtp.* to language_model.mtp.*"));
     }
@@ -92,11 +107,13 @@ pub fn repair_with(
     let partial = PartialDir::create(dst)?;
     // Repair runs alone (the CLI): its gate locks nothing.
     let gate = super::ComputeGate::default();
-    let mut computer = Computer { src: &source, gate: &gate, on_event, total: plan.units.len(), bytes_total: plan.tensor_bytes() };
+    let mut computer =
+        Computer { src: &source, gate: &gate, on_event, total: plan.units.len(), bytes_total: plan.tensor_bytes() };
     writer::write(&plan, &partial.path, &mut computer)?;
     let on_event = computer.on_event;
     let config = std::fs::read(src.join("config.json")).map_err(|e| ConvertError::io(&src.join("config.json"), e))?;
-    std::fs::write(partial.path.join("config.json"), config).map_err(|e| ConvertError::io(&partial.path.join("config.json"), e))?;
+    std::fs::write(partial.path.join("config.json"), config)
+        .map_err(|e| ConvertError::io(&partial.path.join("config.json"), e))?;
     copy_side_files(src, &partial.path)?;
     let mut bytes = 0;
     for s in &plan.shards {
@@ -107,11 +124,20 @@ pub fn repair_with(
     // The copy must come out consistent before it replaces anything.
     let after = head::analyse(&Source::open(&partial.path, false)?)?;
     if after.verdict != Verdict::Ok {
-        return Err(ConvertError::Mtp { path: src.to_path_buf(), message: format!("the repaired copy is still not consistent: {}", after.message) });
+        return Err(ConvertError::Mtp {
+            path: src.to_path_buf(),
+            message: format!("the repaired copy is still not consistent: {}", after.message),
+        });
     }
     partial.commit(force)?;
     let seconds = t0.elapsed().as_secs_f64();
-    let _ = on_event(&ConvertEvent::Finished { dst: dst.to_path_buf(), bytes, bpw: plan.bpw(), params: plan.params(), seconds });
+    let _ = on_event(&ConvertEvent::Finished {
+        dst: dst.to_path_buf(),
+        bytes,
+        bpw: plan.bpw(),
+        params: plan.params(),
+        seconds,
+    });
     Ok(RepairReport {
         src: src.to_path_buf(),
         dst: dst.to_path_buf(),

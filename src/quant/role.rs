@@ -53,7 +53,9 @@ impl LinearKind {
             LinearKind::Embedding => "embed_tokens",
             LinearKind::LmHead => "lm_head",
             LinearKind::AttnQ | LinearKind::AttnK | LinearKind::AttnV | LinearKind::AttnO => "self_attn",
-            LinearKind::GdnQkv | LinearKind::GdnZ | LinearKind::GdnB | LinearKind::GdnA | LinearKind::GdnOut => "linear_attn",
+            LinearKind::GdnQkv | LinearKind::GdnZ | LinearKind::GdnB | LinearKind::GdnA | LinearKind::GdnOut => {
+                "linear_attn"
+            }
             LinearKind::MlpGate | LinearKind::MlpUp | LinearKind::MlpDown => "mlp",
             LinearKind::MtpFc => "mtp",
         }
@@ -92,8 +94,12 @@ const LINEARS: &[(&str, LinearKind)] = &[
     ("mlp.down_proj", LinearKind::MlpDown),
 ];
 
-const ZERO_CENTRED_SUFFIXES: &[&str] =
-    &["input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight"];
+const ZERO_CENTRED_SUFFIXES: &[&str] = &[
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+];
 
 /// Classifies a canonical tensor name.
 pub fn role(name: &str) -> Role {
@@ -172,7 +178,13 @@ mod tests {
 
     #[test]
     fn keys_round_trip_through_the_mlx_layout() {
-        for name in ["layers.1.mlp.up_proj.weight", "lm_head.weight", "mtp.fc.weight", "visual.blocks.0.attn.qkv.bias", "norm.weight"] {
+        for name in [
+            "layers.1.mlp.up_proj.weight",
+            "lm_head.weight",
+            "mtp.fc.weight",
+            "visual.blocks.0.attn.qkv.bias",
+            "norm.weight",
+        ] {
             let key = mlx_key(name);
             assert_eq!(canonical(&key, Layout::Mlx), (name.to_string(), Provenance::Mlx), "{key}");
         }

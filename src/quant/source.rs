@@ -54,9 +54,13 @@ impl Source {
         let config = model::read_config(dir)?;
         let model_type = config.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
         if !matches!(model_type, "qwen3_5" | "qwen3_5_text") {
-            return Err(ConvertError::UnknownModelType { path: dir.join("config.json"), model_type: model_type.to_string() });
+            return Err(ConvertError::UnknownModelType {
+                path: dir.join("config.json"),
+                model_type: model_type.to_string(),
+            });
         }
-        let mut model = Config::from_json(&config).map_err(|e| ConvertError::Source { path: dir.join("config.json"), message: e.to_string() })?;
+        let mut model = Config::from_json(&config)
+            .map_err(|e| ConvertError::Source { path: dir.join("config.json"), message: e.to_string() })?;
         for file in weight_files(dir)? {
             check_header(&file)?;
         }
@@ -109,12 +113,14 @@ impl Source {
 
     /// The mean of a stored tensor, in f32.
     pub fn mean(&self, name: &str) -> Result<f32, ConvertError> {
-        let t = self.get(name).ok_or_else(|| ConvertError::Source { path: self.dir.clone(), message: format!("missing tensor `{name}`") })?;
+        let t = self.get(name).ok_or_else(|| ConvertError::Source {
+            path: self.dir.clone(),
+            message: format!("missing tensor `{name}`"),
+        })?;
         let a = t.tensor.to_array()?;
-        a.as_dtype(Dtype::F32)
-            .and_then(|a| a.mean(&[], false))
-            .and_then(|m| m.item::<f32>())
-            .map_err(|e| ConvertError::Mlx { context: format!("{}: tensor `{}`", t.file().display(), t.key), source: e })
+        a.as_dtype(Dtype::F32).and_then(|a| a.mean(&[], false)).and_then(|m| m.item::<f32>()).map_err(|e| {
+            ConvertError::Mlx { context: format!("{}: tensor `{}`", t.file().display(), t.key), source: e }
+        })
     }
 
     /// The model's input width of a linear module (for parameter counts of packed weights).
@@ -137,12 +143,12 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ConvertError> {
     let index = dir.join("model.safetensors.index.json");
     let mut files: Vec<PathBuf> = if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| ConvertError::io(&index, e))?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| ConvertError::Source { path: index.clone(), message: format!("invalid JSON: {e}") })?;
-        let map = v
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| ConvertError::Source { path: index.clone(), message: "missing object `weight_map`".into() })?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| ConvertError::Source { path: index.clone(), message: format!("invalid JSON: {e}") })?;
+        let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ConvertError::Source {
+            path: index.clone(),
+            message: "missing object `weight_map`".into(),
+        })?;
         let mut names: Vec<&str> = map.values().filter_map(|f| f.as_str()).collect();
         names.sort();
         names.dedup();
@@ -162,7 +168,10 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ConvertError> {
     }
     for f in &files {
         if !f.is_file() {
-            return Err(ConvertError::Source { path: f.clone(), message: "listed in model.safetensors.index.json but missing".into() });
+            return Err(ConvertError::Source {
+                path: f.clone(),
+                message: "listed in model.safetensors.index.json but missing".into(),
+            });
         }
     }
     Ok(files)
@@ -178,7 +187,9 @@ pub fn check_header(path: &Path) -> Result<(), ConvertError> {
     f.read_exact(&mut n).map_err(|_| bad(format!("not a safetensors file: only {len} bytes")))?;
     let header_len = u64::from_le_bytes(n);
     if header_len > 100 << 20 || 8 + header_len > len {
-        return Err(bad(format!("not a safetensors file: header of {header_len} bytes in a file of {len} bytes (truncated?)")));
+        return Err(bad(format!(
+            "not a safetensors file: header of {header_len} bytes in a file of {len} bytes (truncated?)"
+        )));
     }
     let mut header = vec![0u8; header_len as usize];
     f.read_exact(&mut header).map_err(|e| ConvertError::io(path, e))?;
@@ -191,7 +202,8 @@ pub fn check_header(path: &Path) -> Result<(), ConvertError> {
         if name == "__metadata__" {
             continue;
         }
-        let tensor_err = |message: String| ConvertError::Tensor { file: path.to_path_buf(), tensor: name.clone(), message };
+        let tensor_err =
+            |message: String| ConvertError::Tensor { file: path.to_path_buf(), tensor: name.clone(), message };
         let dtype = info.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| tensor_err("no dtype".into()))?;
         let dt = Dtype::from_safetensors_name(dtype).ok_or_else(|| tensor_err(format!("unsupported dtype {dtype}")))?;
         let shape: Vec<u64> = info
@@ -221,7 +233,11 @@ pub fn check_header(path: &Path) -> Result<(), ConvertError> {
     spans.sort();
     for w in spans.windows(2) {
         if w[1].0 < w[0].1 {
-            return Err(ConvertError::Tensor { file: path.to_path_buf(), tensor: w[1].2.to_string(), message: format!("overlaps tensor `{}`", w[0].2) });
+            return Err(ConvertError::Tensor {
+                file: path.to_path_buf(),
+                tensor: w[1].2.to_string(),
+                message: format!("overlaps tensor `{}`", w[0].2),
+            });
         }
     }
     Ok(())

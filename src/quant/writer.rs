@@ -20,7 +20,10 @@ pub struct PartialDir {
 impl PartialDir {
     /// Creates `.NAME.partial-PID` beside `dst`.
     pub fn create(dst: &Path) -> Result<PartialDir, ConvertError> {
-        let name = dst.file_name().ok_or_else(|| ConvertError::Destination { path: dst.to_path_buf(), message: "has no folder name".into() })?;
+        let name = dst.file_name().ok_or_else(|| ConvertError::Destination {
+            path: dst.to_path_buf(),
+            message: "has no folder name".into(),
+        })?;
         let parent = parent_of(dst);
         let path = parent.join(format!(".{}.partial-{}-{}", name.to_string_lossy(), std::process::id(), next_nonce()));
         if path.exists() {
@@ -100,7 +103,12 @@ pub fn write(plan: &Plan, dir: &Path, src: &mut dyn UnitSource) -> Result<(), Co
             let unit = &plan.units[u];
             let data = src.compute(unit)?;
             if data.len() != unit.parts.len() {
-                return Err(ConvertError::Internal(format!("`{}`: {} arrays for {} planned tensors", unit.name, data.len(), unit.parts.len())));
+                return Err(ConvertError::Internal(format!(
+                    "`{}`: {} arrays for {} planned tensors",
+                    unit.name,
+                    data.len(),
+                    unit.parts.len()
+                )));
             }
             for (bytes, part) in data.iter().zip(&unit.parts) {
                 if bytes.len() as u64 != part.nbytes() {
@@ -137,7 +145,8 @@ pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), ConvertE
     let mut buf = Vec::new();
     let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
     let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
-    serde::Serialize::serialize(value, &mut ser).map_err(|e| ConvertError::Internal(format!("{}: {e}", path.display())))?;
+    serde::Serialize::serialize(value, &mut ser)
+        .map_err(|e| ConvertError::Internal(format!("{}: {e}", path.display())))?;
     buf.push(b'\n');
     std::fs::write(path, buf).map_err(|e| ConvertError::io(path, e))
 }

@@ -87,14 +87,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A checked id: a file name, never a path.
 fn check_id(id: &str) -> Result<&str, ApiError> {
-    let ok = !id.is_empty() && id.len() <= MAX_ID && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    let ok =
+        !id.is_empty() && id.len() <= MAX_ID && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     if ok {
         Ok(id)
     } else {
         let shown: String = id.chars().take(MAX_ID + 8).collect();
         Err(ApiError::bad_request(
             "invalid_conversation_id",
-            format!("conversation id `{}` is not valid: ids are 1 to {MAX_ID} letters, digits, `-` or `_`", shown.escape_debug()),
+            format!(
+                "conversation id `{}` is not valid: ids are 1 to {MAX_ID} letters, digits, `-` or `_`",
+                shown.escape_debug()
+            ),
         ))
     }
 }
@@ -118,7 +122,12 @@ impl Store {
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(ApiError::internal(format!("cannot read the conversations folder {}: {e}", self.dir.display()))),
+            Err(e) => {
+                return Err(ApiError::internal(format!(
+                    "cannot read the conversations folder {}: {e}",
+                    self.dir.display()
+                )))
+            }
         };
         let mut cache = lock(&self.summaries);
         let mut seen = Vec::new();
@@ -161,7 +170,8 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found(id)),
             Err(e) => return Err(ApiError::internal(format!("cannot read {}: {e}", path.display()))),
         };
-        serde_json::from_slice(&bytes).map_err(|e| ApiError::internal(format!("{} is not valid JSON: {e}", path.display())))
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::internal(format!("{} is not valid JSON: {e}", path.display())))
     }
 
     /// Checks `conversation` and writes it atomically. True when it is new.
@@ -175,17 +185,23 @@ impl Store {
         if shape.id != id {
             return Err(ApiError::bad_request(
                 "invalid_value",
-                format!("invalid conversation: `id`: the body's id `{}` is not the URL's `{id}`", shape.id.escape_debug()),
+                format!(
+                    "invalid conversation: `id`: the body's id `{}` is not the URL's `{id}`",
+                    shape.id.escape_debug()
+                ),
             ));
         }
         let summary = Summary { id: id.to_owned(), title: shape.title, updated: shape.updated };
-        let bytes = serde_json::to_vec(conversation).map_err(|e| ApiError::internal(format!("cannot encode the conversation: {e}")))?;
+        let bytes = serde_json::to_vec(conversation)
+            .map_err(|e| ApiError::internal(format!("cannot encode the conversation: {e}")))?;
         let _write = lock(&self.write);
-        create_private_dir(&self.dir)
-            .map_err(|e| ApiError::internal(format!("cannot create the conversations folder {}: {e}", self.dir.display())))?;
+        create_private_dir(&self.dir).map_err(|e| {
+            ApiError::internal(format!("cannot create the conversations folder {}: {e}", self.dir.display()))
+        })?;
         let path = self.file(id);
         let new = !path.exists();
-        write_atomic(&self.dir, &path, &bytes).map_err(|e| ApiError::internal(format!("cannot write {}: {e}", path.display())))?;
+        write_atomic(&self.dir, &path, &bytes)
+            .map_err(|e| ApiError::internal(format!("cannot write {}: {e}", path.display())))?;
         if let Ok(meta) = std::fs::metadata(&path) {
             lock(&self.summaries).insert(id.to_owned(), (meta.modified().ok(), meta.len(), summary.clone()));
         }
@@ -251,11 +267,18 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, Api
 
 /// The id in the URL; one that is not even text is refused like any other bad id.
 fn url_id(id: Result<UrlPath<String>, PathRejection>) -> Result<String, ApiError> {
-    id.map(|UrlPath(id)| id)
-        .map_err(|e| ApiError::bad_request("invalid_conversation_id", format!("the conversation id in the URL is not valid: {}", e.body_text())))
+    id.map(|UrlPath(id)| id).map_err(|e| {
+        ApiError::bad_request(
+            "invalid_conversation_id",
+            format!("the conversation id in the URL is not valid: {}", e.body_text()),
+        )
+    })
 }
 
-pub async fn get(State(state): State<Arc<AppState>>, id: Result<UrlPath<String>, PathRejection>) -> Result<Json<Value>, ApiError> {
+pub async fn get(
+    State(state): State<Arc<AppState>>,
+    id: Result<UrlPath<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
     let id = url_id(id)?;
     blocking(move || Ok(Json(state.conversations.get(&id)?))).await
 }
@@ -274,7 +297,10 @@ pub async fn put(
     .await
 }
 
-pub async fn delete(State(state): State<Arc<AppState>>, id: Result<UrlPath<String>, PathRejection>) -> Result<Json<Value>, ApiError> {
+pub async fn delete(
+    State(state): State<Arc<AppState>>,
+    id: Result<UrlPath<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
     let id = url_id(id)?;
     blocking(move || {
         state.conversations.delete(&id)?;
@@ -292,7 +318,9 @@ mod tests {
         for ok in ["a", "0f8c2a8e-4b1d-4e0b-9a51-3c1f2d9e8b7a", "lxk3z9_ab", &"x".repeat(MAX_ID)] {
             assert!(check_id(ok).is_ok(), "{ok}");
         }
-        for bad in ["", ".", "..", "../x", "a/b", "a\\b", ".hidden", "a.json", "a b", "é", "\0", &"x".repeat(MAX_ID + 1)] {
+        for bad in
+            ["", ".", "..", "../x", "a/b", "a\\b", ".hidden", "a.json", "a b", "é", "\0", &"x".repeat(MAX_ID + 1)]
+        {
             let e = check_id(bad).unwrap_err();
             assert_eq!((e.status, e.code), (StatusCode::BAD_REQUEST, "invalid_conversation_id"), "{bad:?}");
         }

@@ -23,7 +23,7 @@ use super::error::{ApiError, ApiJson};
 use super::security::PathRules;
 use super::AppState;
 use crate::engine::live::unix_ms;
-use crate::quant::{ConvertEvent, ConvertOptions, Control};
+use crate::quant::{Control, ConvertEvent, ConvertOptions};
 
 /// Finished jobs kept for polling; older ones are forgotten first.
 const KEEP_FINISHED: usize = 32;
@@ -100,7 +100,8 @@ impl Jobs {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let mut jobs = lock(&self.jobs);
         jobs.insert(id, job);
-        let finished: Vec<u64> = jobs.iter().filter(|(_, j)| lock(&j.view).state.is_final()).map(|(id, _)| *id).collect();
+        let finished: Vec<u64> =
+            jobs.iter().filter(|(_, j)| lock(&j.view).state.is_final()).map(|(id, _)| *id).collect();
         for old in finished.iter().take(finished.len().saturating_sub(KEEP_FINISHED)) {
             jobs.remove(old);
         }
@@ -202,11 +203,17 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
 
 fn path_rules(state: &AppState) -> PathRules {
     let registry = state.engine.registry();
-    PathRules { models_dir: registry.models_dir().to_owned(), model_paths: registry.list().into_iter().map(|m| m.path).collect() }
+    PathRules {
+        models_dir: registry.models_dir().to_owned(),
+        model_paths: registry.list().into_iter().map(|m| m.path).collect(),
+    }
 }
 
 /// `POST /api/convert` -> 202 `{"job": id, ...}`.
-pub async fn start(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<ConvertRequest>) -> Result<Response, ApiError> {
+pub async fn start(
+    State(state): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<ConvertRequest>,
+) -> Result<Response, ApiError> {
     let st = state.clone();
     let (src, dst, options) = tokio::task::spawn_blocking(move || resolve(&st, req))
         .await
@@ -259,8 +266,10 @@ pub async fn start(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<Con
                     Control::Continue
                 }
             };
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| crate::quant::convert(&src, &dst, &options, &mut on_event)))
-                .unwrap_or_else(|_| Err(crate::quant::ConvertError::Internal("the conversion panicked".into())))
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                crate::quant::convert(&src, &dst, &options, &mut on_event)
+            }))
+            .unwrap_or_else(|_| Err(crate::quant::ConvertError::Internal("the conversion panicked".into())))
         };
         job.finish(result);
         engine.publish();
@@ -280,17 +289,27 @@ fn resolve(state: &AppState, req: ConvertRequest) -> Result<(PathBuf, PathBuf, C
         Err(_) => rules.existing("src", &req.src)?,
     };
     if !crate::registry::is_model_folder(&src) {
-        return Err(ApiError::bad_request("invalid_path", format!("src `{}` is not a model folder (config.json and *.safetensors)", req.src)));
+        return Err(ApiError::bad_request(
+            "invalid_path",
+            format!("src `{}` is not a model folder (config.json and *.safetensors)", req.src),
+        ));
     }
-    std::fs::create_dir_all(&rules.models_dir)
-        .map_err(|e| ApiError::internal(format!("cannot create the models folder {}: {e}", rules.models_dir.display())))?;
+    std::fs::create_dir_all(&rules.models_dir).map_err(|e| {
+        ApiError::internal(format!("cannot create the models folder {}: {e}", rules.models_dir.display()))
+    })?;
     let dst_name = match &req.dst {
         Some(dst) => dst.clone(),
         None => {
             let base = src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
             match req.options.bits {
                 Some(bits) => format!("{base}-{bits}bit"),
-                None => format!("{base}-{}", serde_json::to_value(req.options.dtype).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()),
+                None => format!(
+                    "{base}-{}",
+                    serde_json::to_value(req.options.dtype)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                ),
             }
         }
     };
@@ -308,7 +327,12 @@ fn resolve(state: &AppState, req: ConvertRequest) -> Result<(PathBuf, PathBuf, C
         Some(Value::Null) => Some(crate::quant::MtpBits::Dense),
         Some(Value::Number(n)) => Some(n.to_string().parse().map_err(bad)?),
         Some(Value::String(s)) => Some(s.parse().map_err(bad)?),
-        Some(other) => return Err(ApiError::bad_request("invalid_value", format!("`mtp_bits` = {other}: expected a bit width, \"none\" or null"))),
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                "invalid_value",
+                format!("`mtp_bits` = {other}: expected a bit width, \"none\" or null"),
+            ))
+        }
     };
     if dst.exists() && !options.force {
         return Err(ApiError::new(
@@ -379,6 +403,7 @@ pub async fn events(
         let terminal = event.get("event").and_then(Value::as_str).is_some_and(|e| TERMINAL.contains(&e));
         Some((event, (events, terminal)))
     });
-    let stream = events.map(|event| Ok(SseEvent::default().data(event.to_string()))).take_until(state.shutdown_signal());
+    let stream =
+        events.map(|event| Ok(SseEvent::default().data(event.to_string()))).take_until(state.shutdown_signal());
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }

@@ -56,20 +56,32 @@ impl From<EngineError> for ApiError {
         let message = e.to_string();
         match e {
             EngineError::UnknownModel { .. } => ApiError::not_found("model_not_found", message),
-            EngineError::NotLoaded(_) => ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "model_not_loaded", message),
-            EngineError::Busy { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "queue_full", message),
+            EngineError::NotLoaded(_) => {
+                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "model_not_loaded", message)
+            }
+            EngineError::Busy { .. } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "queue_full", message)
+            }
             EngineError::NotEnoughMemory { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "insufficient_memory", message)
             }
-            EngineError::Load { .. } => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "model_load_failed", message),
-            EngineError::ImagesBusy { .. } => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "queue_full", message),
+            EngineError::Load { .. } => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "model_load_failed", message)
+            }
+            EngineError::ImagesBusy { .. } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "queue_full", message)
+            }
             EngineError::Images(_) => ApiError::bad_request("model_not_multimodal", message),
             EngineError::InvalidImage(_) => ApiError::bad_request("invalid_image", message),
             EngineError::InvalidRequest(_) => ApiError::bad_request("invalid_value", message),
             EngineError::ContextLength { .. } => ApiError::bad_request("context_length_exceeded", message),
-            EngineError::Unloaded(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_unloaded", message),
+            EngineError::Unloaded(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_unloaded", message)
+            }
             EngineError::InvalidSettings(_) => ApiError::bad_request("invalid_value", message),
-            EngineError::Registry(_) | EngineError::Generate(_) | EngineError::Internal(_) => ApiError::internal(message),
+            EngineError::Registry(_) | EngineError::Generate(_) | EngineError::Internal(_) => {
+                ApiError::internal(message)
+            }
         }
     }
 }
@@ -100,9 +112,17 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             let status = rejection.status();
             if status == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(status, "invalid_request_error", "body_too_large", "the request body is larger than the server accepts")
+                ApiError::new(
+                    status,
+                    "invalid_request_error",
+                    "body_too_large",
+                    "the request body is larger than the server accepts",
+                )
             } else {
-                ApiError::bad_request("invalid_body", format!("cannot read the request body: {}", rejection.body_text()))
+                ApiError::bad_request(
+                    "invalid_body",
+                    format!("cannot read the request body: {}", rejection.body_text()),
+                )
             }
         })?;
         parse_json(&bytes).map(ApiJson)

@@ -191,7 +191,8 @@ impl ShutdownHandle {
 
 /// Serves until Ctrl-C or SIGTERM, on a runtime of its own, then unloads the models.
 pub fn serve(config: ServeConfig) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let server = start(config).await?;
         let engine = server.engine().clone();
@@ -231,7 +232,8 @@ async fn stop_signal() {
 
 /// Loads models.toml, makes an engine and starts serving; returns once listening.
 pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
-    let registry = Registry::load(&config.registry).with_context(|| format!("cannot load {}", config.registry.display()))?;
+    let registry =
+        Registry::load(&config.registry).with_context(|| format!("cannot load {}", config.registry.display()))?;
     let engine = Engine::new(registry, config.engine.clone());
     start_with_engine(config, engine).await
 }
@@ -254,7 +256,8 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
         .with_context(|| format!("cannot listen on {ip}:{}", config.port))?;
     let addr = listener.local_addr().context("cannot read the bound address")?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let policy = security::Policy::new(addr, config.api_key.clone(), config.extra_hosts.clone(), config.extra_origins.clone());
+    let policy =
+        security::Policy::new(addr, config.api_key.clone(), config.extra_hosts.clone(), config.extra_origins.clone());
     let state = Arc::new(AppState {
         engine: engine.clone(),
         policy,

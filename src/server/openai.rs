@@ -16,7 +16,9 @@ use serde_json::{json, Value};
 
 use super::error::{ApiError, ApiJson};
 use super::{security, AppState};
-use crate::engine::{ChatMessage, Completion, Event, Generation, Image, Input, MtpOverrides, Part, Request, SamplingOverrides};
+use crate::engine::{
+    ChatMessage, Completion, Event, Generation, Image, Input, MtpOverrides, Part, Request, SamplingOverrides,
+};
 use crate::generate::{FinishReason, Stats};
 
 pub async fn list_models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
@@ -122,7 +124,10 @@ const MAX_STOPS: usize = 16;
 
 fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
     if let Some(n) = req.n.filter(|&n| n != 1) {
-        return Err(ApiError::bad_request("invalid_value", format!("`n` = {n}: only one choice per request is supported")));
+        return Err(ApiError::bad_request(
+            "invalid_value",
+            format!("`n` = {n}: only one choice per request is supported"),
+        ));
     }
     let model = if req.model.trim().is_empty() { state.engine.default_model()? } else { req.model };
     let mut messages = Vec::with_capacity(req.messages.len());
@@ -174,7 +179,10 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
         Some(StopIn::Many(v)) => v,
     };
     if stop.len() > MAX_STOPS {
-        return Err(ApiError::bad_request("invalid_value", format!("`stop` has {} sequences; at most {MAX_STOPS}", stop.len())));
+        return Err(ApiError::bad_request(
+            "invalid_value",
+            format!("`stop` has {} sequences; at most {MAX_STOPS}", stop.len()),
+        ));
     }
     let max_tokens = req.max_completion_tokens.or(req.max_tokens).map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     let thinking = req.chat_template_kwargs.and_then(|k| k.enable_thinking).or(req.enable_thinking);
@@ -207,7 +215,8 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
 fn read_image(url: &str, state: &AppState, roots: &mut Option<Vec<PathBuf>>) -> Result<Image, ApiError> {
     let bad = |message: String| ApiError::bad_request("invalid_image", message);
     let (bytes, media_type) = if let Some(rest) = url.strip_prefix("data:") {
-        let (meta, data) = rest.split_once(',').ok_or_else(|| bad("a data URL needs a comma before its data".into()))?;
+        let (meta, data) =
+            rest.split_once(',').ok_or_else(|| bad("a data URL needs a comma before its data".into()))?;
         let Some(media_type) = meta.strip_suffix(";base64") else {
             return Err(bad("only base64 data URLs (`data:image/png;base64,...`) are accepted".into()));
         };
@@ -234,7 +243,12 @@ fn read_image(url: &str, state: &AppState, roots: &mut Option<Vec<PathBuf>>) -> 
             return Err(bad(format!("{}: not a file", path.display())));
         }
         if meta.len() > state.max_body_bytes as u64 {
-            return Err(bad(format!("{}: {} bytes is more than the {} accepted", path.display(), meta.len(), state.max_body_bytes)));
+            return Err(bad(format!(
+                "{}: {} bytes is more than the {} accepted",
+                path.display(),
+                meta.len(),
+                state.max_body_bytes
+            )));
         }
         let bytes = std::fs::read(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
         (bytes, None)
@@ -262,7 +276,10 @@ fn image_kind(b: &[u8]) -> Option<&'static str> {
     }
 }
 
-pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(body): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    ApiJson(body): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
     let parsed = {
         let state = state.clone();
         // Reading a file URL is blocking I/O.
@@ -271,7 +288,11 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(body):
             .map_err(|e| ApiError::internal(format!("request parsing failed: {e}")))??
     };
     let generation = state.engine.chat(parsed.request).await?;
-    let meta = ChunkMeta { id: format!("chatcmpl-{:x}{:08x}", state.started_unix, generation.id), created: now_unix(), model: generation.model.clone() };
+    let meta = ChunkMeta {
+        id: format!("chatcmpl-{:x}{:08x}", state.started_unix, generation.id),
+        created: now_unix(),
+        model: generation.model.clone(),
+    };
     if parsed.stream {
         let stream = chunks(generation, meta, parsed.include_usage).take_until(state.shutdown_signal());
         Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
@@ -350,7 +371,10 @@ impl ChunkMeta {
     }
 
     fn delta(&self, delta: Value, finish: Option<&str>, include_usage: bool) -> Value {
-        self.chunk(json!([{ "index": 0, "delta": delta, "logprobs": Value::Null, "finish_reason": finish }]), include_usage)
+        self.chunk(
+            json!([{ "index": 0, "delta": delta, "logprobs": Value::Null, "finish_reason": finish }]),
+            include_usage,
+        )
     }
 }
 
@@ -361,7 +385,11 @@ fn data(value: &Value) -> SseEvent {
 /// The event stream of one generation: a first chunk with the role, one chunk per text delta, a
 /// last chunk with the finish reason (and Tandem's `stats`), the usage chunk when asked for, then
 /// `[DONE]`. Errors after the start are sent as `{"error": ...}` before `[DONE]`.
-fn chunks(generation: Generation, meta: ChunkMeta, include_usage: bool) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+fn chunks(
+    generation: Generation,
+    meta: ChunkMeta,
+    include_usage: bool,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     struct St {
         generation: Generation,
         meta: ChunkMeta,

@@ -25,7 +25,12 @@ pub struct Policy {
 }
 
 impl Policy {
-    pub fn new(bound: SocketAddr, api_key: Option<String>, extra_hosts: Vec<String>, extra_origins: Vec<String>) -> Policy {
+    pub fn new(
+        bound: SocketAddr,
+        api_key: Option<String>,
+        extra_hosts: Vec<String>,
+        extra_origins: Vec<String>,
+    ) -> Policy {
         let port = bound.port();
         let mut origins: Vec<String> = vec![
             "tauri://localhost".into(),
@@ -113,7 +118,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 pub async fn guard(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let policy = &state.policy;
     let headers = req.headers();
-    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri().authority().map(|a| a.as_str()));
+    let host =
+        headers.get(header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri().authority().map(|a| a.as_str()));
     match host {
         None => return ApiError::bad_request("missing_host", "the request has no Host header").into_response(),
         Some(host) if !policy.host_allowed(host) => {
@@ -128,8 +134,11 @@ pub async fn guard(State(state): State<Arc<AppState>>, req: Request, next: Next)
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
         if !policy.origin_allowed(origin) {
-            return ApiError::forbidden("forbidden_origin", format!("requests from the web page at `{origin}` are not allowed"))
-                .into_response();
+            return ApiError::forbidden(
+                "forbidden_origin",
+                format!("requests from the web page at `{origin}` are not allowed"),
+            )
+            .into_response();
         }
     }
     let path = req.uri().path();
@@ -159,9 +168,8 @@ impl PathRules {
     /// An existing file or folder inside an allowed folder, resolved (symlinks followed).
     pub fn existing(&self, what: &str, path: &str) -> Result<PathBuf, ApiError> {
         let given = expand(path);
-        let real = given
-            .canonicalize()
-            .map_err(|e| ApiError::bad_request("invalid_path", format!("{what} `{path}`: {e}")))?;
+        let real =
+            given.canonicalize().map_err(|e| ApiError::bad_request("invalid_path", format!("{what} `{path}`: {e}")))?;
         if self.roots().iter().any(|root| real.starts_with(root)) {
             Ok(real)
         } else {
@@ -213,7 +221,11 @@ pub fn image_roots(registry: &crate::registry::Registry, image_dirs: &[PathBuf])
     roots.extend(registry.list().into_iter().map(|m| m.path));
     roots.extend(image_dirs.iter().cloned());
     // `models.toml` given without a folder lives in the current one.
-    roots.into_iter().map(|r| if r.as_os_str().is_empty() { PathBuf::from(".") } else { r }).filter_map(|r| r.canonicalize().ok()).collect()
+    roots
+        .into_iter()
+        .map(|r| if r.as_os_str().is_empty() { PathBuf::from(".") } else { r })
+        .filter_map(|r| r.canonicalize().ok())
+        .collect()
 }
 
 /// The file of a `file:` URL, resolved (symlinks followed), when it lies inside one of `roots`

@@ -23,8 +23,13 @@ pub async fn fallback(State(state): State<Arc<AppState>>, req: Request) -> Respo
         return ApiError::not_found("not_found", format!("no route {} {path}", req.method())).into_response();
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed", "only GET is served here")
-            .into_response();
+        return ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "method_not_allowed",
+            "only GET is served here",
+        )
+        .into_response();
     }
     let dir = &state.ui_dir;
     let index = dir.join("index.html");

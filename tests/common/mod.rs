@@ -37,7 +37,9 @@ pub fn read_f32(path: &Path, name: &str) -> (Vec<f32>, Vec<usize>) {
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor(name).unwrap_or_else(|_| panic!("{}: no tensor {name}", path.display()));
     let data = match t.dtype() {
-        safetensors::Dtype::F32 => t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        safetensors::Dtype::F32 => {
+            t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        }
         d => panic!("{name}: expected F32, got {d:?}"),
     };
     (data, t.shape().to_vec())
@@ -64,8 +66,12 @@ pub fn read_ids(path: &Path, name: &str) -> Vec<u32> {
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor(name).unwrap_or_else(|_| panic!("{}: no tensor {name}", path.display()));
     match t.dtype() {
-        safetensors::Dtype::I64 => t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect(),
-        safetensors::Dtype::I32 => t.data().chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32).collect(),
+        safetensors::Dtype::I64 => {
+            t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect()
+        }
+        safetensors::Dtype::I32 => {
+            t.data().chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32).collect()
+        }
         d => panic!("{name}: expected integer ids, got {d:?}"),
     }
 }
@@ -85,7 +91,12 @@ pub fn max_abs(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Greedy generation of `n` tokens, with MTP when `mtp` is given; the tokens and the statistics.
-pub fn greedy(m: &tandem::model::Qwen35, prompt: &[u32], n: usize, mtp: Option<tandem::generate::MtpOptions>) -> (Vec<u32>, tandem::generate::Stats) {
+pub fn greedy(
+    m: &tandem::model::Qwen35,
+    prompt: &[u32],
+    n: usize,
+    mtp: Option<tandem::generate::MtpOptions>,
+) -> (Vec<u32>, tandem::generate::Stats) {
     use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams};
     let opts = GenerateOptions {
         max_tokens: n,

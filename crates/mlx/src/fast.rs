@@ -31,7 +31,14 @@ pub fn rope_dynamic(x: &Array, dims: i32, traditional: bool, base: f32, scale: f
 }
 
 /// As [`rope`], with explicit inverse frequencies instead of a base.
-pub fn rope_with_freqs(x: &Array, dims: i32, traditional: bool, scale: f32, offset: i32, freqs: &Array) -> Result<Array> {
+pub fn rope_with_freqs(
+    x: &Array,
+    dims: i32,
+    traditional: bool,
+    scale: f32,
+    offset: i32,
+    freqs: &Array,
+) -> Result<Array> {
     Array::wrap(ffi::rope_freqs(x.raw(), dims, traditional, scale, offset, freqs.raw()))
 }
 

@@ -137,15 +137,15 @@ pub(crate) mod ffi {
         ) -> Result<UniquePtr<Array>>;
 
         fn rms_norm(x: &Array, w: &Array, has_w: bool, eps: f32) -> Result<UniquePtr<Array>>;
-        fn layer_norm(
+        fn layer_norm(x: &Array, w: &Array, has_w: bool, b: &Array, has_b: bool, eps: f32) -> Result<UniquePtr<Array>>;
+        fn rope(
             x: &Array,
-            w: &Array,
-            has_w: bool,
-            b: &Array,
-            has_b: bool,
-            eps: f32,
+            dims: i32,
+            traditional: bool,
+            base: f32,
+            scale: f32,
+            offset: i32,
         ) -> Result<UniquePtr<Array>>;
-        fn rope(x: &Array, dims: i32, traditional: bool, base: f32, scale: f32, offset: i32) -> Result<UniquePtr<Array>>;
         fn rope_dynamic(
             x: &Array,
             dims: i32,
@@ -230,4 +230,3 @@ fn release_owner(owner: usize) {
         drop(unsafe { Box::from_raw(owner as *mut crate::array::Owner) });
     }
 }
-

@@ -27,7 +27,14 @@ pub struct Launch<'a> {
 }
 
 impl Kernel {
-    pub fn new(backend: KernelBackend, name: &str, inputs: &[&str], outputs: &[&str], source: &str, header: &str) -> Result<Kernel> {
+    pub fn new(
+        backend: KernelBackend,
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        source: &str,
+        header: &str,
+    ) -> Result<Kernel> {
         let ins: Vec<String> = inputs.iter().map(|s| s.to_string()).collect();
         let outs: Vec<String> = outputs.iter().map(|s| s.to_string()).collect();
         let inner = match backend {

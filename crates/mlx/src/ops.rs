@@ -12,9 +12,28 @@ macro_rules! unary_ops {
     };
 }
 unary_ops!(
-    negative = 0, abs = 1, exp = 2, log = 3, log1p = 4, sqrt = 5, rsqrt = 6, square = 7,
-    sigmoid = 8, tanh = 9, erf = 10, sin = 11, cos = 12, floor = 13, ceil = 14, round = 15,
-    logical_not = 16, reciprocal = 17, expm1 = 18, sign = 19, isnan = 20, isinf = 21,
+    negative = 0,
+    abs = 1,
+    exp = 2,
+    log = 3,
+    log1p = 4,
+    sqrt = 5,
+    rsqrt = 6,
+    square = 7,
+    sigmoid = 8,
+    tanh = 9,
+    erf = 10,
+    sin = 11,
+    cos = 12,
+    floor = 13,
+    ceil = 14,
+    round = 15,
+    logical_not = 16,
+    reciprocal = 17,
+    expm1 = 18,
+    sign = 19,
+    isnan = 20,
+    isinf = 21,
 );
 
 macro_rules! binary_ops {
@@ -27,10 +46,29 @@ macro_rules! binary_ops {
     };
 }
 binary_ops!(
-    add = 0, subtract = 1, multiply = 2, divide = 3, power = 4, maximum = 5, minimum = 6,
-    equal = 7, not_equal = 8, less = 9, less_equal = 10, greater = 11, greater_equal = 12,
-    logical_and = 13, logical_or = 14, logaddexp = 15, remainder = 16, floor_divide = 17,
-    arctan2 = 18, bitwise_and = 19, bitwise_or = 20, left_shift = 21, right_shift = 22,
+    add = 0,
+    subtract = 1,
+    multiply = 2,
+    divide = 3,
+    power = 4,
+    maximum = 5,
+    minimum = 6,
+    equal = 7,
+    not_equal = 8,
+    less = 9,
+    less_equal = 10,
+    greater = 11,
+    greater_equal = 12,
+    logical_and = 13,
+    logical_or = 14,
+    logaddexp = 15,
+    remainder = 16,
+    floor_divide = 17,
+    arctan2 = 18,
+    bitwise_and = 19,
+    bitwise_or = 20,
+    left_shift = 21,
+    right_shift = 22,
 );
 
 #[derive(Clone, Copy)]

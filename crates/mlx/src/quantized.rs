@@ -52,7 +52,16 @@ impl Quantized {
 
     /// `x @ dequantize(w).T` (`transpose = true`) or `x @ dequantize(w)`.
     pub fn matmul(&self, x: &Array, transpose: bool) -> Result<Array> {
-        quantized_matmul(x, &self.weight, &self.scales, self.biases.as_ref(), transpose, self.group_size, self.bits, self.mode)
+        quantized_matmul(
+            x,
+            &self.weight,
+            &self.scales,
+            self.biases.as_ref(),
+            transpose,
+            self.group_size,
+            self.bits,
+            self.mode,
+        )
     }
 }
 

@@ -221,7 +221,8 @@ fn quantize_round_trip_within_one_step() {
         assert_eq!(q.scales.shape(), [8, 2]);
         let d = q.dequantize().unwrap();
         let err = d.subtract(&w).unwrap().abs().unwrap().max(&[-1], false).unwrap().to_vec::<f32>().unwrap();
-        let range = w.max(&[-1], false).unwrap().subtract(&w.min(&[-1], false).unwrap()).unwrap().to_vec::<f32>().unwrap();
+        let range =
+            w.max(&[-1], false).unwrap().subtract(&w.min(&[-1], false).unwrap()).unwrap().to_vec::<f32>().unwrap();
         let levels = ((1 << bits) - 1) as f32;
         for (e, r) in err.iter().zip(&range) {
             // DESIGN.md: the error can reach about one step, not half of one.
@@ -263,7 +264,10 @@ fn memory_and_devices() {
     mlx::device::async_eval(&[&a]).unwrap();
     mlx::device::synchronize().unwrap();
     let _ = mlx::device::gpu_available();
-    assert_eq!(mlx::device::default_device(), if mlx::device::gpu_available() { mlx::Device::Gpu } else { mlx::Device::Cpu });
+    assert_eq!(
+        mlx::device::default_device(),
+        if mlx::device::gpu_available() { mlx::Device::Gpu } else { mlx::Device::Cpu }
+    );
 }
 
 #[test]
@@ -273,10 +277,12 @@ fn custom_kernels_report_unavailable_backends() {
     if mlx::device::gpu_available() {
         return;
     }
-    let r = Kernel::new(KernelBackend::Metal, "k", &["a"], &["out"], "out[0] = a[0];", "")
-        .and_then(|k| {
-            let a = Array::zeros(&[1], Dtype::F32).unwrap();
-            k.call(&[&a], &Launch { outputs: &[(&[1], Dtype::F32)], grid: [1, 1, 1], threadgroup: [1, 1, 1], template: &[] })
-        });
+    let r = Kernel::new(KernelBackend::Metal, "k", &["a"], &["out"], "out[0] = a[0];", "").and_then(|k| {
+        let a = Array::zeros(&[1], Dtype::F32).unwrap();
+        k.call(
+            &[&a],
+            &Launch { outputs: &[(&[1], Dtype::F32)], grid: [1, 1, 1], threadgroup: [1, 1, 1], template: &[] },
+        )
+    });
     assert!(r.is_err());
 }

@@ -45,7 +45,12 @@ fn quantize_is_bit_identical_to_python_mlx() {
             let want = st.tensor(&format!("{key}.{name}")).unwrap();
             let want_shape: Vec<i32> = want.shape().iter().map(|&d| d as i32).collect();
             assert_eq!(got.shape(), want_shape, "{key}.{name} shape (bits {bits}, group {group}, {})", w.dtype());
-            assert_eq!(got.to_bytes().unwrap(), want.data(), "{key}.{name} differs (bits {bits}, group {group}, {})", w.dtype());
+            assert_eq!(
+                got.to_bytes().unwrap(),
+                want.data(),
+                "{key}.{name} differs (bits {bits}, group {group}, {})",
+                w.dtype()
+            );
         }
     }
     assert_eq!(seen_bits.len(), 6 * 3, "every bits x group combination is covered");

@@ -80,7 +80,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     // Warm-up at the measured prompt length and every depth: first-use allocations and kernel
     // compilation (GPU backends build kernels per shape) stay out of the figures.
     for &(depth, adaptive) in &plan {
-        generate(&l.model, &ids, &GenerateOptions { max_tokens: 8, ..opts_for(depth, adaptive) }, &mut |_| Control::Continue)?;
+        generate(&l.model, &ids, &GenerateOptions { max_tokens: 8, ..opts_for(depth, adaptive) }, &mut |_| {
+            Control::Continue
+        })?;
     }
     let mut runs: Vec<Run> = Vec::new();
     for (depth, adaptive) in plan {
@@ -88,7 +90,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let out = generate(&l.model, &ids, &opts_for(depth, adaptive), &mut |_| Control::Continue)?;
         let base = runs.iter().find(|r| r.depth == 0).map(|r| r.stats.decode_tok_s);
         let speedup = base.map_or(1.0, |b| out.stats.decode_tok_s / b.max(1e-9));
-        runs.push(Run { depth, adaptive, speedup, peak_memory_bytes: mlx::device::memory_stats().peak, stats: out.stats });
+        runs.push(Run {
+            depth,
+            adaptive,
+            speedup,
+            peak_memory_bytes: mlx::device::memory_stats().peak,
+            stats: out.stats,
+        });
         if !a.json {
             let r = runs.last().expect("just pushed");
             let (acc, tpc) = r.stats.spec.as_ref().map_or((String::from("-"), String::from("1.00")), |s| {

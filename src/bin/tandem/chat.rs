@@ -109,7 +109,10 @@ fn load_images(l: &Loaded, paths: &[std::path::PathBuf]) -> Result<Vec<ImageInpu
         return Ok(vec![]);
     }
     if !l.model.has_vision() {
-        bail!("model `{}` has no vision tower: it cannot read images (remove --image or pick a vision model)", l.entry.name);
+        bail!(
+            "model `{}` has no vision tower: it cannot read images (remove --image or pick a vision model)",
+            l.entry.name
+        );
     }
     let processor = ImageProcessor::from_model_dir(&l.entry.path)?;
     paths.iter().map(|p| Ok(processor.load_file(p)?)).collect()

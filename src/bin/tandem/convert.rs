@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use tandem::quant::{self, ConvertEvent, ConvertOptions, Control};
+use tandem::quant::{self, Control, ConvertEvent, ConvertOptions};
 
 #[derive(Args)]
 pub struct ConvertArgs {
@@ -61,7 +61,10 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     let mut on_event = |e: &ConvertEvent| {
         match e {
             ConvertEvent::Planned { predicted_bytes, predicted_bpw, .. } => {
-                bar.println(format!("planned: {:.2} MB at {predicted_bpw:.3} bits per weight", *predicted_bytes as f64 / 1e6));
+                bar.println(format!(
+                    "planned: {:.2} MB at {predicted_bpw:.3} bits per weight",
+                    *predicted_bytes as f64 / 1e6
+                ));
             }
             ConvertEvent::Tensor { name, bytes_done, bytes_total, .. } => {
                 bar.set_length(*bytes_total);
@@ -103,7 +106,8 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         repair: a.repair,
         ..Default::default()
     };
-    let report = quant::convert(&a.src, &a.out, &opts, &mut on_event).with_context(|| format!("converting {}", a.src.display()))?;
+    let report = quant::convert(&a.src, &a.out, &opts, &mut on_event)
+        .with_context(|| format!("converting {}", a.src.display()))?;
     bar.finish_and_clear();
     if a.json {
         crate::out::line(serde_json::to_string_pretty(&report)?);
@@ -129,7 +133,8 @@ fn progress_bar(quiet: bool) -> ProgressBar {
     }
     let bar = ProgressBar::new(0);
     bar.set_style(
-        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {wide_msg}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {wide_msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar
 }
@@ -141,7 +146,12 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
         return Ok(());
     }
     let v = serde_json::to_value(&r)?;
-    crate::out::line(format!("{}: {} ({})", a.path.display(), v["architecture"].as_str().unwrap_or("?"), v["format"].as_str().unwrap_or("?")));
+    crate::out::line(format!(
+        "{}: {} ({})",
+        a.path.display(),
+        v["architecture"].as_str().unwrap_or("?"),
+        v["format"].as_str().unwrap_or("?")
+    ));
     crate::out::line(format!("  parameters {}  bytes {}", v["params"], v["bytes"]));
     crate::out::line(format!("  quantization {}", v["quantization"]));
     let m = &v["mtp"];
@@ -154,7 +164,12 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
     ));
     if let Some(norms) = m["norms"].as_array() {
         for n in norms {
-            crate::out::line(format!("    {:<48} mean {:>8.4}  {}", n["name"].as_str().unwrap_or("?"), n["mean"].as_f64().unwrap_or(f64::NAN), n["convention"].as_str().unwrap_or("?")));
+            crate::out::line(format!(
+                "    {:<48} mean {:>8.4}  {}",
+                n["name"].as_str().unwrap_or("?"),
+                n["mean"].as_f64().unwrap_or(f64::NAN),
+                n["convention"].as_str().unwrap_or("?")
+            ));
         }
     }
     Ok(())

@@ -13,7 +13,8 @@ pub fn config_path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("TANDEM_CONFIG") {
         return Some(PathBuf::from(p));
     }
-    let mut candidates = vec![PathBuf::from("models.toml"), PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models.toml")];
+    let mut candidates =
+        vec![PathBuf::from("models.toml"), PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models.toml")];
     if let Ok(exe) = std::env::current_exe() {
         candidates.extend(exe.ancestors().skip(1).take(4).map(|d| d.join("models.toml")));
     }

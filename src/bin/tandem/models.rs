@@ -43,7 +43,14 @@ pub fn run(a: ModelsArgs) -> Result<()> {
     }
     for r in rows {
         let mtp = if r.mtp.enabled { format!("MTP depth {}", r.mtp.depth) } else { "MTP off".into() };
-        crate::out::line(format!("{}{:<24} {:<10} {}  {}", if r.default { "* " } else { "  " }, r.name, format!("{:?}", r.source).to_lowercase(), mtp, r.path));
+        crate::out::line(format!(
+            "{}{:<24} {:<10} {}  {}",
+            if r.default { "* " } else { "  " },
+            r.name,
+            format!("{:?}", r.source).to_lowercase(),
+            mtp,
+            r.path
+        ));
     }
     Ok(())
 }

@@ -18,7 +18,8 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
-    let registry = model_arg::config_path().context("models.toml not found (set TANDEM_CONFIG, or run from the Tandem folder)")?;
+    let registry =
+        model_arg::config_path().context("models.toml not found (set TANDEM_CONFIG, or run from the Tandem folder)")?;
     let mut cfg = ServeConfig::new(registry);
     cfg.host = a.host;
     cfg.port = a.port;
