@@ -3,11 +3,10 @@
 //! CPU in f32), plus image decoding limits and errors, a text-only model refusing images, and lossless MTP with
 //! an image in the prompt.
 
-mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use mlx::{Array, Dtype};
 use tandem::generate::decode::prefill_images;
 use tandem::generate::{generate_prompt, Control, GenerateError, GenerateOptions, MtpOptions, Prompt, SamplingParams};

@@ -3,15 +3,15 @@
 //! still there for the next server), the folder models.toml names, and every kind of bad request:
 //! bad ids, path traversal, oversized and malformed bodies, other origins.
 //!
-//! HTTP is spoken by hand over a TcpStream, as in tests/server_api.rs, so that requests no client
+//! HTTP is spoken by hand over a TcpStream, as in tests/it/server_api.rs, so that requests no client
 //! library would send (raw `..` segments, broken JSON) can be sent.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use common::http::{get, send, Reply};
+use crate::common::http::{get, send, Reply};
 use serde_json::{json, Value};
 use tandem::engine::{Engine, EngineConfig};
 use tandem::registry::Registry;

@@ -1,9 +1,8 @@
 //! MTP speculative decoding on a random checkpoint: greedy output identical to plain decoding at
 //! every depth, and caches after rollback equal to those of a run that never saw the drafts.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use mlx::Array;
 use tandem::generate::MtpOptions;
 use tandem::model::{self, LoadOptions};

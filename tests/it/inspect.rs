@@ -3,11 +3,10 @@
 //! under MLX names, and a head shifted twice. Each is reported as it is, the loader repairs or
 //! refuses it with a reason, and `repair` writes a copy that inspects `ok` and runs the same head.
 
-mod common;
 
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use mlx::Array;
 use tandem::model::qwen3_5::MTP_NORMS;
 use tandem::model::{self, LoadOptions, Qwen35};

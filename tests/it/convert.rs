@@ -4,13 +4,12 @@
 //! dropping it, `auto`, and the safety rules (cancel, existing destination, corrupt input, the
 //! source never touched).
 
-mod common;
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use mlx::Array;
 use tandem::generate::{generate, Control as GenControl, GenerateOptions, MtpOptions, SamplingParams};
 use tandem::model::{self, LoadOptions};
@@ -618,7 +617,7 @@ fn bundled_tandem_tiny_converts_when_present() {
 
 /// A conversion beside other MLX work takes its gate per unit of work: held while each tensor (and
 /// each calibrated module) is computed, let go before every event is reported. So whoever else
-/// wants MLX (the server's chats, tests/server_api.rs) waits for one unit, never the whole run.
+/// wants MLX (the server's chats, tests/it/server_api.rs) waits for one unit, never the whole run.
 #[test]
 fn the_compute_gate_is_taken_per_tensor_and_let_go_between() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

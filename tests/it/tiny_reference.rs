@@ -1,9 +1,8 @@
 //! The bundled model against transformers' reference fixtures (tests/fixtures, made by
 //! tools/fixtures/make_fixtures.py) and the MTP head against an independent PyTorch implementation.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use mlx::{Array, Dtype};
 use tandem::chat::{Message, Tokenizer};
 use tandem::generate::MtpOptions;

@@ -1,11 +1,10 @@
 //! Bad inputs to loading and generation, each a clear error naming the problem; and quantized
 //! models' logits against their bf16 source, with a bound per bit width.
 
-mod common;
 
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 use mlx::{Array, Dtype};
 use tandem::generate::{generate, Control, GenerateError, GenerateOptions};
 use tandem::model::{self, LoadOptions};

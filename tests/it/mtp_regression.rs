@@ -3,11 +3,10 @@
 //! 4-bit conversion, and an MLX conversion whose dropped head was re-attached from the raw
 //! checkpoint must all be far from zero and close to each other, through the same code path.
 
-mod common;
 
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams};
 use tandem::model::{self, LoadOptions};
 use tandem::quant::{self, ConvertOptions, MtpMode};

@@ -5,13 +5,13 @@
 //! HTTP is spoken by hand over a TcpStream (`Connection: close`), so that the tests can send what
 //! no client library would: a bad Host, broken JSON, oversized bodies.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::http::{get, parse_reply, post_json, send, Reply};
+use crate::common::http::{get, parse_reply, post_json, send, Reply};
 use serde_json::{json, Value};
 use tandem::engine::{Engine, EngineConfig, Event, Input, Request};
 use tandem::registry::Registry;

@@ -7,12 +7,12 @@
 //!
 //! HTTP is spoken by hand over a TcpStream (`Connection: close`).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 
 use base64::Engine as _;
-use common::http::{post_json, Reply};
+use crate::common::http::{post_json, Reply};
 use serde_json::{json, Value};
 use tandem::chat::{ChatOptions, ContentPart, Message, Tokenizer};
 use tandem::engine::{ChatMessage, Engine, EngineConfig, Image, Input, MtpOverrides, Part, Request};

@@ -8,12 +8,11 @@
 //! logits (the same arrays enter the same computation, so the tolerance is 0) and identical MTP
 //! drafting. A wrong norm convention moves logits by O(1) and MTP acceptance to about 0.
 
-mod common;
 
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 use mlx::{Array, Dtype};
 use serde_json::{json, Value};
 use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams};
@@ -222,7 +221,7 @@ fn mlx_lm_conversions_load_like_tandems_own() {
     // What `python -m mlx_lm convert` writes for qwen3_5: `language_model.model.*` and
     // `language_model.lm_head.weight`, conv1d [C, K, 1], norms shifted in bf16, metadata
     // {"format": "mlx"}, an index, and no MTP head although config.json still declares one.
-    // Tandem's converter writes the same bytes for every tensor mlx-lm writes (tests/convert.rs),
+    // Tandem's converter writes the same bytes for every tensor mlx-lm writes (tests/it/convert.rs),
     // so Tandem must compute exactly the same logits from either.
     let tmp = tempdir();
     let src = tmp.path().join("src");

@@ -1,0 +1,15 @@
+//! All integration tests in one binary: MLX is linked once, and one process runs every module.
+
+mod common;
+mod convert;
+mod forward_reference;
+mod inspect;
+mod load_errors;
+mod load_layouts;
+mod mtp_decode;
+mod mtp_regression;
+mod server_api;
+mod server_conversations;
+mod server_images;
+mod tiny_reference;
+mod vision;
