@@ -1,4 +1,4 @@
-// The one client of the engine's HTTP API (DESIGN.md, "HTTP API"). Nothing else in the UI calls fetch.
+// The one client of the engine's HTTP API (docs/ARCHITECTURE.md §4.2). Nothing else in the UI calls fetch.
 
 import { readSse } from './sse';
 import type { Conversation, ConversationSummary } from './storage';

@@ -1,4 +1,4 @@
-// The shapes the engine's HTTP API speaks (DESIGN.md, "HTTP API" and "Statistics").
+// The shapes the engine's HTTP API speaks (docs/ARCHITECTURE.md §4.2 and §4.3).
 //
 // The Statistics types (`Stats`, `SpecStats`, `DepthStats`, `PhaseMs`) mirror `src/generate/stats.rs`
 // field for field; they are meant to be replaced by types generated from Rust (ts-rs), so they live here,
