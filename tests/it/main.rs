@@ -8,6 +8,7 @@ mod load_errors;
 mod load_layouts;
 mod mtp_decode;
 mod mtp_regression;
+mod relocate;
 mod server_api;
 mod server_conversations;
 mod server_images;
