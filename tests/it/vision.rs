@@ -3,6 +3,7 @@
 //! CPU in f32), plus image decoding limits and errors, a text-only model refusing images, and lossless MTP with
 //! an image in the prompt.
 
+
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
