@@ -105,7 +105,8 @@ pub fn applicable(x: &Array, q: &Quantized) -> bool {
 }
 
 fn tested_class() -> bool {
-    cuda_compute_capability().is_some_and(|cc| TESTED_CLASSES.contains(&cc))
+    static TESTED: OnceLock<bool> = OnceLock::new();
+    *TESTED.get_or_init(|| cuda_compute_capability().is_some_and(|cc| TESTED_CLASSES.contains(&cc)))
 }
 
 /// Runs the kernel (CUDA only; elsewhere MLX reports an error when the result is evaluated). Checks only
@@ -129,7 +130,7 @@ pub fn cuda(x: &Array, q: &Quantized) -> Result<Array> {
         kernel.call(
             &[&x2, &q.weight, &q.scales, biases],
             &Launch {
-                outputs: &[(&out_shape, dt)],
+                outputs: &[(&out_shape[..], dt)],
                 grid: [blocks * 32 * WARPS, 1, 1],
                 threadgroup: [32 * WARPS, 1, 1],
                 template: &[("BITS", q.bits), ("R", TILES_PER_WARP), ("KS", WARPS), ("U", GROUPS_PER_ROUND)],
