@@ -100,8 +100,7 @@ pub fn applicable(x: &Array, q: &Quantized) -> bool {
     if q.weight.dim(1) != k * q.bits / 32 || q.scales.shape() != groups || biases.shape() != groups {
         return false;
     }
-    let m = x.size() / k as usize;
-    m >= 1 && m <= MAX_ROWS as usize
+    (1..=MAX_ROWS as usize).contains(&(x.size() / k as usize))
 }
 
 fn tested_class() -> bool {
