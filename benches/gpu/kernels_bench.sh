@@ -5,8 +5,9 @@
 # Run on the lent GPU machine from the repository root. It needs what cuda_bench.sh's header describes:
 # the mlx-cuda-13 wheel's mlx/ and mlx_cuda_13.libs/ as .devcarry/mlxcuda.tar.xz.part* (tar + xz, split to
 # fit the carry limit; a part carried by an earlier call in the same warm machine waits in /tmp/keep) and
-# the mlx 0.32.4 wheel. Optional: .devcarry/it.xz, the integration-test binary
-#   (cargo test --release --test it --no-run; xz -c the path it prints > .devcarry/it.xz).
+# the mlx 0.32.4 wheel. Optional: .devcarry/it.xz, the integration-test binary built here
+#   (cargo test --test it --no-run; strip -o /tmp/it the path it prints; xz -9 -c /tmp/it > .devcarry/it.xz:
+#   about 4 MB; its RUNPATH yields to LD_LIBRARY_PATH, so it runs with the CUDA libmlx).
 # Extra arguments go to qmm_kernel.py. Results go to $OUT (or /tmp/out).
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
@@ -24,5 +25,5 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 PYTHONUNBUFFERED=1 python3 benches/gpu/qmm_kernel.py --out "$OUT" "$@" 2>&1 | tee "$OUT/qmm_kernel.txt"
 if [ -e .devcarry/it.xz ]; then
   xz -dc .devcarry/it.xz > /tmp/it && chmod +x /tmp/it
-  /tmp/it kernels:: --nocapture 2>&1 | tee "$OUT/rust_kernels.txt"
+  /tmp/it kernels:: --nocapture --test-threads=1 2>&1 | tee "$OUT/rust_kernels.txt"
 fi
