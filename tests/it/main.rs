@@ -4,6 +4,7 @@ mod common;
 mod convert;
 mod forward_reference;
 mod inspect;
+mod kernels;
 mod load_errors;
 mod load_layouts;
 mod mtp_decode;

@@ -134,6 +134,17 @@ void set_default_device(bool gpu) { mx::set_default_device(gpu ? mx::Device::gpu
 bool default_device_is_gpu() { return mx::default_device().type == mx::Device::gpu; }
 bool gpu_available() { return mx::is_available(mx::Device::gpu); }
 bool cuda_available() { return mx::cu::is_available(); }
+int32_t cuda_compute_capability() {
+  if (!mx::cu::is_available()) return -1;
+  try {
+    const auto& info = mx::gpu::device_info(0);
+    auto major = info.find("compute_capability_major"), minor = info.find("compute_capability_minor");
+    if (major == info.end() || minor == info.end()) return -1;
+    return static_cast<int32_t>(std::get<size_t>(major->second) * 10 + std::get<size_t>(minor->second));
+  } catch (...) {
+    return -1;
+  }
+}
 int32_t new_stream(bool gpu) { return mx::new_stream(gpu ? mx::Device::gpu : mx::Device::cpu).index; }
 void set_default_stream(int32_t index, bool gpu) {
   for (auto& s : mx::get_streams()) {

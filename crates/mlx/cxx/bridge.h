@@ -64,6 +64,8 @@ void set_default_device(bool gpu);
 bool default_device_is_gpu();
 bool gpu_available();
 bool cuda_available();
+// major * 10 + minor of CUDA device 0; -1 without CUDA.
+int32_t cuda_compute_capability();
 int32_t new_stream(bool gpu);
 void set_default_stream(int32_t index, bool gpu);
 size_t get_active_memory();

@@ -132,6 +132,7 @@ pub(crate) mod ffi {
         fn default_device_is_gpu() -> bool;
         fn gpu_available() -> bool;
         fn cuda_available() -> bool;
+        fn cuda_compute_capability() -> i32;
         fn new_stream(gpu: bool) -> Result<i32>;
         fn set_default_stream(index: i32, gpu: bool) -> Result<()>;
         fn get_active_memory() -> usize;
