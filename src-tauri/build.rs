@@ -7,7 +7,8 @@ fn main() {
         println!("cargo:rustc-link-arg-bins=-Wl,-rpath,@executable_path/../Resources/mlx/lib");
     }
     // Beside the binary, or one folder up for test binaries in `deps/`.
-    let origin = if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") { "@loader_path" } else { "$ORIGIN" };
+    let origin =
+        if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") { "@loader_path" } else { "$ORIGIN" };
     println!("cargo:rustc-link-arg=-Wl,-rpath,{origin}/mlx/lib");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{origin}/../mlx/lib");
     tauri_build::build();

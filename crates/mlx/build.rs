@@ -62,9 +62,7 @@ fn link_beside_binaries(mlx: &Path) {
     let Some(wheel) = mlx.parent() else { return };
     let mut names = vec![std::ffi::OsString::from("mlx")];
     if let Ok(entries) = std::fs::read_dir(wheel) {
-        names.extend(
-            entries.flatten().map(|e| e.file_name()).filter(|n| n.to_string_lossy().ends_with(".libs")),
-        );
+        names.extend(entries.flatten().map(|e| e.file_name()).filter(|n| n.to_string_lossy().ends_with(".libs")));
     }
     for name in names {
         let from = if name == "mlx" { mlx.to_path_buf() } else { wheel.join(&name) };
