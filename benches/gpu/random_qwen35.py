@@ -1,7 +1,10 @@
 """A Qwen3.5-shaped checkpoint with random weights, for timing only (its text is noise and its MTP drafts are
 almost never accepted, so it measures what drafting and verifying cost, not what they earn).
 
-Usage: python3 benches/gpu/random_qwen35.py OUT_DIR [--hidden 2048 --layers 24 --intermediate 6144]
+Usage: python3 benches/gpu/random_qwen35.py OUT_DIR [--preset 2b|27b-slice|27b] [--hidden N --layers N ...]
+Presets: `2b` (the default: hidden 2048, 24 layers); `27b-slice`, the Qwen3.5-27B shape (hidden 5120,
+intermediate 17408, Hq 24, Hkv 4, head_dim 256, Hk 16, Hv 48, Dk = Dv = 128, partial rotary 0.25) with 16 of
+its 64 layers (6.5B parameters, ~13 GB in bf16); `27b`, all 64 layers (~52 GB: for machines with the room).
 Built with tools/train_tiny/tiny_model.py (transformers' Qwen3.5 classes plus our MTP head) and saved in the
 raw Hugging Face layout, bf16, with tandem-tiny's tokenizer (vocabulary 4096), so Tandem and mlx-lm load it.
 Needs torch and transformers (the GPU machine has both); runs on CUDA when available.
@@ -20,11 +23,22 @@ sys.path.insert(0, str(ROOT / "tools/train_tiny"))
 from tiny_model import TinyWithMTP, full_config_dict, text_config_dict, to_checkpoint_dtypes  # noqa: E402
 
 p = argparse.ArgumentParser()
+PRESETS = {
+    "2b": dict(hidden=2048, layers=24, intermediate=6144, heads=8, kv_heads=2, linear_k_heads=16, linear_v_heads=16),
+    "27b-slice": dict(hidden=5120, layers=16, intermediate=17408, heads=24, kv_heads=4, linear_k_heads=16,
+                      linear_v_heads=48),
+    "27b": dict(hidden=5120, layers=64, intermediate=17408, heads=24, kv_heads=4, linear_k_heads=16,
+                linear_v_heads=48),
+}
+p = argparse.ArgumentParser()
 p.add_argument("out")
-p.add_argument("--hidden", type=int, default=2048)
-p.add_argument("--layers", type=int, default=24)
-p.add_argument("--intermediate", type=int, default=6144)
+p.add_argument("--preset", choices=sorted(PRESETS), default="2b")
+for name in ["hidden", "layers", "intermediate", "heads", "kv_heads", "linear_k_heads", "linear_v_heads"]:
+    p.add_argument("--" + name.replace("_", "-"), dest=name, type=int)
 a = p.parse_args()
+for name, value in PRESETS[a.preset].items():
+    if getattr(a, name) is None:
+        setattr(a, name, value)
 
 cfg = text_config_dict()
 cfg.update(
@@ -32,11 +46,11 @@ cfg.update(
     intermediate_size=a.intermediate,
     num_hidden_layers=a.layers,
     layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(a.layers)],
-    num_attention_heads=8,
-    num_key_value_heads=2,
+    num_attention_heads=a.heads,
+    num_key_value_heads=a.kv_heads,
     head_dim=256,
-    linear_num_key_heads=16,
-    linear_num_value_heads=16,
+    linear_num_key_heads=a.linear_k_heads,
+    linear_num_value_heads=a.linear_v_heads,
     linear_key_head_dim=128,
     linear_value_head_dim=128,
 )
