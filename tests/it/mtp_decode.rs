@@ -1,9 +1,9 @@
 //! MTP speculative decoding on a random checkpoint: greedy output identical to plain decoding at
 //! every depth, and caches after rollback equal to those of a run that never saw the drafts.
 
-
 use crate::common::*;
 use mlx::Array;
+use tandem::cache::Verify;
 use tandem::generate::MtpOptions;
 use tandem::model::{self, LoadOptions};
 
@@ -52,22 +52,13 @@ fn rollback_restores_the_caches_of_a_run_without_the_drafts() {
     let m = model::load(dir.path(), &LoadOptions::default()).unwrap();
     let prompt: Vec<i32> = vec![5, 6, 7, 8, 9, 10];
     let verify: Vec<i32> = vec![11, 12, 13, 14]; // the pending token and three drafts
-    for keep in 1..=verify.len() {
-        // Run prompt + all verify tokens with recording, then roll back to `keep` of them.
+    for keep in 0..=verify.len() {
+        // Run prompt + all verify tokens in a verify transaction, then keep `keep` of them.
         let mut cache = m.make_cache();
         m.forward(&Array::from_slice(&prompt, &[1, prompt.len() as i32]).unwrap(), &mut cache).unwrap();
-        for c in cache.iter_mut() {
-            if let Some(s) = c.as_linear() {
-                s.record_next = true;
-            }
-        }
-        m.forward(&Array::from_slice(&verify, &[1, verify.len() as i32]).unwrap(), &mut cache).unwrap();
-        for c in cache.iter_mut() {
-            match c {
-                tandem::cache::LayerCache::Kv(kv) => kv.trim((verify.len() - keep) as i32).unwrap(),
-                tandem::cache::LayerCache::Linear(s) => s.rollback(keep, m.linear_kernel()).unwrap(),
-            }
-        }
+        let mut tx = Verify::begin(&mut cache, verify.len());
+        m.forward(&Array::from_slice(&verify, &[1, verify.len() as i32]).unwrap(), tx.cache()).unwrap();
+        tx.commit(keep).unwrap();
         // A run that only ever saw the kept tokens.
         let mut clean = m.make_cache();
         let mut seen = prompt.clone();
@@ -121,4 +112,19 @@ fn head_catch_up_in_one_pass_equals_step_by_step() {
     assert_eq!(all.len(), parts.len());
     let e = rel_err(&all, &parts);
     assert!(e < 1e-5, "head outputs differ between one catch-up pass and small steps (relative error {e})");
+}
+
+/// A verify commit that asks for more tokens than the pass held, or follows no pass at all, is an
+/// error that says so, not a silently wrong cache.
+#[test]
+fn verify_commit_refuses_what_the_pass_did_not_hold() {
+    let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32) }).unwrap();
+    let mut cache = m.make_cache();
+    m.forward(&Array::from_slice(&[5i32, 6, 7], &[1, 3]).unwrap(), &mut cache).unwrap();
+    let mut tx = Verify::begin(&mut cache, 2);
+    m.forward(&Array::from_slice(&[8i32, 9], &[1, 2]).unwrap(), tx.cache()).unwrap();
+    let e = tx.commit(3).unwrap_err().to_string();
+    assert!(e.contains("keep 3 of 2"), "{e}");
+    let e = Verify::begin(&mut cache, 2).commit(1).unwrap_err().to_string();
+    assert!(e.contains("positions after a pass of 2") || e.contains("recorded no pass"), "{e}");
 }
