@@ -40,7 +40,11 @@ impl<'m> Decoder<'m> {
     ) -> Result<Decoder<'m>> {
         if opts.mtp.enabled && model.has_mtp() && opts.max_tokens > 1 {
             stats.spec = Some(SpecStats::new(opts.mtp.depth));
-            return Ok(Decoder::Mtp(MtpDecoder::new(model, &opts.mtp, cache, hidden, prompt, first)));
+            let mut mtp = MtpDecoder::new(model, &opts.mtp, cache, hidden, prompt, first);
+            if let Some(oracle) = &opts.oracle {
+                mtp = mtp.with_oracle(oracle);
+            }
+            return Ok(Decoder::Mtp(mtp));
         }
         if opts.mtp.enabled {
             let why = model.mtp_status.reason.clone().unwrap_or_else(|| "the model has no MTP head".into());

@@ -16,6 +16,8 @@ pub enum GenerateError {
     Depth(usize),
     #[error("model `{model}` has no vision tower: it cannot read images{} (send text only, or choose a vision model)", .reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default())]
     NoVision { model: String, reason: Option<String> },
+    #[error("oracle drafts: {0}")]
+    Oracle(String),
     #[error("images: {0}")]
     Images(String),
     #[error(transparent)]

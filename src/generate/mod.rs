@@ -14,6 +14,7 @@ pub mod step;
 pub use decode::{generate, generate_prompt, Control, FinishReason, Output, Progress, Prompt};
 pub use decoder::Decoder;
 pub use error::GenerateError;
+pub use mtp::oracle::Oracle;
 pub use options::{GenerateOptions, MtpOptions};
 pub use prefill::{prefill, prefill_images};
 pub use sampler::{Sampler, SamplingParams};

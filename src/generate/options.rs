@@ -1,6 +1,7 @@
 //! What a generation is asked to do, and the checks of a request against the model.
 
 use super::error::{GenerateError, Result};
+use super::mtp::oracle::Oracle;
 use super::sampler::SamplingParams;
 use crate::model::Qwen35;
 
@@ -29,6 +30,9 @@ pub struct GenerateOptions {
     pub mtp: MtpOptions,
     /// Prompt tokens per prefill forward.
     pub prefill_chunk: usize,
+    /// Benchmarks only: draft from a known continuation instead of the head's guesses (`tandem
+    /// bench --oracle-acceptance`).
+    pub oracle: Option<Oracle>,
 }
 
 impl Default for GenerateOptions {
@@ -39,6 +43,7 @@ impl Default for GenerateOptions {
             stop_ids: vec![],
             mtp: MtpOptions::default(),
             prefill_chunk: 512,
+            oracle: None,
         }
     }
 }
@@ -66,6 +71,14 @@ impl GenerateOptions {
         self.sampling.validate().map_err(GenerateError::Sampling)?;
         if self.mtp.enabled && !(1..=8).contains(&self.mtp.depth) {
             return Err(GenerateError::Depth(self.mtp.depth));
+        }
+        if let Some(o) = &self.oracle {
+            if !(0.0..=1.0).contains(&o.acceptance) {
+                return Err(GenerateError::Oracle(format!("acceptance {} is outside 0..=1", o.acceptance)));
+            }
+            if !self.sampling.is_greedy() {
+                return Err(GenerateError::Oracle("oracle drafts need greedy sampling (temperature 0)".into()));
+            }
         }
         Ok(())
     }

@@ -128,3 +128,44 @@ fn verify_commit_refuses_what_the_pass_did_not_hold() {
     let e = Verify::begin(&mut cache, 2).commit(1).unwrap_err().to_string();
     assert!(e.contains("positions after a pass of 2") || e.contains("recorded no pass"), "{e}");
 }
+
+/// `tandem bench --oracle-acceptance P`: drafts from the plain continuation, each right with
+/// probability P. At 1 every draft is accepted, at 0 none, and in between the output is still the
+/// plain output (verify and rollback did their real work on every cycle).
+#[test]
+fn oracle_drafts_are_accepted_as_asked_and_leave_the_output_plain() {
+    use tandem::generate::{generate, Control, GenerateOptions, Oracle, SamplingParams};
+    let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32) }).unwrap();
+    let prompt: Vec<u32> = (0..24).map(|i| 20 + (i * 37) % 400).collect();
+    let (plain, _) = greedy(&m, &prompt, 48, None);
+    assert_eq!(plain.len(), 48);
+    for (acceptance, depth) in [(1.0, 3), (0.0, 3), (0.5, 2), (1.0, 1)] {
+        let opts = GenerateOptions {
+            max_tokens: 48,
+            sampling: SamplingParams::greedy(),
+            mtp: MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false },
+            oracle: Some(Oracle { continuation: plain.clone(), acceptance, seed: 11 }),
+            ..Default::default()
+        };
+        let out = generate(&m, &prompt, &opts, &mut |_| Control::Continue).unwrap();
+        assert_eq!(out.tokens, plain, "oracle {acceptance}, depth {depth}");
+        let s = out.stats.spec.expect("spec stats");
+        assert!(s.drafted > 0, "{s:?}");
+        if acceptance == 1.0 {
+            assert_eq!(s.accepted, s.drafted, "oracle 1, depth {depth}: {s:?}");
+        } else if acceptance == 0.0 {
+            assert_eq!(s.accepted, 0, "oracle 0: {s:?}");
+        } else {
+            // Depth-1 drafts are right half of the time: 12+ cycles make 0 and all unlikely.
+            let first = &s.by_depth[0];
+            assert!(first.accepted > 0 && first.accepted < first.drafted, "{s:?}");
+        }
+    }
+    // Out of range: an error that names it.
+    let bad = GenerateOptions {
+        oracle: Some(Oracle { continuation: plain.clone(), acceptance: 1.5, seed: 0 }),
+        ..Default::default()
+    };
+    let e = generate(&m, &prompt, &bad, &mut |_| Control::Continue).unwrap_err().to_string();
+    assert!(e.contains("1.5"), "{e}");
+}

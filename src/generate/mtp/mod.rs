@@ -9,6 +9,7 @@
 pub mod acceptance;
 pub mod controller;
 pub mod drafter;
+pub mod oracle;
 
 use std::time::Instant;
 
@@ -17,6 +18,7 @@ use mlx::{Array, Dtype};
 use self::acceptance::accept;
 use self::controller::Controller;
 use self::drafter::Drafter;
+use self::oracle::{Oracle, OracleDrafts};
 use super::error::Result;
 use super::options::MtpOptions;
 use super::sampler::Sampler;
@@ -34,6 +36,10 @@ pub struct MtpDecoder<'m> {
     last: u32,
     ctl: Controller,
     emitted_in_cycles: usize,
+    /// Tokens emitted so far, the first one included.
+    emitted: usize,
+    /// When set, the drafts sent to verify come from here (benchmarks).
+    oracle: Option<OracleDrafts>,
 }
 
 /// What a verify decided and what the committed positions look like.
@@ -65,7 +71,15 @@ impl<'m> MtpDecoder<'m> {
             last: first,
             ctl: Controller::new(opts.adaptive),
             emitted_in_cycles: 0,
+            emitted: 1,
+            oracle: None,
         }
+    }
+
+    /// Drafts from `oracle`'s continuation instead of the head's guesses; the head still runs.
+    pub fn with_oracle(mut self, oracle: &Oracle) -> MtpDecoder<'m> {
+        self.oracle = Some(OracleDrafts::new(oracle, self.model.config.text.vocab_size.max(0) as u32));
+        self
     }
 
     /// One plain step (while parked) or one speculative cycle; returns the new tokens (at least
@@ -85,11 +99,15 @@ impl<'m> MtpDecoder<'m> {
             // The head catches up on this position when drafting resumes.
             self.drafter.queue([hidden], &[next]);
             self.last = next;
+            self.emitted += 1;
             self.ctl.after_plain(ms(t0, Instant::now()));
             return Ok(vec![next]);
         }
         let t0 = Instant::now();
-        let drafts = self.drafter.draft(self.model, k, self.opts.depth)?;
+        let mut drafts = self.drafter.draft(self.model, k, self.opts.depth)?;
+        if let Some(oracle) = self.oracle.as_mut() {
+            drafts = oracle.drafts(self.emitted, &drafts);
+        }
         let t1 = Instant::now();
         let v = if self.opts.exact_verify {
             self.verify_exact(sampler, history, &drafts)?
@@ -110,6 +128,7 @@ impl<'m> MtpDecoder<'m> {
         spec.ms.sample += v.ms[1];
         spec.ms.rollback += v.ms[2];
         self.emitted_in_cycles += a + 1;
+        self.emitted += a + 1;
         self.ctl.after_spec(cycle_ms - self.drafter.catch_up_ms(), a + 1);
         Ok(out)
     }
