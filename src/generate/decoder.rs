@@ -8,7 +8,7 @@ use super::mtp::MtpDecoder;
 use super::options::GenerateOptions;
 use super::sampler::Sampler;
 use super::stats::{SpecStats, Stats};
-use super::step::step;
+use super::step::{can_pipeline, start, step, token_input, Started};
 use crate::cache::LayerCache;
 use crate::model::Qwen35;
 
@@ -23,6 +23,8 @@ pub struct Plain<'m> {
     cache: Vec<LayerCache>,
     /// The newest sampled token, not yet fed to the model.
     last: u32,
+    /// The step that feeds `last`, already running (pipelined decoding).
+    ahead: Option<Started>,
 }
 
 impl<'m> Decoder<'m> {
@@ -50,7 +52,7 @@ impl<'m> Decoder<'m> {
             let why = model.mtp_status.reason.clone().unwrap_or_else(|| "the model has no MTP head".into());
             stats.spec = Some(SpecStats::fallback(opts.mtp.depth, why));
         }
-        Ok(Decoder::Plain(Plain { model, cache, last: first }))
+        Ok(Decoder::Plain(Plain { model, cache, last: first, ahead: None }))
     }
 
     /// Produces the next tokens (at least one). `history` holds the prompt and every emitted token
@@ -63,11 +65,7 @@ impl<'m> Decoder<'m> {
         stats: &mut Stats,
     ) -> Result<Vec<u32>> {
         match self {
-            Decoder::Plain(p) => {
-                let (_, next) = step(p.model, &mut p.cache, sampler, history, p.last)?;
-                p.last = next;
-                Ok(vec![next])
-            }
+            Decoder::Plain(p) => p.step(sampler, history, remaining),
             Decoder::Mtp(m) => m.step(sampler, history, remaining, stats),
         }
     }
@@ -77,5 +75,28 @@ impl<'m> Decoder<'m> {
         if let Decoder::Mtp(m) = self {
             m.finish(stats);
         }
+    }
+}
+
+impl Plain<'_> {
+    /// One token. Pipelined where sampling allows: the step after this one is built and started
+    /// before this one's token is read, so the host builds a graph while the device computes.
+    fn step(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, remaining: usize) -> Result<Vec<u32>> {
+        if !can_pipeline(sampler) {
+            let (_, next) = step(self.model, &mut self.cache, sampler, history, self.last)?;
+            self.last = next;
+            return Ok(vec![next]);
+        }
+        let current = match self.ahead.take() {
+            Some(s) => s,
+            None => start(self.model, &mut self.cache, sampler, &token_input(self.last)?)?,
+        };
+        history.push(self.last);
+        if remaining > 1 {
+            let token = current.token.reshape(&[1, 1])?;
+            self.ahead = Some(start(self.model, &mut self.cache, sampler, &token)?);
+        }
+        self.last = current.token.item::<u32>()?;
+        Ok(vec![self.last])
     }
 }

@@ -18,9 +18,40 @@ pub fn step(
     token: u32,
 ) -> Result<(Array, u32)> {
     history.push(token);
-    let hidden = model.forward(&Array::from_slice(&[token as i32], &[1, 1])?, cache)?;
+    let hidden = model.forward(&token_input(token)?, cache)?;
     let next = sample_last(model, sampler, &hidden, history)?;
     Ok((hidden, next))
+}
+
+/// A step that is built and running but not read yet: its token is an array still being computed.
+pub struct Started {
+    /// The post-norm hidden state `[1, 1, D]` at the fed token.
+    pub hidden: Array,
+    /// The sampled token, a scalar `u32` array.
+    pub token: Array,
+}
+
+/// Whether steps can be pipelined: the next step's graph is built from the previous step's token
+/// before that token is read. Sampling must then not need the token on the host; the repetition
+/// penalty reads the history, so it keeps steps synchronous.
+pub fn can_pipeline(sampler: &Sampler) -> bool {
+    sampler.params.repetition_penalty == 1.0
+}
+
+/// Builds the step that feeds `token` (`[1, 1]`, possibly still being computed) and starts
+/// computing it (MLX `async_eval`), so that the host can build the following step meanwhile.
+/// Samples exactly as [`step`] does when [`can_pipeline`] holds (the same random keys, in order).
+pub fn start(model: &Qwen35, cache: &mut [LayerCache], sampler: &mut Sampler, token: &Array) -> Result<Started> {
+    let hidden = model.forward(token, cache)?;
+    let logits = model.logits(&hidden)?.reshape(&[-1])?.as_dtype(Dtype::F32)?;
+    let token = sampler.sample(&logits)?;
+    mlx::device::async_eval(&[&token])?;
+    Ok(Started { hidden, token })
+}
+
+/// A token id as the `[1, 1]` input of a step.
+pub fn token_input(token: u32) -> Result<Array> {
+    Ok(Array::from_slice(&[token as i32], &[1, 1])?)
 }
 
 /// Samples the token after the last position of `hidden` `[1, T, D]`.

@@ -169,3 +169,40 @@ fn oracle_drafts_are_accepted_as_asked_and_leave_the_output_plain() {
     let e = generate(&m, &prompt, &bad, &mut |_| Control::Continue).unwrap_err().to_string();
     assert!(e.contains("1.5"), "{e}");
 }
+
+/// Pipelined decoding (each step built and started before the previous token is read) samples
+/// exactly what synchronous steps do: for the same seed, the same tokens, greedy or sampled. The
+/// reference reads every token before building the next step, as decoding did before pipelining.
+#[test]
+fn pipelined_decoding_gives_the_tokens_of_synchronous_steps() {
+    use tandem::generate::step::{sample_last, step};
+    use tandem::generate::{generate, prefill, Control, GenerateOptions, Sampler, SamplingParams};
+    let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32) }).unwrap();
+    let prompt: Vec<u32> = (0..16).map(|i| 30 + (i * 53) % 300).collect();
+    let n = 40;
+    let cases = [
+        SamplingParams::greedy(),
+        SamplingParams { temperature: 0.9, seed: Some(5), ..Default::default() },
+        SamplingParams { temperature: 0.7, top_p: 0.9, seed: Some(8), ..Default::default() },
+    ];
+    for params in cases {
+        let mut sampler = Sampler::new(params.clone()).unwrap();
+        let mut cache = m.make_cache();
+        let hidden = prefill(&m, &prompt, &mut cache, 512).unwrap();
+        let mut history = prompt.clone();
+        let mut token = sample_last(&m, &mut sampler, &hidden, &history).unwrap();
+        let mut want = vec![token];
+        while want.len() < n {
+            token = step(&m, &mut cache, &mut sampler, &mut history, token).unwrap().1;
+            want.push(token);
+        }
+        let opts = GenerateOptions {
+            max_tokens: n,
+            sampling: params.clone(),
+            mtp: MtpOptions { enabled: false, ..Default::default() },
+            ..Default::default()
+        };
+        let got = generate(&m, &prompt, &opts, &mut |_| Control::Continue).unwrap().tokens;
+        assert_eq!(got, want, "{params:?}");
+    }
+}

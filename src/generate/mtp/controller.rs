@@ -70,6 +70,11 @@ impl Controller {
         self.parked_left > 0
     }
 
+    /// Whether the step after the plain step now running is plain too (drafting still parked).
+    pub fn parked_after_this_step(&self) -> bool {
+        self.parked_left > 1
+    }
+
     pub fn after_plain(&mut self, ms: f64) {
         self.plain.push(ms, 1);
         self.parked_left = self.parked_left.saturating_sub(1);

@@ -48,9 +48,10 @@ impl Drafter {
         self.catch_up_ms
     }
 
-    /// Drafts `k` tokens greedily, chaining through the head's normed output. `depth` is the
+    /// Drafts `k` tokens greedily, chaining through the head's normed output, as an array `[k]`
+    /// (`u32`) still to be computed: the verify pass is built on it without waiting. `depth` is the
     /// configured depth: more pending pairs than a cycle leaves mean the head is catching up.
-    pub fn draft(&mut self, model: &Qwen35, k: usize, depth: usize) -> Result<Vec<u32>> {
+    pub fn draft(&mut self, model: &Qwen35, k: usize, depth: usize) -> Result<Array> {
         let catching_up = self.pending_tokens.len() > depth + 1;
         let t = Instant::now();
         let mut hm = self.flush(model)?;
@@ -69,7 +70,7 @@ impl Drafter {
             drafts.push(d);
         }
         let refs: Vec<&Array> = drafts.iter().collect();
-        let all = concatenate(&refs, 1)?.reshape(&[-1])?.to_vec::<u32>()?;
+        let all = concatenate(&refs, 1)?.reshape(&[-1])?;
         // The k-1 chained entries were speculative.
         self.cache.trim(k as i32 - 1)?;
         Ok(all)

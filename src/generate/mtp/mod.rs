@@ -23,7 +23,7 @@ use super::error::Result;
 use super::options::MtpOptions;
 use super::sampler::Sampler;
 use super::stats::{SpecStats, Stats};
-use super::step::step;
+use super::step::{can_pipeline, start, step, token_input, Started};
 use crate::cache::{LayerCache, Verify};
 use crate::model::Qwen35;
 
@@ -40,10 +40,17 @@ pub struct MtpDecoder<'m> {
     emitted: usize,
     /// When set, the drafts sent to verify come from here (benchmarks).
     oracle: Option<OracleDrafts>,
+    /// The plain step that feeds `last`, already running (pipelined while parked).
+    ahead: Option<Started>,
+    /// When the previous step returned: a step's cost is the time between returns, which is what
+    /// a token costs when steps overlap with the host's work.
+    returned: Option<Instant>,
 }
 
 /// What a verify decided and what the committed positions look like.
 struct Verified {
+    /// The drafts that were verified.
+    drafts: Vec<u32>,
     accepted: usize,
     next: u32,
     /// Post-norm hidden states at the `accepted + 1` committed positions, for the head.
@@ -73,6 +80,8 @@ impl<'m> MtpDecoder<'m> {
             emitted_in_cycles: 0,
             emitted: 1,
             oracle: None,
+            ahead: None,
+            returned: None,
         }
     }
 
@@ -91,31 +100,39 @@ impl<'m> MtpDecoder<'m> {
         remaining: usize,
         stats: &mut Stats,
     ) -> Result<Vec<u32>> {
+        let t0 = Instant::now();
+        let since = self.returned.unwrap_or(t0);
         let k = self.opts.depth.min(remaining.saturating_sub(1));
-        if k == 0 || self.ctl.parked() {
+        if k == 0 || self.ctl.parked() || self.ahead.is_some() {
             stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth)).parked_cycles += 1;
-            let t0 = Instant::now();
-            let (hidden, next) = step(self.model, &mut self.cache, sampler, history, self.last)?;
+            let (hidden, next) = self.plain_step(sampler, history, remaining)?;
             // The head catches up on this position when drafting resumes.
             self.drafter.queue([hidden], &[next]);
             self.last = next;
             self.emitted += 1;
-            self.ctl.after_plain(ms(t0, Instant::now()));
+            let now = Instant::now();
+            self.ctl.after_plain(ms(since, now));
+            self.returned = Some(now);
             return Ok(vec![next]);
         }
-        let t0 = Instant::now();
-        let mut drafts = self.drafter.draft(self.model, k, self.opts.depth)?;
-        if let Some(oracle) = self.oracle.as_mut() {
-            drafts = oracle.drafts(self.emitted, &drafts);
-        }
+        // The drafts stay on the device: verify is built on them and one wait covers both.
+        let head = self.drafter.draft(self.model, k, self.opts.depth)?;
+        let drafts = match self.oracle.as_mut() {
+            Some(oracle) => Array::from_slice(&oracle.drafts(self.emitted, k), &[k as i32])?,
+            None => head.clone(),
+        };
         let t1 = Instant::now();
         let v = if self.opts.exact_verify {
-            self.verify_exact(sampler, history, &drafts)?
+            mlx::device::eval(&[&drafts, &head])?;
+            self.verify_exact(sampler, history, &drafts.to_vec::<u32>()?)?
         } else {
-            self.verify(sampler, history, &drafts)?
+            self.verify(sampler, history, &drafts, &head)?
         };
+        let drafts = &v.drafts;
         let a = v.accepted;
-        let cycle_ms = ms(t0, Instant::now());
+        let now = Instant::now();
+        let cycle_ms = ms(since, now);
+        self.returned = Some(now);
         let mut out = drafts[..a].to_vec();
         out.push(v.next);
         self.drafter.queue(v.hidden, &out);
@@ -143,24 +160,53 @@ impl<'m> MtpDecoder<'m> {
         }
     }
 
-    /// Verifies `last` and the drafts in one forward, then keeps the accepted prefix.
-    fn verify(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, drafts: &[u32]) -> Result<Verified> {
+    /// The plain step that feeds `last`: pipelined when the next step is plain too (still parked,
+    /// or the last token), so the host builds it while this one computes.
+    fn plain_step(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, remaining: usize) -> Result<(Array, u32)> {
+        if !can_pipeline(sampler) {
+            return step(self.model, &mut self.cache, sampler, history, self.last);
+        }
+        let current = match self.ahead.take() {
+            Some(s) => s,
+            None => start(self.model, &mut self.cache, sampler, &token_input(self.last)?)?,
+        };
+        history.push(self.last);
+        let next_is_plain = self.ctl.parked_after_this_step() || remaining <= 2;
+        if remaining > 1 && next_is_plain {
+            let token = current.token.reshape(&[1, 1])?;
+            self.ahead = Some(start(self.model, &mut self.cache, sampler, &token)?);
+        }
+        Ok((current.hidden, current.token.item::<u32>()?))
+    }
+
+    /// Verifies `last` and the drafts `[k]` (on the device) in one forward, then keeps the
+    /// accepted prefix. `head` (the head's own drafts) is computed with it even when the oracle
+    /// replaced them.
+    fn verify(
+        &mut self,
+        sampler: &mut Sampler,
+        history: &mut Vec<u32>,
+        drafts: &Array,
+        head: &Array,
+    ) -> Result<Verified> {
         let t1 = Instant::now();
-        let mut input: Vec<i32> = vec![self.last as i32];
-        input.extend(drafts.iter().map(|&d| d as i32));
-        let mut verify = Verify::begin(&mut self.cache, input.len());
-        let hidden = self.model.forward(&Array::from_slice(&input, &[1, input.len() as i32])?, verify.cache())?;
+        let k = drafts.dim(0);
+        let last = Array::from_slice(&[self.last], &[1, 1])?;
+        let input = mlx::concatenate(&[&last, &drafts.as_dtype(Dtype::U32)?.reshape(&[1, k])?], 1)?;
+        let mut verify = Verify::begin(&mut self.cache, k as usize + 1);
+        let hidden = self.model.forward(&input, verify.cache())?;
         let logits = self.model.logits(&hidden)?.squeeze(&[0])?.as_dtype(Dtype::F32)?; // [k+1, V]
-        logits.eval()?;
+        mlx::device::eval(&[&logits, drafts, head])?;
+        let drafts = drafts.to_vec::<u32>()?;
         let t2 = Instant::now();
         history.push(self.last);
-        let (accepted, next) = accept(sampler, &logits, drafts, history)?;
+        let (accepted, next) = accept(sampler, &logits, &drafts, history)?;
         history.extend_from_slice(&drafts[..accepted]);
         let t3 = Instant::now();
         verify.commit(accepted + 1)?;
         let hidden = vec![hidden.slice_axis(1, 0, accepted as i32 + 1)?];
         let t4 = Instant::now();
-        Ok(Verified { accepted, next, hidden, ms: [ms(t1, t2), ms(t2, t3), ms(t3, t4)] })
+        Ok(Verified { drafts, accepted, next, hidden, ms: [ms(t1, t2), ms(t2, t3), ms(t3, t4)] })
     }
 
     /// Verifies one token at a time, so verify logits are exactly those of plain decoding, and
@@ -177,7 +223,8 @@ impl<'m> MtpDecoder<'m> {
                 _ => break tok,
             }
         };
-        Ok(Verified { accepted: hidden.len() - 1, next, hidden, ms: [ms(t1, Instant::now()), 0.0, 0.0] })
+        let drafts = drafts.to_vec();
+        Ok(Verified { drafts, accepted: hidden.len() - 1, next, hidden, ms: [ms(t1, Instant::now()), 0.0, 0.0] })
     }
 }
 

@@ -26,14 +26,14 @@ impl OracleDrafts {
     }
 
     /// The `k` drafts after `emitted` tokens: draft j stands for `continuation[emitted + j]`. Past the
-    /// continuation's end there is no right token, and the head's own draft stays.
-    pub fn drafts(&mut self, emitted: usize, head: &[u32]) -> Vec<u32> {
-        let mut out = Vec::with_capacity(head.len());
-        for (j, &own) in head.iter().enumerate() {
+    /// continuation's end there is no right token to give: token 0 stands in.
+    pub fn drafts(&mut self, emitted: usize, k: usize) -> Vec<u32> {
+        let mut out = Vec::with_capacity(k);
+        for j in 0..k {
             out.push(match self.oracle.continuation.get(emitted + j).copied() {
                 Some(right) if self.uniform() < self.oracle.acceptance => right,
                 Some(right) => (right + 1) % self.vocab,
-                None => own,
+                None => 0,
             });
         }
         out
@@ -60,10 +60,9 @@ mod tests {
         for p in [0.0, 0.3, 0.8, 1.0] {
             let oracle = Oracle { continuation: continuation.clone(), acceptance: p, seed: 9 };
             let mut o = OracleDrafts::new(&oracle, 100);
-            let head = vec![0u32; 4];
             let (mut right, mut n) = (0, 0);
             for emitted in (0..continuation.len() - 4).step_by(4) {
-                for (j, d) in o.drafts(emitted, &head).into_iter().enumerate() {
+                for (j, d) in o.drafts(emitted, 4).into_iter().enumerate() {
                     right += usize::from(d == continuation[emitted + j]);
                     n += 1;
                 }
@@ -72,8 +71,8 @@ mod tests {
             // 20,000 draws: the standard error is at most 0.0036; 0.02 is over five of them.
             assert!((rate - p).abs() < 0.02, "p {p}: {rate}");
         }
-        // Past the end, the head's drafts stay.
+        // Past the end there is nothing right to give.
         let oracle = Oracle { continuation: vec![5, 6], acceptance: 1.0, seed: 1 };
-        assert_eq!(OracleDrafts::new(&oracle, 10).drafts(1, &[1, 2, 3]), vec![6, 2, 3]);
+        assert_eq!(OracleDrafts::new(&oracle, 10).drafts(1, 3), vec![6, 0, 0]);
     }
 }
