@@ -2,7 +2,9 @@
 //! state of linear-attention layers, with the snapshots that make speculative rollback exact.
 //!
 //! The model is read-only; every sequence owns one `LayerCache` per layer (and one KV cache per MTP
-//! layer). Rolling back is a property of these types: `KvCache::trim` and `LinearState::rollback`.
+//! layer). Rolling back is a property of these types: a verify pass is a transaction ([`Verify`]:
+//! begun before the forward, committed with the number of tokens kept), and `KvCache::trim` drops
+//! a KV cache's newest positions.
 
 use mlx::{concatenate, Array};
 
@@ -102,10 +104,13 @@ impl Recording {
         self.len() == 0
     }
 
-    /// The recurrent state after the first `keep` tokens (`1 <= keep <= len`).
+    /// The recurrent state after the first `keep` tokens (`keep <= len`).
     fn state_after(&self, keep: usize) -> Result<Array> {
         if keep == self.len() {
             return Ok(self.final_state.clone());
+        }
+        if keep == 0 {
+            return Ok(self.initial.clone());
         }
         let k = keep as i32;
         let [q, kk, v, decay, beta] = &self.inputs;
@@ -121,25 +126,117 @@ impl Recording {
 pub struct LinearState {
     pub conv: Option<Array>,
     pub ssm: Option<Array>,
-    /// When set, the next forward pass records per-position snapshots here.
-    pub recording: Option<Recording>,
-    pub record_next: bool,
+    /// Whether a verify is open on this layer and what its forward recorded: set and cleared only by
+    /// [`Verify`], so no caller flips a flag inside the cache.
+    verify: VerifyRecord,
+}
+
+#[derive(Clone, Default)]
+enum VerifyRecord {
+    #[default]
+    Closed,
+    /// A verify is open and the layer's next forward is its pass.
+    Open,
+    Recorded(Recording),
 }
 
 impl LinearState {
-    /// Keeps the state after the first `keep` tokens of the recorded pass (`keep >= 1`).
-    pub fn rollback(&mut self, keep: usize, kernel: i32) -> Result<()> {
-        let rec =
-            self.recording.take().ok_or_else(|| mlx::Error::Invalid("rollback without a recorded pass".into()))?;
-        if keep == 0 || keep > rec.len() {
-            return Err(mlx::Error::Invalid(format!("rollback to {keep} of {} recorded tokens", rec.len())));
+    /// Whether the forward running now is a verify pass, whose inputs [`Self::record`] must keep.
+    pub fn verifying(&self) -> bool {
+        matches!(self.verify, VerifyRecord::Open)
+    }
+
+    /// Keeps what a verify pass computed (ignored when no verify is open, or the pass already recorded).
+    pub fn record(&mut self, recording: Recording) {
+        if self.verifying() {
+            self.verify = VerifyRecord::Recorded(recording);
         }
-        let k = keep as i32;
-        // After tokens 0..keep, the window is the K-1 rows ending at that pass's row keep-1,
-        // i.e. conv_input[keep : keep + K - 1].
-        self.conv = Some(rec.conv_input.slice_axis(1, k, k + kernel - 1)?);
+    }
+
+    /// Keeps the state after the first `keep` tokens of the recorded pass (`0..=len`).
+    fn keep(&mut self, keep: usize) -> Result<()> {
+        let rec = match std::mem::take(&mut self.verify) {
+            VerifyRecord::Recorded(rec) => rec,
+            _ => return Err(mlx::Error::Invalid("verify commit: a linear-attention layer recorded no pass".into())),
+        };
+        if keep > rec.len() {
+            return Err(mlx::Error::Invalid(format!("verify commit: keep {keep} of {} recorded tokens", rec.len())));
+        }
+        // conv_input holds the old window (K-1 rows) and then the pass's rows: after tokens 0..keep
+        // the window is the K-1 rows ending at the pass's row keep-1, i.e. conv_input[keep : keep + K - 1].
+        let (k, window) = (keep as i32, rec.conv_input.dim(1) - rec.len() as i32);
+        self.conv = Some(rec.conv_input.slice_axis(1, k, k + window)?);
         self.ssm = Some(rec.state_after(keep)?);
         Ok(())
+    }
+}
+
+/// A verify pass over a sequence's caches, of which only a prefix may be kept: opened before the
+/// forward of `n` tokens, settled after it by [`Verify::commit`] with the number kept. Attention
+/// layers go back to their length at the start plus `kept`; linear-attention layers recompute
+/// their state from what the pass recorded. Dropped without a commit (an error on the way), it
+/// closes the recordings and leaves the caches as the forward left them.
+pub struct Verify<'c> {
+    cache: &'c mut [LayerCache],
+    tokens: usize,
+    /// Each attention layer's offset at the start.
+    starts: Vec<Option<i32>>,
+}
+
+impl<'c> Verify<'c> {
+    /// Opens a verify of `tokens` tokens on `cache`.
+    pub fn begin(cache: &'c mut [LayerCache], tokens: usize) -> Verify<'c> {
+        let starts = cache
+            .iter_mut()
+            .map(|c| match c {
+                LayerCache::Kv(kv) => Some(kv.offset),
+                LayerCache::Linear(s) => {
+                    s.verify = VerifyRecord::Open;
+                    None
+                }
+            })
+            .collect();
+        Verify { cache, tokens, starts }
+    }
+
+    /// The caches, for the verify forward.
+    pub fn cache(&mut self) -> &mut [LayerCache] {
+        self.cache
+    }
+
+    /// Keeps the first `kept` tokens of the pass (`0..=tokens`) in every layer.
+    pub fn commit(self, kept: usize) -> Result<()> {
+        if kept > self.tokens {
+            return Err(mlx::Error::Invalid(format!("verify commit: keep {kept} of {} tokens", self.tokens)));
+        }
+        for (c, start) in self.cache.iter_mut().zip(&self.starts) {
+            match (c, start) {
+                (LayerCache::Kv(kv), Some(start)) => {
+                    if kv.offset != start + self.tokens as i32 {
+                        return Err(mlx::Error::Invalid(format!(
+                            "verify commit: an attention layer holds {} positions after a pass of {} from {start}",
+                            kv.offset, self.tokens
+                        )));
+                    }
+                    kv.offset = start + kept as i32;
+                }
+                (LayerCache::Linear(s), _) => s.keep(kept)?,
+                (LayerCache::Kv(_), None) => {
+                    return Err(mlx::Error::Invalid("verify commit: the cache changed kind".into()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Verify<'_> {
+    fn drop(&mut self) {
+        for c in self.cache.iter_mut() {
+            if let LayerCache::Linear(s) = c {
+                s.verify = VerifyRecord::Closed;
+            }
+        }
     }
 }
 

@@ -1,13 +1,21 @@
-//! Generation: the sampler, the decode loop (plain and MTP speculative), and statistics.
+//! Generation, in layers: options; prefill and the plain step; a [`Decoder`] (plain or MTP
+//! speculative) stepped by the decode loop; the sampler; statistics.
 
 pub mod decode;
+pub mod decoder;
+pub mod error;
 pub mod mtp;
+pub mod options;
+pub mod prefill;
 pub mod sampler;
 pub mod stats;
+pub mod step;
 
-pub use decode::{
-    generate, generate_prompt, Control, FinishReason, GenerateError, GenerateOptions, MtpOptions, Output, Progress,
-    Prompt,
-};
+pub use decode::{generate, generate_prompt, Control, FinishReason, Output, Progress, Prompt};
+pub use decoder::Decoder;
+pub use error::GenerateError;
+pub use mtp::oracle::Oracle;
+pub use options::{GenerateOptions, MtpOptions};
+pub use prefill::{prefill, prefill_images};
 pub use sampler::{Sampler, SamplingParams};
 pub use stats::{SpecStats, Stats};

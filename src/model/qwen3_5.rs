@@ -292,9 +292,8 @@ impl GatedDeltaNet {
             None => Array::zeros(&[b, self.hv, self.dv, self.dk], Dtype::F32)?,
         };
         let (o, state) = fast::gated_delta_update(&q, &k, &v, &decay, &beta, Some(&initial))?;
-        if std::mem::take(&mut st.record_next) {
-            st.recording =
-                Some(Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state: state.clone() });
+        if st.verifying() {
+            st.record(Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state: state.clone() });
         }
         st.ssm = Some(state);
         let o = o.as_dtype(dt)?; // [B,T,Hv,Dv]

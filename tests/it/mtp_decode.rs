@@ -3,6 +3,7 @@
 
 use crate::common::*;
 use mlx::Array;
+use tandem::cache::Verify;
 use tandem::generate::MtpOptions;
 use tandem::model::{self, LoadOptions};
 
@@ -51,22 +52,13 @@ fn rollback_restores_the_caches_of_a_run_without_the_drafts() {
     let m = model::load(dir.path(), &LoadOptions::default()).unwrap();
     let prompt: Vec<i32> = vec![5, 6, 7, 8, 9, 10];
     let verify: Vec<i32> = vec![11, 12, 13, 14]; // the pending token and three drafts
-    for keep in 1..=verify.len() {
-        // Run prompt + all verify tokens with recording, then roll back to `keep` of them.
+    for keep in 0..=verify.len() {
+        // Run prompt + all verify tokens in a verify transaction, then keep `keep` of them.
         let mut cache = m.make_cache();
         m.forward(&Array::from_slice(&prompt, &[1, prompt.len() as i32]).unwrap(), &mut cache).unwrap();
-        for c in cache.iter_mut() {
-            if let Some(s) = c.as_linear() {
-                s.record_next = true;
-            }
-        }
-        m.forward(&Array::from_slice(&verify, &[1, verify.len() as i32]).unwrap(), &mut cache).unwrap();
-        for c in cache.iter_mut() {
-            match c {
-                tandem::cache::LayerCache::Kv(kv) => kv.trim((verify.len() - keep) as i32).unwrap(),
-                tandem::cache::LayerCache::Linear(s) => s.rollback(keep, m.linear_kernel()).unwrap(),
-            }
-        }
+        let mut tx = Verify::begin(&mut cache, verify.len());
+        m.forward(&Array::from_slice(&verify, &[1, verify.len() as i32]).unwrap(), tx.cache()).unwrap();
+        tx.commit(keep).unwrap();
         // A run that only ever saw the kept tokens.
         let mut clean = m.make_cache();
         let mut seen = prompt.clone();
@@ -120,4 +112,97 @@ fn head_catch_up_in_one_pass_equals_step_by_step() {
     assert_eq!(all.len(), parts.len());
     let e = rel_err(&all, &parts);
     assert!(e < 1e-5, "head outputs differ between one catch-up pass and small steps (relative error {e})");
+}
+
+/// A verify commit that asks for more tokens than the pass held, or follows no pass at all, is an
+/// error that says so, not a silently wrong cache.
+#[test]
+fn verify_commit_refuses_what_the_pass_did_not_hold() {
+    let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32) }).unwrap();
+    let mut cache = m.make_cache();
+    m.forward(&Array::from_slice(&[5i32, 6, 7], &[1, 3]).unwrap(), &mut cache).unwrap();
+    let mut tx = Verify::begin(&mut cache, 2);
+    m.forward(&Array::from_slice(&[8i32, 9], &[1, 2]).unwrap(), tx.cache()).unwrap();
+    let e = tx.commit(3).unwrap_err().to_string();
+    assert!(e.contains("keep 3 of 2"), "{e}");
+    let e = Verify::begin(&mut cache, 2).commit(1).unwrap_err().to_string();
+    assert!(e.contains("positions after a pass of 2") || e.contains("recorded no pass"), "{e}");
+}
+
+/// `tandem bench --oracle-acceptance P`: drafts from the plain continuation, each right with
+/// probability P. At 1 every draft is accepted, at 0 none, and in between the output is still the
+/// plain output (verify and rollback did their real work on every cycle).
+#[test]
+fn oracle_drafts_are_accepted_as_asked_and_leave_the_output_plain() {
+    use tandem::generate::{generate, Control, GenerateOptions, Oracle, SamplingParams};
+    let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32) }).unwrap();
+    let prompt: Vec<u32> = (0..24).map(|i| 20 + (i * 37) % 400).collect();
+    let (plain, _) = greedy(&m, &prompt, 48, None);
+    assert_eq!(plain.len(), 48);
+    for (acceptance, depth) in [(1.0, 3), (0.0, 3), (0.5, 2), (1.0, 1)] {
+        let opts = GenerateOptions {
+            max_tokens: 48,
+            sampling: SamplingParams::greedy(),
+            mtp: MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false },
+            oracle: Some(Oracle { continuation: plain.clone(), acceptance, seed: 11 }),
+            ..Default::default()
+        };
+        let out = generate(&m, &prompt, &opts, &mut |_| Control::Continue).unwrap();
+        assert_eq!(out.tokens, plain, "oracle {acceptance}, depth {depth}");
+        let s = out.stats.spec.expect("spec stats");
+        assert!(s.drafted > 0, "{s:?}");
+        if acceptance == 1.0 {
+            assert_eq!(s.accepted, s.drafted, "oracle 1, depth {depth}: {s:?}");
+        } else if acceptance == 0.0 {
+            assert_eq!(s.accepted, 0, "oracle 0: {s:?}");
+        } else {
+            // Depth-1 drafts are right half of the time: 12+ cycles make 0 and all unlikely.
+            let first = &s.by_depth[0];
+            assert!(first.accepted > 0 && first.accepted < first.drafted, "{s:?}");
+        }
+    }
+    // Out of range: an error that names it.
+    let bad = GenerateOptions {
+        oracle: Some(Oracle { continuation: plain.clone(), acceptance: 1.5, seed: 0 }),
+        ..Default::default()
+    };
+    let e = generate(&m, &prompt, &bad, &mut |_| Control::Continue).unwrap_err().to_string();
+    assert!(e.contains("1.5"), "{e}");
+}
+
+/// Pipelined decoding (each step built and started before the previous token is read) samples
+/// exactly what synchronous steps do: for the same seed, the same tokens, greedy or sampled. The
+/// reference reads every token before building the next step, as decoding did before pipelining.
+#[test]
+fn pipelined_decoding_gives_the_tokens_of_synchronous_steps() {
+    use tandem::generate::step::{sample_last, step};
+    use tandem::generate::{generate, prefill, Control, GenerateOptions, Sampler, SamplingParams};
+    let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32) }).unwrap();
+    let prompt: Vec<u32> = (0..16).map(|i| 30 + (i * 53) % 300).collect();
+    let n = 40;
+    let cases = [
+        SamplingParams::greedy(),
+        SamplingParams { temperature: 0.9, seed: Some(5), ..Default::default() },
+        SamplingParams { temperature: 0.7, top_p: 0.9, seed: Some(8), ..Default::default() },
+    ];
+    for params in cases {
+        let mut sampler = Sampler::new(params.clone()).unwrap();
+        let mut cache = m.make_cache();
+        let hidden = prefill(&m, &prompt, &mut cache, 512).unwrap();
+        let mut history = prompt.clone();
+        let mut token = sample_last(&m, &mut sampler, &hidden, &history).unwrap();
+        let mut want = vec![token];
+        while want.len() < n {
+            token = step(&m, &mut cache, &mut sampler, &mut history, token).unwrap().1;
+            want.push(token);
+        }
+        let opts = GenerateOptions {
+            max_tokens: n,
+            sampling: params.clone(),
+            mtp: MtpOptions { enabled: false, ..Default::default() },
+            ..Default::default()
+        };
+        let got = generate(&m, &prompt, &opts, &mut |_| Control::Continue).unwrap().tokens;
+        assert_eq!(got, want, "{params:?}");
+    }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::common::*;
 use mlx::{Array, Dtype};
-use tandem::generate::decode::prefill_images;
+use tandem::generate::prefill_images;
 use tandem::generate::{generate_prompt, Control, GenerateError, GenerateOptions, MtpOptions, Prompt, SamplingParams};
 use tandem::model::vision::rope_index;
 use tandem::model::vision_input::{expand_image_pads, ImageError, ImageInput, ImageProcessor};
@@ -435,16 +435,9 @@ fn rollback_after_an_image_keeps_positions() {
         |t: &[u32]| Array::from_slice(&t.iter().map(|&x| x as i32).collect::<Vec<_>>(), &[1, t.len() as i32]).unwrap();
     for keep in 1..=4 {
         let (_, mut cache) = prefill_logits(&m, &ids, &[fixture_image()], 512);
-        for c in cache.iter_mut().filter_map(|c| c.as_linear()) {
-            c.record_next = true;
-        }
-        m.forward(&tokens(&continued[n..n + 4]), &mut cache).unwrap();
-        for c in cache.iter_mut() {
-            match c {
-                tandem::cache::LayerCache::Kv(kv) => kv.trim(4 - keep as i32).unwrap(),
-                tandem::cache::LayerCache::Linear(s) => s.rollback(keep, m.linear_kernel()).unwrap(),
-            }
-        }
+        let mut tx = tandem::cache::Verify::begin(&mut cache, 4);
+        m.forward(&tokens(&continued[n..n + 4]), tx.cache()).unwrap();
+        tx.commit(keep).unwrap();
         let h = m.forward(&tokens(&continued[n + keep..n + keep + 1]), &mut cache).unwrap();
         let got = m.logits(&h).unwrap().to_f32_vec().unwrap();
         let d = max_abs(&got, &want_next[(keep + 1) * 4096..(keep + 2) * 4096]);

@@ -3,7 +3,7 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use serde::Serialize;
-use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams, Stats};
+use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, Oracle, SamplingParams, Stats};
 
 use crate::model_arg;
 
@@ -21,6 +21,11 @@ pub struct BenchArgs {
     /// Also run with the adaptive controller on, at the largest depth.
     #[arg(long)]
     adaptive: bool,
+    /// Draft from the plain greedy continuation, each draft right with probability P (the rest
+    /// wrong): prices MTP at any acceptance on any model, random weights included. The head,
+    /// verify and rollback do their real work.
+    #[arg(long, value_name = "P")]
+    oracle_acceptance: Option<f64>,
     #[arg(long)]
     json: bool,
 }
@@ -43,6 +48,8 @@ struct Report {
     mlx: String,
     prompt_tokens: usize,
     gen_tokens: usize,
+    /// The oracle's acceptance probability when drafts came from the plain continuation.
+    oracle_acceptance: Option<f64>,
     runs: Vec<Run>,
 }
 
@@ -60,6 +67,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(d) = a.depths.iter().find(|&&d| d > 8) {
         bail!("--depths: {d} is outside 0..=8");
     }
+    if let Some(p) = a.oracle_acceptance.filter(|p| !(0.0..=1.0).contains(p)) {
+        bail!("--oracle-acceptance: {p} is outside 0..=1");
+    }
     let l = model_arg::load(a.model.as_deref())?;
     let mut ids = Vec::new();
     while ids.len() < a.prompt_tokens {
@@ -74,6 +84,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         ..Default::default()
     };
     let mut plan: Vec<(usize, bool)> = a.depths.iter().map(|&d| (d, false)).collect();
+    // The oracle drafts from the plain continuation: decode plainly first.
+    if a.oracle_acceptance.is_some() {
+        plan.retain(|&(d, _)| d > 0);
+        plan.insert(0, (0, false));
+    }
     if a.adaptive {
         plan.push((a.depths.iter().copied().max().unwrap_or(3).max(1), true));
     }
@@ -85,9 +100,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
         })?;
     }
     let mut runs: Vec<Run> = Vec::new();
+    let mut plain: Option<Vec<u32>> = None;
     for (depth, adaptive) in plan {
         mlx::device::reset_peak_memory();
-        let out = generate(&l.model, &ids, &opts_for(depth, adaptive), &mut |_| Control::Continue)?;
+        let mut opts = opts_for(depth, adaptive);
+        if let (Some(acceptance), Some(continuation), true) = (a.oracle_acceptance, &plain, depth > 0) {
+            opts.oracle = Some(Oracle { continuation: continuation.clone(), acceptance, seed: 0 });
+        }
+        let out = generate(&l.model, &ids, &opts, &mut |_| Control::Continue)?;
+        if depth == 0 {
+            plain.get_or_insert_with(|| out.tokens.clone());
+        }
         let base = runs.iter().find(|r| r.depth == 0).map(|r| r.stats.decode_tok_s);
         let speedup = base.map_or(1.0, |b| out.stats.decode_tok_s / b.max(1e-9));
         runs.push(Run {
@@ -123,6 +146,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             mlx: mlx::device::version(),
             prompt_tokens: ids.len(),
             gen_tokens: a.gen_tokens,
+            oracle_acceptance: a.oracle_acceptance,
             runs,
         };
         crate::out::line(serde_json::to_string_pretty(&report)?);

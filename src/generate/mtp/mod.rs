@@ -1,0 +1,233 @@
+//! MTP speculative decoding (docs/MODEL.md §4.2–4.4): the model's own MTP head drafts k tokens
+//! ([`drafter`]), one forward over k+1 tokens verifies them, [`acceptance`] decides how many stay,
+//! and the caches keep exactly the accepted prefix (a [`Verify`] transaction). The [`controller`]
+//! parks drafting when it does not pay.
+//!
+//! Invariant between cycles: the main caches hold every committed token except `last`, the newest
+//! sampled one.
+
+pub mod acceptance;
+pub mod controller;
+pub mod drafter;
+pub mod oracle;
+
+use std::time::Instant;
+
+use mlx::{Array, Dtype};
+
+use self::acceptance::accept;
+use self::controller::Controller;
+use self::drafter::Drafter;
+use self::oracle::{Oracle, OracleDrafts};
+use super::error::Result;
+use super::options::MtpOptions;
+use super::sampler::Sampler;
+use super::stats::{SpecStats, Stats};
+use super::step::{can_pipeline, start, step, token_input, Started};
+use crate::cache::{LayerCache, Verify};
+use crate::model::Qwen35;
+
+pub struct MtpDecoder<'m> {
+    model: &'m Qwen35,
+    cache: Vec<LayerCache>,
+    drafter: Drafter,
+    opts: MtpOptions,
+    /// The newest sampled token, not yet fed to the main model.
+    last: u32,
+    ctl: Controller,
+    emitted_in_cycles: usize,
+    /// Tokens emitted so far, the first one included.
+    emitted: usize,
+    /// When set, the drafts sent to verify come from here (benchmarks).
+    oracle: Option<OracleDrafts>,
+    /// The plain step that feeds `last`, already running (pipelined while parked).
+    ahead: Option<Started>,
+    /// When the previous step returned: a step's cost is the time between returns, which is what
+    /// a token costs when steps overlap with the host's work.
+    returned: Option<Instant>,
+}
+
+/// What a verify decided and what the committed positions look like.
+struct Verified {
+    /// The drafts that were verified.
+    drafts: Vec<u32>,
+    accepted: usize,
+    next: u32,
+    /// Post-norm hidden states at the `accepted + 1` committed positions, for the head.
+    hidden: Vec<Array>,
+    /// Phase times after drafting (ms): verify, sample, rollback.
+    ms: [f64; 3],
+}
+
+impl<'m> MtpDecoder<'m> {
+    /// Starts from a prefilled cache: `hidden` holds the prompt's post-norm hidden states and
+    /// `first` the token sampled after the prompt.
+    pub fn new(
+        model: &'m Qwen35,
+        opts: &MtpOptions,
+        cache: Vec<LayerCache>,
+        hidden: &Array,
+        prompt: &[u32],
+        first: u32,
+    ) -> MtpDecoder<'m> {
+        MtpDecoder {
+            model,
+            cache,
+            drafter: Drafter::new(model, hidden, prompt, first),
+            opts: opts.clone(),
+            last: first,
+            ctl: Controller::new(opts.adaptive),
+            emitted_in_cycles: 0,
+            emitted: 1,
+            oracle: None,
+            ahead: None,
+            returned: None,
+        }
+    }
+
+    /// Drafts from `oracle`'s continuation instead of the head's guesses; the head still runs.
+    pub fn with_oracle(mut self, oracle: &Oracle) -> MtpDecoder<'m> {
+        self.oracle = Some(OracleDrafts::new(oracle, self.model.config.text.vocab_size.max(0) as u32));
+        self
+    }
+
+    /// One plain step (while parked) or one speculative cycle; returns the new tokens (at least
+    /// one). `history` holds the prompt and every emitted token except the newest (`last`).
+    pub fn step(
+        &mut self,
+        sampler: &mut Sampler,
+        history: &mut Vec<u32>,
+        remaining: usize,
+        stats: &mut Stats,
+    ) -> Result<Vec<u32>> {
+        let t0 = Instant::now();
+        let since = self.returned.unwrap_or(t0);
+        let k = self.opts.depth.min(remaining.saturating_sub(1));
+        if k == 0 || self.ctl.parked() || self.ahead.is_some() {
+            stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth)).parked_cycles += 1;
+            let (hidden, next) = self.plain_step(sampler, history, remaining)?;
+            // The head catches up on this position when drafting resumes.
+            self.drafter.queue([hidden], &[next]);
+            self.last = next;
+            self.emitted += 1;
+            let now = Instant::now();
+            self.ctl.after_plain(ms(since, now));
+            self.returned = Some(now);
+            return Ok(vec![next]);
+        }
+        // The drafts stay on the device: verify is built on them and one wait covers both.
+        let head = self.drafter.draft(self.model, k, self.opts.depth)?;
+        let drafts = match self.oracle.as_mut() {
+            Some(oracle) => Array::from_slice(&oracle.drafts(self.emitted, k), &[k as i32])?,
+            None => head.clone(),
+        };
+        let t1 = Instant::now();
+        let v = if self.opts.exact_verify {
+            mlx::device::eval(&[&drafts, &head])?;
+            self.verify_exact(sampler, history, &drafts.to_vec::<u32>()?)?
+        } else {
+            self.verify(sampler, history, &drafts, &head)?
+        };
+        let drafts = &v.drafts;
+        let a = v.accepted;
+        let now = Instant::now();
+        let cycle_ms = ms(since, now);
+        self.returned = Some(now);
+        let mut out = drafts[..a].to_vec();
+        out.push(v.next);
+        self.drafter.queue(v.hidden, &out);
+        self.last = v.next;
+
+        let spec = stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth));
+        spec.record_cycle(k, a);
+        spec.ms.draft += ms(t0, t1);
+        spec.ms.verify += v.ms[0];
+        spec.ms.sample += v.ms[1];
+        spec.ms.rollback += v.ms[2];
+        self.emitted_in_cycles += a + 1;
+        self.emitted += a + 1;
+        self.ctl.after_spec(cycle_ms - self.drafter.catch_up_ms(), a + 1);
+        Ok(out)
+    }
+
+    /// Fills in the final statistics.
+    pub fn finish(&self, stats: &mut Stats) {
+        if let Some(spec) = stats.spec.as_mut() {
+            spec.finish(self.emitted_in_cycles);
+            if self.ctl.parked() && spec.cycles == 0 {
+                spec.fallback = self.ctl.reason.clone();
+            }
+        }
+    }
+
+    /// The plain step that feeds `last`: pipelined when the next step is plain too (still parked,
+    /// or the last token), so the host builds it while this one computes.
+    fn plain_step(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, remaining: usize) -> Result<(Array, u32)> {
+        if !can_pipeline(sampler) {
+            return step(self.model, &mut self.cache, sampler, history, self.last);
+        }
+        let current = match self.ahead.take() {
+            Some(s) => s,
+            None => start(self.model, &mut self.cache, sampler, &token_input(self.last)?)?,
+        };
+        history.push(self.last);
+        let next_is_plain = self.ctl.parked_after_this_step() || remaining <= 2;
+        if remaining > 1 && next_is_plain {
+            let token = current.token.reshape(&[1, 1])?;
+            self.ahead = Some(start(self.model, &mut self.cache, sampler, &token)?);
+        }
+        Ok((current.hidden, current.token.item::<u32>()?))
+    }
+
+    /// Verifies `last` and the drafts `[k]` (on the device) in one forward, then keeps the
+    /// accepted prefix. `head` (the head's own drafts) is computed with it even when the oracle
+    /// replaced them.
+    fn verify(
+        &mut self,
+        sampler: &mut Sampler,
+        history: &mut Vec<u32>,
+        drafts: &Array,
+        head: &Array,
+    ) -> Result<Verified> {
+        let t1 = Instant::now();
+        let k = drafts.dim(0);
+        let last = Array::from_slice(&[self.last], &[1, 1])?;
+        let input = mlx::concatenate(&[&last, &drafts.as_dtype(Dtype::U32)?.reshape(&[1, k])?], 1)?;
+        let mut verify = Verify::begin(&mut self.cache, k as usize + 1);
+        let hidden = self.model.forward(&input, verify.cache())?;
+        let logits = self.model.logits(&hidden)?.squeeze(&[0])?.as_dtype(Dtype::F32)?; // [k+1, V]
+        mlx::device::eval(&[&logits, drafts, head])?;
+        let drafts = drafts.to_vec::<u32>()?;
+        let t2 = Instant::now();
+        history.push(self.last);
+        let (accepted, next) = accept(sampler, &logits, &drafts, history)?;
+        history.extend_from_slice(&drafts[..accepted]);
+        let t3 = Instant::now();
+        verify.commit(accepted + 1)?;
+        let hidden = vec![hidden.slice_axis(1, 0, accepted as i32 + 1)?];
+        let t4 = Instant::now();
+        Ok(Verified { drafts, accepted, next, hidden, ms: [ms(t1, t2), ms(t2, t3), ms(t3, t4)] })
+    }
+
+    /// Verifies one token at a time, so verify logits are exactly those of plain decoding, and
+    /// stops at the first mismatch (the main caches then hold exactly the kept tokens).
+    fn verify_exact(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, drafts: &[u32]) -> Result<Verified> {
+        let t1 = Instant::now();
+        let mut fed = self.last;
+        let mut hidden = Vec::new();
+        let next = loop {
+            let (h, tok) = step(self.model, &mut self.cache, sampler, history, fed)?;
+            hidden.push(h);
+            match drafts.get(hidden.len() - 1) {
+                Some(&d) if d == tok => fed = tok,
+                _ => break tok,
+            }
+        };
+        let drafts = drafts.to_vec();
+        Ok(Verified { drafts, accepted: hidden.len() - 1, next, hidden, ms: [ms(t1, Instant::now()), 0.0, 0.0] })
+    }
+}
+
+fn ms(a: Instant, b: Instant) -> f64 {
+    (b - a).as_secs_f64() * 1e3
+}

@@ -1,0 +1,85 @@
+//! What a generation is asked to do, and the checks of a request against the model.
+
+use super::error::{GenerateError, Result};
+use super::mtp::oracle::Oracle;
+use super::sampler::SamplingParams;
+use crate::model::Qwen35;
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MtpOptions {
+    pub enabled: bool,
+    /// Drafts per cycle, 1..=8.
+    pub depth: usize,
+    /// Park at depth 0 when drafting does not pay.
+    pub adaptive: bool,
+    /// Verify drafts one token at a time, so that verify logits are bit-identical to plain decoding.
+    pub exact_verify: bool,
+}
+
+impl Default for MtpOptions {
+    fn default() -> Self {
+        MtpOptions { enabled: true, depth: 3, adaptive: true, exact_verify: false }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop_ids: Vec<u32>,
+    pub mtp: MtpOptions,
+    /// Prompt tokens per prefill forward.
+    pub prefill_chunk: usize,
+    /// Benchmarks only: draft from a known continuation instead of the head's guesses (`tandem
+    /// bench --oracle-acceptance`).
+    pub oracle: Option<Oracle>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: 256,
+            sampling: SamplingParams::default(),
+            stop_ids: vec![],
+            mtp: MtpOptions::default(),
+            prefill_chunk: 512,
+            oracle: None,
+        }
+    }
+}
+
+impl GenerateOptions {
+    /// Checks the prompt and these options against `model` before anything is computed.
+    pub fn check(&self, model: &Qwen35, prompt: &[u32]) -> Result<()> {
+        if prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        let vocab = model.config.text.vocab_size;
+        if let Some(&id) = prompt.iter().find(|&&id| id as i64 >= vocab as i64) {
+            return Err(GenerateError::BadToken { id, vocab });
+        }
+        if let Some(context) = model.config.text.max_position_embeddings {
+            let context = context as usize;
+            if prompt.len() + self.max_tokens > context {
+                return Err(GenerateError::ContextExceeded {
+                    prompt: prompt.len(),
+                    max_tokens: self.max_tokens,
+                    context,
+                });
+            }
+        }
+        self.sampling.validate().map_err(GenerateError::Sampling)?;
+        if self.mtp.enabled && !(1..=8).contains(&self.mtp.depth) {
+            return Err(GenerateError::Depth(self.mtp.depth));
+        }
+        if let Some(o) = &self.oracle {
+            if !(0.0..=1.0).contains(&o.acceptance) {
+                return Err(GenerateError::Oracle(format!("acceptance {} is outside 0..=1", o.acceptance)));
+            }
+            if !self.sampling.is_greedy() {
+                return Err(GenerateError::Oracle("oracle drafts need greedy sampling (temperature 0)".into()));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,66 @@
+//! The plain step: one token through the model, the next one sampled. Plain decoding, a parked
+//! MTP decoder and the token-by-token verify all take this one step.
+
+use mlx::{Array, Dtype};
+
+use super::error::Result;
+use super::sampler::Sampler;
+use crate::cache::LayerCache;
+use crate::model::Qwen35;
+
+/// Feeds `token` (appending it to `history`) and samples the token after it; returns the post-norm
+/// hidden state `[1, 1, D]` at `token` and the sampled token.
+pub fn step(
+    model: &Qwen35,
+    cache: &mut [LayerCache],
+    sampler: &mut Sampler,
+    history: &mut Vec<u32>,
+    token: u32,
+) -> Result<(Array, u32)> {
+    history.push(token);
+    let hidden = model.forward(&token_input(token)?, cache)?;
+    let next = sample_last(model, sampler, &hidden, history)?;
+    Ok((hidden, next))
+}
+
+/// A step that is built and running but not read yet: its token is an array still being computed.
+pub struct Started {
+    /// The post-norm hidden state `[1, 1, D]` at the fed token.
+    pub hidden: Array,
+    /// The sampled token, a scalar `u32` array.
+    pub token: Array,
+}
+
+/// Whether steps can be pipelined: the next step's graph is built from the previous step's token
+/// before that token is read. Sampling must then not need the token on the host; the repetition
+/// penalty reads the history, so it keeps steps synchronous.
+/// `TANDEM_NO_PIPELINE=1` turns pipelining off, to measure what it earns.
+pub fn can_pipeline(sampler: &Sampler) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var_os("TANDEM_NO_PIPELINE").is_some_and(|v| v != "0"));
+    !off && sampler.params.repetition_penalty == 1.0
+}
+
+/// Builds the step that feeds `token` (`[1, 1]`, possibly still being computed) and starts
+/// computing it (MLX `async_eval`), so that the host can build the following step meanwhile.
+/// Samples exactly as [`step`] does when [`can_pipeline`] holds (the same random keys, in order).
+pub fn start(model: &Qwen35, cache: &mut [LayerCache], sampler: &mut Sampler, token: &Array) -> Result<Started> {
+    let hidden = model.forward(token, cache)?;
+    let logits = model.logits(&hidden)?.reshape(&[-1])?.as_dtype(Dtype::F32)?;
+    let token = sampler.sample(&logits)?;
+    mlx::device::async_eval(&[&token])?;
+    Ok(Started { hidden, token })
+}
+
+/// A token id as the `[1, 1]` input of a step.
+pub fn token_input(token: u32) -> Result<Array> {
+    Ok(Array::from_slice(&[token as i32], &[1, 1])?)
+}
+
+/// Samples the token after the last position of `hidden` `[1, T, D]`.
+pub fn sample_last(model: &Qwen35, sampler: &mut Sampler, hidden: &Array, history: &[u32]) -> Result<u32> {
+    let t = hidden.dim(1);
+    let logits = model.logits(&hidden.slice_axis(1, t - 1, t)?)?.reshape(&[-1])?.as_dtype(Dtype::F32)?;
+    let logits = sampler.penalize(&logits, history)?;
+    Ok(sampler.sample(&logits)?.item::<u32>()?)
+}
