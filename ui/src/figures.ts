@@ -1,6 +1,6 @@
 // The figures the live panel shows, computed from one Statistics object (DESIGN.md, "Statistics").
 
-import type { Stats } from './types';
+import type { Stats } from './generated';
 
 export const PHASES = ['draft', 'verify', 'sample', 'rollback'] as const;
 export type Phase = (typeof PHASES)[number];

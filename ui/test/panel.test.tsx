@@ -3,7 +3,7 @@ import { act } from 'preact/test-utils';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { figures } from '../src/figures';
 import type { LiveState } from '../src/live';
-import type { Stats } from '../src/types';
+import type { Stats } from '../src/generated';
 import { LivePanelView } from '../src/views/panel';
 import { SAMPLE_STATS } from './helpers';
 
