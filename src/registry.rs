@@ -107,7 +107,12 @@ impl SamplingSettings {
     pub fn check(&self) -> Result<(), SettingError> {
         let s = self;
         first_failed([
-            ("sampling.temperature", s.temperature.into(), s.temperature >= 0.0 && s.temperature.is_finite(), "0 or more"),
+            (
+                "sampling.temperature",
+                s.temperature.into(),
+                s.temperature >= 0.0 && s.temperature.is_finite(),
+                "0 or more",
+            ),
             ("sampling.top_p", s.top_p.into(), s.top_p > 0.0 && s.top_p <= 1.0, "in (0, 1]"),
             ("sampling.min_p", s.min_p.into(), (0.0..=1.0).contains(&s.min_p), "in [0, 1]"),
             (

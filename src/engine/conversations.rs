@@ -211,10 +211,8 @@ impl ConversationStore {
             )));
         }
         let summary = ConversationSummary { id: id.to_owned(), title: core.title, updated: core.updated };
-        let bytes = serde_json::to_vec(conversation).map_err(|source| ConversationError::Corrupt {
-            path: self.file(id),
-            source,
-        })?;
+        let bytes = serde_json::to_vec(conversation)
+            .map_err(|source| ConversationError::Corrupt { path: self.file(id), source })?;
         let _write = lock(&self.write);
         create_private_dir(&self.dir).map_err(|source| ConversationError::Io {
             what: "cannot create the conversations folder",
@@ -291,7 +289,8 @@ mod tests {
     fn a_body_that_is_not_a_conversation_names_the_field_and_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let store = ConversationStore::new(dir.path().join("c"));
-        let body = serde_json::json!({"id": "a", "title": "t", "updated": 1, "messages": [{"role": "robot", "content": ""}]});
+        let body =
+            serde_json::json!({"id": "a", "title": "t", "updated": 1, "messages": [{"role": "robot", "content": ""}]});
         let e = store.put("a", &body).unwrap_err();
         assert!(matches!(&e, ConversationError::Invalid(m) if m.starts_with("`messages[0].role`")), "{e}");
         assert!(!dir.path().join("c").exists());

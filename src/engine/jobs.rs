@@ -60,7 +60,11 @@ pub enum JobEvent {
         mtp: String,
     },
     /// `auto`: one module's sensitivity measured.
-    Calibrating { module: String, done: usize, total: usize },
+    Calibrating {
+        module: String,
+        done: usize,
+        total: usize,
+    },
     /// What will be written, exactly: sizes include every header.
     Planned {
         tensors: usize,
@@ -72,7 +76,13 @@ pub enum JobEvent {
         dense_modules: usize,
     },
     /// One source tensor written: `done` of `total`.
-    Progress { done: usize, total: usize, tensor: String, bytes_done: u64, bytes_total: u64 },
+    Progress {
+        done: usize,
+        total: usize,
+        tensor: String,
+        bytes_done: u64,
+        bytes_total: u64,
+    },
     /// The new model is in place.
     Finished {
         path: PathBuf,
@@ -173,7 +183,9 @@ impl Job {
             }
             // The end is announced once, with the report, when `convert` has returned.
             ConvertEvent::Finished { .. } => return,
-            ConvertEvent::Validated { format, tensors, bytes, mtp } => JobEvent::Validated { format, tensors, bytes, mtp },
+            ConvertEvent::Validated { format, tensors, bytes, mtp } => {
+                JobEvent::Validated { format, tensors, bytes, mtp }
+            }
             ConvertEvent::Calibrating { module, done, total } => JobEvent::Calibrating { module, done, total },
             ConvertEvent::Planned {
                 tensors,

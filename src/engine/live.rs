@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
-use ts_rs::TS;
 use tokio::sync::broadcast;
+use ts_rs::TS;
 
 use crate::generate::{FinishReason, Stats};
 use crate::sync::lock;

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use serde::Serialize;
-use ts_rs::TS;
 use tokio::sync::{broadcast, mpsc};
+use ts_rs::TS;
 
 use crate::chat::{ChatOptions, ContentPart, Message, Tokenizer};
 use crate::generate::{FinishReason, Prompt, Stats};
@@ -34,10 +34,10 @@ use crate::sync::lock;
 
 pub use catalog::{FolderInfo, QuantizationSummary};
 pub use conversations::{ConversationCore, ConversationError, ConversationStore, ConversationSummary};
-pub use jobs::{Job, JobEvent, JobStatus, JobView, Jobs};
-pub use options::{generate_options, MtpOverrides, Overrides, SamplingOverrides};
 pub use images::ImageLimits;
+pub use jobs::{Job, JobEvent, JobStatus, JobView, Jobs};
 pub use live::{LastGeneration, LoadedModel, Memory, RunningGeneration, SeriesPoint, StatsSnapshot, Totals};
+pub use options::{generate_options, MtpOverrides, Overrides, SamplingOverrides};
 
 /// The cause of an [`EngineError`], shared so that an error can travel to every listener of a
 /// generation.
@@ -46,7 +46,7 @@ pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
 /// A cause that is only a message (a panic, a thread that could not start).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct Message(pub String);
+pub struct ErrorMessage(pub String);
 
 /// The cause of `e`, for the `#[source]` of an [`EngineError`].
 pub fn cause(e: impl std::error::Error + Send + Sync + 'static) -> Cause {

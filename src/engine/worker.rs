@@ -12,8 +12,8 @@ use super::images::{ImageReader, Reservation};
 use super::live::LoadedModel;
 use super::stop::StopMatcher;
 use super::{
-    cause, lock, prompt_of, resolve_options, CancelHandle, Cause, Completion, EngineConfig, EngineError, Event,
-    Generation, Message, ModelFacts, Request, Result, WeakEngine,
+    cause, lock, prompt_of, resolve_options, CancelHandle, Cause, Completion, EngineConfig, EngineError, ErrorMessage,
+    Event, Generation, ModelFacts, Request, Result, WeakEngine,
 };
 use crate::chat::Tokenizer;
 use crate::generate::{generate_prompt, Control, FinishReason, GenerateError, GenerateOptions, Progress, Prompt};
@@ -111,7 +111,7 @@ impl Worker {
                         }
                         Err(panic) => {
                             let why = format!("the loader panicked: {}", panic_message(&panic));
-                            let _ = ready_tx.send(Err(cause(Message(why))));
+                            let _ = ready_tx.send(Err(cause(ErrorMessage(why))));
                             return;
                         }
                     };
@@ -123,7 +123,7 @@ impl Worker {
                     let _compute = super::compute_lock();
                     drop(model);
                 })
-                .map_err(|e| load_error(cause(Message(format!("cannot start its thread: {e}")))))?
+                .map_err(|e| load_error(cause(ErrorMessage(format!("cannot start its thread: {e}")))))?
         };
         let info = match ready_rx.recv() {
             Ok(Ok(info)) => info,
@@ -133,7 +133,7 @@ impl Worker {
             }
             Err(_) => {
                 let _ = thread.join();
-                return Err(load_error(cause(Message("the loading thread stopped".into()))));
+                return Err(load_error(cause(ErrorMessage("the loading thread stopped".into()))));
             }
         };
         // Read once per loaded model: preprocessor_config.json, with the engine's pixel limit.
@@ -360,14 +360,15 @@ fn run(
         other => EngineError::InvalidRequest(other.to_string()),
     })?;
     if let Some(message) = decode_error {
-        return Err(EngineError::Generate(cause(Message(format!("cannot decode the generated tokens: {message}")))));
+        return Err(EngineError::Generate(cause(ErrorMessage(format!(
+            "cannot decode the generated tokens: {message}"
+        )))));
     }
     let mut tail = String::new();
     if stopper.matched().is_none() {
-        let rest =
-            decoder.flush().map_err(|e| {
-                EngineError::Generate(cause(Message(format!("cannot decode the generated tokens: {e}"))))
-            })?;
+        let rest = decoder.flush().map_err(|e| {
+            EngineError::Generate(cause(ErrorMessage(format!("cannot decode the generated tokens: {e}"))))
+        })?;
         if let Some(rest) = rest {
             tail.push_str(&stopper.push(&rest));
         }

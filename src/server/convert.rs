@@ -50,7 +50,7 @@ pub struct ConvertRequest {
     pub mtp: Option<MtpMode>,
     /// An integer, `"none"`, or null (the head unquantized); absent follows the recipe.
     #[serde(default, deserialize_with = "present")]
-    #[ts(type = "number | \"none\" | null")]
+    #[ts(optional, type = "number | \"none\" | null")]
     pub mtp_bits: Option<Value>,
     /// Replace an existing destination.
     pub force: Option<bool>,
@@ -132,7 +132,10 @@ fn resolve(state: &AppState, req: ConvertRequest) -> Result<(PathBuf, PathBuf, C
                 Some(bits) => format!("{base}-{bits}bit"),
                 None => format!(
                     "{base}-{}",
-                    serde_json::to_value(options.dtype).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+                    serde_json::to_value(options.dtype)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
                 ),
             }
         }

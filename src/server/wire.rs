@@ -177,7 +177,7 @@ pub struct ChatCompletionChunk {
     pub system_fingerprint: (),
     pub choices: Vec<ChunkChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[ts(optional, as = "Option<Usage>")]
+    #[ts(optional = nullable, as = "Option<Usage>")]
     pub usage: Option<Option<Usage>>,
     /// Tandem's extension: the generation's statistics (running, or final on the last chunks).
     #[serde(skip_serializing_if = "Option::is_none")]

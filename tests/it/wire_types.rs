@@ -102,13 +102,25 @@ fn generated_typescript_is_up_to_date() {
 fn the_statistics_type_has_the_designed_keys() {
     let files = generate();
     let stats = &files["Stats.ts"];
-    for key in ["prompt_tokens", "completion_tokens", "ttft_ms", "prefill_tok_s", "decode_tok_s", "spec: SpecStats | null"] {
+    for key in
+        ["prompt_tokens", "completion_tokens", "ttft_ms", "prefill_tok_s", "decode_tok_s", "spec: SpecStats | null"]
+    {
         assert!(stats.contains(key), "Stats.ts lacks `{key}`: {stats}");
     }
     let spec = &files["SpecStats.ts"];
     for key in [
-        "method", "depth", "cycles", "drafted", "accepted", "acceptance", "tok_per_cycle", "by_depth: Array<DepthStats>",
-        "accepted_hist: Array<number>", "parked_cycles", "ms: PhaseMs", "fallback: string | null",
+        "method",
+        "depth",
+        "cycles",
+        "drafted",
+        "accepted",
+        "acceptance",
+        "tok_per_cycle",
+        "by_depth: Array<DepthStats>",
+        "accepted_hist: Array<number>",
+        "parked_cycles",
+        "ms: PhaseMs",
+        "fallback: string | null",
     ] {
         assert!(spec.contains(key), "SpecStats.ts lacks `{key}`: {spec}");
     }
