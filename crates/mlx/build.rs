@@ -25,15 +25,57 @@ fn main() {
         .include(&include)
         .std("c++20")
         .flag_if_supported("-Wno-unused-parameter")
-        .flag_if_supported("-Wno-deprecated-declarations");
+        .flag_if_supported("-Wno-deprecated-declarations")
+        // from_dtype's switch must name every MLX type (see bridge.cc).
+        .flag_if_supported("-Werror=switch");
     build.compile("mlx-bridge");
 
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=mlx");
-    // Reaches this crate's own tests; dependants read DEP_MLX_LIB_DIR and set their own rpath.
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    // Binaries find MLX relative to themselves, never through the build tree's absolute path, so a
+    // built program can be moved: the library sits beside it as `mlx/lib` (with the wheel's sibling
+    // folders, which libmlx's own relative rpath reaches). In the build tree that layout is made of
+    // links in the profile folder; `make package` copies it into the bundle. This crate's own tests
+    // live in `deps/`, one folder down.
+    link_beside_binaries(&mlx);
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", rpath_origin("../mlx/lib"));
     println!("cargo:lib_dir={}", lib.display());
     println!("cargo:include_dir={}", include.display());
+}
+
+/// `$ORIGIN/<rel>` on Linux, `@loader_path/<rel>` on macOS: the linker resolves it at run time
+/// against the folder of the binary.
+fn rpath_origin(rel: &str) -> String {
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
+        format!("@loader_path/{rel}")
+    } else {
+        format!("$ORIGIN/{rel}")
+    }
+}
+
+/// Links `<profile>/mlx` to the MLX folder and its sibling `*.libs` folders (the wheel's bundled
+/// BLAS), so binaries in `<profile>` and `<profile>/deps` find MLX through their relative rpaths.
+fn link_beside_binaries(mlx: &Path) {
+    let Some(out) = std::env::var_os("OUT_DIR").map(PathBuf::from) else { return };
+    // OUT_DIR is <profile>/build/<crate>-<hash>/out.
+    let Some(profile) = out.ancestors().nth(3) else { return };
+    let Some(wheel) = mlx.parent() else { return };
+    let mut names = vec![std::ffi::OsString::from("mlx")];
+    if let Ok(entries) = std::fs::read_dir(wheel) {
+        names.extend(entries.flatten().map(|e| e.file_name()).filter(|n| n.to_string_lossy().ends_with(".libs")));
+    }
+    for name in names {
+        let from = if name == "mlx" { mlx.to_path_buf() } else { wheel.join(&name) };
+        let at = profile.join(&name);
+        if std::fs::read_link(&at).ok().as_deref() == Some(from.as_path()) {
+            continue;
+        }
+        let _ = std::fs::remove_file(&at);
+        #[cfg(unix)]
+        if let Err(e) = std::os::unix::fs::symlink(&from, &at) {
+            println!("cargo:warning=could not link {} -> {}: {e}", at.display(), from.display());
+        }
+    }
 }
 
 fn find_mlx() -> Option<PathBuf> {

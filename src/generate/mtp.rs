@@ -1,4 +1,4 @@
-//! MTP speculative decoding (spec sections 4.2–4.4): the model's own MTP head drafts k tokens,
+//! MTP speculative decoding (docs/MODEL.md §4.2–4.4): the model's own MTP head drafts k tokens,
 //! one forward over k+1 tokens verifies them, and the caches roll back exactly to the accepted prefix.
 //!
 //! Invariants between cycles:
@@ -138,7 +138,7 @@ impl<'m> SpecDecoder<'m> {
         Ok(out.slice_axis(1, t - 1, t)?)
     }
 
-    /// Drafts `k` tokens greedily, chaining through the head's normed output (spec 4.2).
+    /// Drafts `k` tokens greedily, chaining through the head's normed output (docs/MODEL.md §4.2).
     fn draft(&mut self, k: usize) -> Result<Vec<u32>> {
         let catching_up = self.pending_tokens.len() > self.opts.depth + 1;
         let t = Instant::now();

@@ -1,5 +1,5 @@
 //! The statistics of one generation: one JSON shape for the CLI (`--json`), HTTP and the UI
-//! (DESIGN.md, "Statistics").
+//! (docs/ARCHITECTURE.md §4.3).
 
 use serde::{Deserialize, Serialize};
 

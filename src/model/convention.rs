@@ -1,6 +1,6 @@
 //! Which convention the MTP head's seven RMSNorms follow: zero-centred (raw checkpoints, scale
 //! `1 + w`) or shifted (MLX conversions, scale `w`). A wrong choice multiplies the head's features by
-//! about 0 or 2 and drops MTP acceptance to about 0% without any error (spec 3.6 and 6.2).
+//! about 0 or 2 and drops MTP acceptance to about 0% without any error (docs/MODEL.md §3.6, §6.2).
 //!
 //! The decision comes from provenance facts wherever they exist:
 //! - a head written together with its body by one tool follows the body: raw names on a raw body

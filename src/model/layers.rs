@@ -22,7 +22,7 @@ impl Linear {
                 bias.as_ref().map_or(Ok(y.clone()), |b| y.add(b))
             }
             Linear::Quantized { q, bias } => {
-                let y = q.matmul(x, true)?;
+                let y = crate::kernels::quantized_matmul(x, q)?;
                 bias.as_ref().map_or(Ok(y.clone()), |b| y.add(b))
             }
         }

@@ -1,6 +1,6 @@
 //! Qwen3.5 (`qwen3_5`): a hybrid of Gated DeltaNet (linear attention) and gated full-attention
 //! layers, with an optional MTP head. Config, checkpoint mapping, cache layout and forward pass.
-//! Math: shared/spec/qwen35-mtp-mlx-format.md, section 3; the MTP head: section 4.
+//! Math: docs/MODEL.md §3; the MTP head: §2.5 and §4.
 
 use std::path::Path;
 
@@ -284,7 +284,7 @@ impl GatedDeltaNet {
         let dkf = self.dk as f32;
         let q = fast::rms_norm(&q, None, 1e-6 / dkf)?.multiply(&Array::f32(1.0 / dkf))?;
         let k = fast::rms_norm(&k, None, 1e-6 / dkf)?.multiply(&Array::f32(1.0 / dkf.sqrt()))?;
-        // The recurrence (spec 3.2 step 7) with MLX's fused kernel; its state is [B, Hv, Dv, Dk] and
+        // The recurrence (docs/MODEL.md §3.2 step 7) with MLX's fused kernel; its state is [B, Hv, Dv, Dk] and
         // it maps value heads to key heads itself. A verify pass records what a rollback needs to
         // recompute the state of a shorter prefix (cache::Recording).
         let initial = match st.ssm.take() {
@@ -385,7 +385,7 @@ impl Attention {
     }
 }
 
-/// Explicit M-RoPE rotation for one pass (spec 3.3): cos and sin `[T, rope_dims]` built from position
+/// Explicit M-RoPE rotation for one pass (docs/MODEL.md §3.3): cos and sin `[T, rope_dims]` built from position
 /// ids `[3, T]` (t, h, w), each frequency taking its position from the axis `mrope_section` assigns it.
 struct MRope {
     cos: Array,
@@ -528,7 +528,7 @@ impl DecoderLayer {
 // ---------------------------------------------------------------------------------------------
 // MTP head
 
-/// The names of the 15 logical tensors of a one-layer MTP head (spec section 2), without `mtp.`.
+/// The names of the 15 logical tensors of a one-layer MTP head (docs/MODEL.md §2.5), without `mtp.`.
 pub const MTP_TENSORS: [&str; 15] = [
     "fc.weight",
     "pre_fc_norm_embedding.weight",

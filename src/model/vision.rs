@@ -2,7 +2,7 @@
 //! its kernel), the learned position grid bilinearly resampled to each image, pre-LN ViT blocks with
 //! 2-D rotary attention inside each image, and the merger that folds 2x2 patches into one token of the
 //! text model's width. Also the M-RoPE position ids of a prompt that holds images.
-//! Math: shared/spec/qwen35-mtp-mlx-format.md, sections 1, 2 and 3.5; transformers' `Qwen3_5VisionModel`.
+//! Math: docs/MODEL.md §2.6 and §3.5; transformers' `Qwen3_5VisionModel`.
 
 use mlx::fast::{self, Mask};
 use mlx::{concatenate, Array, Dtype};

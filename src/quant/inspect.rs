@@ -1,4 +1,4 @@
-//! `inspect`: what a model folder holds, in DESIGN.md's JSON shape: format, architecture, parameter
+//! `inspect`: what a model folder holds (JSON shape: docs/ARCHITECTURE.md §4.1): format, architecture, parameter
 //! count and bytes, quantization per module group, and the MTP head's state.
 
 use std::collections::BTreeMap;

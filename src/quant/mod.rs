@@ -6,7 +6,7 @@
 //! - [`inspect`]: format, architecture, size, quantization and the MTP head's state.
 //! - [`repair`]: a copy of a model whose MTP head follows another norm convention than its body.
 //!
-//! Conventions written (shared/spec/qwen35-mtp-mlx-format.md, sections 3.6 and 5):
+//! Conventions written (docs/MODEL.md §3.6 and §5.3):
 //! - keys `language_model.model.*`, `language_model.lm_head.weight` (absent when tied),
 //!   `language_model.mtp.*`, `vision_tower.*` (vision tensors kept, only cast);
 //! - +1 on exactly the zero-centred norms (input/post-attention layernorms, the final norm, q/k norms

@@ -1,6 +1,6 @@
 """Fine-tune tandem-tiny's MTP head for chained drafting (depth > 1); the trunk, embedding and lm_head are frozen.
 
-A decoder drafts k > 1 tokens by chaining the head (spec section 4.2): draft s+1 feeds the head's own output after
+A decoder drafts k > 1 tokens by chaining the head (docs/MODEL.md §4.2): draft s+1 feeds the head's own output after
 `mtp.norm` (hm) of draft s, paired with draft s, at the next RoPE position, and the head's KV cache then holds the
 committed pairs plus the chained entries. train.py only trained step 1 (the trunk's h_t), so the head had never seen
 its own hm as input. Here every training window runs the head for --steps chained steps (`MTPHead.chained`):
@@ -285,7 +285,7 @@ def merge_model_metrics(base: dict, chain: dict, variant: str) -> dict:
         "what": "MTP head fine-tuned for chained drafting (tools/train_tiny/chain_head.py); trunk, embedding and lm_head "
                 "frozen and bit-identical. Acceptance: teacher-forced on the model's own greedy continuations (64 tokens) "
                 "of the held-out prompts of train.py; depthN = conditional acceptance of draft N given drafts 1..N-1 "
-                "accepted, chained as spec section 4.2 (hm after mtp.norm + the drafted token, next position, KV cache "
+                "accepted, chained as docs/MODEL.md §4.2 (hm after mtp.norm + the drafted token, next position, KV cache "
                 "of the committed pairs plus the chain); expected_accepted_per_cycle kK = a1 + a1*a2 + ...",
         "finetune": chain[variant]["finetune"],
         "before": {k: chain["before"][k] for k in ("text", "chat")} if "before" in chain else None,

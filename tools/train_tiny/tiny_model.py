@@ -3,7 +3,7 @@
 The trunk is `transformers.Qwen3_5ForCausalLM` (keys `model.*`, `lm_head.weight`); on save the keys are renamed to
 the raw Hugging Face layout of a Qwen3.5 checkpoint (`model.language_model.*`, `lm_head.weight`, `mtp.*`).
 
-The MTP head (`MTPHead`) follows spec section 4.1 and holds exactly the 15 tensors of a real checkpoint's `mtp.*`:
+The MTP head (`MTPHead`) follows docs/MODEL.md §4.1 and holds exactly the 15 tensors of a real checkpoint's `mtp.*`:
     e  = pre_fc_norm_embedding(embed_tokens(x_{t+1}))        # shared embedding
     hh = pre_fc_norm_hidden(h_t)                             # h_t = trunk hidden AFTER the final model.norm
     u  = fc(concat([e, hh], -1))                             # embedding first
@@ -137,7 +137,7 @@ class MTPHead(nn.Module):
         return logits
 
     def chained(self, hidden: torch.Tensor, ids: torch.Tensor, steps: int, embed: nn.Embedding, rotary, lm_head: nn.Linear):
-        """Chained drafting (spec section 4.2), teacher-forced, for every frontier t at once.
+        """Chained drafting (docs/MODEL.md §4.2), teacher-forced, for every frontier t at once.
 
         hidden: [B, T, D] trunk hidden h_0..h_{T-1} (post final norm); ids: [B, T + steps] tokens x_0..x_{T+steps-1}.
         Returns `steps` logits [B, T, V]; entry s-1, row t is draft s of a decoder whose frontier pair is

@@ -1,4 +1,4 @@
-// The one client of the engine's HTTP API (DESIGN.md, "HTTP API"). Nothing else in the UI calls fetch.
+// The one client of the engine's HTTP API (docs/ARCHITECTURE.md §4.2). Nothing else in the UI calls fetch.
 // Every body's type is generated from the server's Rust types (ui/src/generated): no shape is guessed here.
 
 import type { Conversation } from './conversation';

@@ -1,4 +1,4 @@
-// The figures the live panel shows, computed from one Statistics object (DESIGN.md, "Statistics").
+// The figures the live panel shows, computed from one Statistics object (docs/ARCHITECTURE.md §4.3).
 
 import type { Stats } from './generated';
 

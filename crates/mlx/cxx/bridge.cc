@@ -12,27 +12,47 @@ namespace mx = mlx::core;
 namespace mlxb {
 namespace {
 
-mx::Dtype to_dtype(uint8_t code) {
+mx::Dtype to_dtype(DtypeCode code) {
   switch (code) {
-    case 0: return mx::bool_;
-    case 1: return mx::uint8;
-    case 2: return mx::uint16;
-    case 3: return mx::uint32;
-    case 4: return mx::uint64;
-    case 5: return mx::int8;
-    case 6: return mx::int16;
-    case 7: return mx::int32;
-    case 8: return mx::int64;
-    case 9: return mx::float16;
-    case 10: return mx::float32;
-    case 11: return mx::float64;
-    case 12: return mx::bfloat16;
-    case 13: return mx::complex64;
+    case DtypeCode::Bool: return mx::bool_;
+    case DtypeCode::U8: return mx::uint8;
+    case DtypeCode::U16: return mx::uint16;
+    case DtypeCode::U32: return mx::uint32;
+    case DtypeCode::U64: return mx::uint64;
+    case DtypeCode::I8: return mx::int8;
+    case DtypeCode::I16: return mx::int16;
+    case DtypeCode::I32: return mx::int32;
+    case DtypeCode::I64: return mx::int64;
+    case DtypeCode::F16: return mx::float16;
+    case DtypeCode::F32: return mx::float32;
+    case DtypeCode::F64: return mx::float64;
+    case DtypeCode::BF16: return mx::bfloat16;
+    case DtypeCode::C64: return mx::complex64;
   }
-  throw std::invalid_argument("unknown dtype code " + std::to_string(code));
+  throw std::invalid_argument("unknown dtype code " + std::to_string(static_cast<int>(code)));
 }
 
-uint8_t from_dtype(mx::Dtype d) { return static_cast<uint8_t>(d.val()); }
+// Exhaustive over MLX's types (the build uses -Werror=switch), so a type added to MLX fails the build here
+// instead of reaching Rust as another type.
+DtypeCode from_dtype(mx::Dtype d) {
+  switch (d.val()) {
+    case mx::Dtype::Val::bool_: return DtypeCode::Bool;
+    case mx::Dtype::Val::uint8: return DtypeCode::U8;
+    case mx::Dtype::Val::uint16: return DtypeCode::U16;
+    case mx::Dtype::Val::uint32: return DtypeCode::U32;
+    case mx::Dtype::Val::uint64: return DtypeCode::U64;
+    case mx::Dtype::Val::int8: return DtypeCode::I8;
+    case mx::Dtype::Val::int16: return DtypeCode::I16;
+    case mx::Dtype::Val::int32: return DtypeCode::I32;
+    case mx::Dtype::Val::int64: return DtypeCode::I64;
+    case mx::Dtype::Val::float16: return DtypeCode::F16;
+    case mx::Dtype::Val::float32: return DtypeCode::F32;
+    case mx::Dtype::Val::float64: return DtypeCode::F64;
+    case mx::Dtype::Val::bfloat16: return DtypeCode::BF16;
+    case mx::Dtype::Val::complex64: return DtypeCode::C64;
+  }
+  throw std::invalid_argument("unsupported MLX dtype");
+}
 
 mx::Shape to_shape(rust::Slice<const int32_t> s) { return mx::Shape(s.begin(), s.end()); }
 std::vector<int> to_ints(rust::Slice<const int32_t> s) { return std::vector<int>(s.begin(), s.end()); }
@@ -49,7 +69,7 @@ std::optional<Array> opt(const Array& a, bool has) {
 }  // namespace
 
 // --- construction and inspection ---
-ArrayPtr array_from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, uint8_t dtype) {
+ArrayPtr array_from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, DtypeCode dtype) {
   auto dt = to_dtype(dtype);
   auto shp = to_shape(shape);
   size_t n = 1;
@@ -63,28 +83,28 @@ ArrayPtr array_from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int
   return wrap(Array(std::move(buf), std::move(shp), dt));
 }
 
-ArrayPtr array_from_external(const uint8_t* data, rust::Slice<const int32_t> shape, uint8_t dtype, size_t owner) {
+ArrayPtr array_from_external(const uint8_t* data, rust::Slice<const int32_t> shape, DtypeCode dtype, size_t owner) {
   // MLX calls the deleter once it no longer needs the memory; the Rust owner (e.g. a memory map) lives until then.
   return wrap(Array(const_cast<uint8_t*>(data), to_shape(shape), to_dtype(dtype),
                     [owner](void*) { release_owner(owner); }));
 }
 
-ArrayPtr array_scalar_f64(double v, uint8_t dtype) { return wrap(Array(static_cast<float>(v), to_dtype(dtype))); }
+ArrayPtr array_scalar_f64(double v, DtypeCode dtype) { return wrap(Array(static_cast<float>(v), to_dtype(dtype))); }
 ArrayPtr array_clone(const Array& a) { return std::make_unique<Array>(a); }
-ArrayPtr array_zeros(rust::Slice<const int32_t> shape, uint8_t dtype) { return wrap(mx::zeros(to_shape(shape), to_dtype(dtype))); }
-ArrayPtr array_ones(rust::Slice<const int32_t> shape, uint8_t dtype) { return wrap(mx::ones(to_shape(shape), to_dtype(dtype))); }
-ArrayPtr array_full(rust::Slice<const int32_t> shape, double v, uint8_t dtype) {
+ArrayPtr array_zeros(rust::Slice<const int32_t> shape, DtypeCode dtype) { return wrap(mx::zeros(to_shape(shape), to_dtype(dtype))); }
+ArrayPtr array_ones(rust::Slice<const int32_t> shape, DtypeCode dtype) { return wrap(mx::ones(to_shape(shape), to_dtype(dtype))); }
+ArrayPtr array_full(rust::Slice<const int32_t> shape, double v, DtypeCode dtype) {
   return wrap(mx::full(to_shape(shape), Array(static_cast<float>(v), to_dtype(dtype)), to_dtype(dtype)));
 }
-ArrayPtr array_arange(double start, double stop, double step, uint8_t dtype) { return wrap(mx::arange(start, stop, step, to_dtype(dtype))); }
-ArrayPtr array_eye(int32_t n, uint8_t dtype) { return wrap(mx::eye(n, n, 0, to_dtype(dtype))); }
-ArrayPtr array_tri(int32_t n, int32_t m, int32_t k, uint8_t dtype) { return wrap(mx::tri(n, m, k, to_dtype(dtype))); }
+ArrayPtr array_arange(double start, double stop, double step, DtypeCode dtype) { return wrap(mx::arange(start, stop, step, to_dtype(dtype))); }
+ArrayPtr array_eye(int32_t n, DtypeCode dtype) { return wrap(mx::eye(n, n, 0, to_dtype(dtype))); }
+ArrayPtr array_tri(int32_t n, int32_t m, int32_t k, DtypeCode dtype) { return wrap(mx::tri(n, m, k, to_dtype(dtype))); }
 rust::Vec<int32_t> array_shape(const Array& a) {
   rust::Vec<int32_t> out;
   for (auto d : a.shape()) out.push_back(d);
   return out;
 }
-uint8_t array_dtype(const Array& a) { return from_dtype(a.dtype()); }
+DtypeCode array_dtype(const Array& a) { return from_dtype(a.dtype()); }
 size_t array_size(const Array& a) { return a.size(); }
 size_t array_nbytes(const Array& a) { return a.nbytes(); }
 void array_eval(const Array& a) { const_cast<Array&>(a).eval(); }
@@ -114,6 +134,17 @@ void set_default_device(bool gpu) { mx::set_default_device(gpu ? mx::Device::gpu
 bool default_device_is_gpu() { return mx::default_device().type == mx::Device::gpu; }
 bool gpu_available() { return mx::is_available(mx::Device::gpu); }
 bool cuda_available() { return mx::cu::is_available(); }
+int32_t cuda_compute_capability() {
+  if (!mx::cu::is_available()) return -1;
+  try {
+    const auto& info = mx::gpu::device_info(0);
+    auto major = info.find("compute_capability_major"), minor = info.find("compute_capability_minor");
+    if (major == info.end() || minor == info.end()) return -1;
+    return static_cast<int32_t>(std::get<size_t>(major->second) * 10 + std::get<size_t>(minor->second));
+  } catch (...) {
+    return -1;
+  }
+}
 int32_t new_stream(bool gpu) { return mx::new_stream(gpu ? mx::Device::gpu : mx::Device::cpu).index; }
 void set_default_stream(int32_t index, bool gpu) {
   for (auto& s : mx::get_streams()) {
@@ -134,64 +165,64 @@ size_t set_cache_limit(size_t limit) { return mx::set_cache_limit(limit); }
 rust::String version() { return rust::String(mx::version()); }
 
 // --- elementwise ---
-ArrayPtr unary(uint8_t op, const Array& a) {
+ArrayPtr unary(UnaryOp op, const Array& a) {
   switch (op) {
-    case 0: return wrap(mx::negative(a));
-    case 1: return wrap(mx::abs(a));
-    case 2: return wrap(mx::exp(a));
-    case 3: return wrap(mx::log(a));
-    case 4: return wrap(mx::log1p(a));
-    case 5: return wrap(mx::sqrt(a));
-    case 6: return wrap(mx::rsqrt(a));
-    case 7: return wrap(mx::square(a));
-    case 8: return wrap(mx::sigmoid(a));
-    case 9: return wrap(mx::tanh(a));
-    case 10: return wrap(mx::erf(a));
-    case 11: return wrap(mx::sin(a));
-    case 12: return wrap(mx::cos(a));
-    case 13: return wrap(mx::floor(a));
-    case 14: return wrap(mx::ceil(a));
-    case 15: return wrap(mx::round(a));
-    case 16: return wrap(mx::logical_not(a));
-    case 17: return wrap(mx::reciprocal(a));
-    case 18: return wrap(mx::expm1(a));
-    case 19: return wrap(mx::sign(a));
-    case 20: return wrap(mx::isnan(a));
-    case 21: return wrap(mx::isinf(a));
+    case UnaryOp::Negative: return wrap(mx::negative(a));
+    case UnaryOp::Abs: return wrap(mx::abs(a));
+    case UnaryOp::Exp: return wrap(mx::exp(a));
+    case UnaryOp::Log: return wrap(mx::log(a));
+    case UnaryOp::Log1p: return wrap(mx::log1p(a));
+    case UnaryOp::Sqrt: return wrap(mx::sqrt(a));
+    case UnaryOp::Rsqrt: return wrap(mx::rsqrt(a));
+    case UnaryOp::Square: return wrap(mx::square(a));
+    case UnaryOp::Sigmoid: return wrap(mx::sigmoid(a));
+    case UnaryOp::Tanh: return wrap(mx::tanh(a));
+    case UnaryOp::Erf: return wrap(mx::erf(a));
+    case UnaryOp::Sin: return wrap(mx::sin(a));
+    case UnaryOp::Cos: return wrap(mx::cos(a));
+    case UnaryOp::Floor: return wrap(mx::floor(a));
+    case UnaryOp::Ceil: return wrap(mx::ceil(a));
+    case UnaryOp::Round: return wrap(mx::round(a));
+    case UnaryOp::LogicalNot: return wrap(mx::logical_not(a));
+    case UnaryOp::Reciprocal: return wrap(mx::reciprocal(a));
+    case UnaryOp::Expm1: return wrap(mx::expm1(a));
+    case UnaryOp::Sign: return wrap(mx::sign(a));
+    case UnaryOp::Isnan: return wrap(mx::isnan(a));
+    case UnaryOp::Isinf: return wrap(mx::isinf(a));
   }
-  throw std::invalid_argument("unknown unary op " + std::to_string(op));
+  throw std::invalid_argument("unknown unary op " + std::to_string(static_cast<int>(op)));
 }
 
-ArrayPtr binary(uint8_t op, const Array& a, const Array& b) {
+ArrayPtr binary(BinaryOp op, const Array& a, const Array& b) {
   switch (op) {
-    case 0: return wrap(mx::add(a, b));
-    case 1: return wrap(mx::subtract(a, b));
-    case 2: return wrap(mx::multiply(a, b));
-    case 3: return wrap(mx::divide(a, b));
-    case 4: return wrap(mx::power(a, b));
-    case 5: return wrap(mx::maximum(a, b));
-    case 6: return wrap(mx::minimum(a, b));
-    case 7: return wrap(mx::equal(a, b));
-    case 8: return wrap(mx::not_equal(a, b));
-    case 9: return wrap(mx::less(a, b));
-    case 10: return wrap(mx::less_equal(a, b));
-    case 11: return wrap(mx::greater(a, b));
-    case 12: return wrap(mx::greater_equal(a, b));
-    case 13: return wrap(mx::logical_and(a, b));
-    case 14: return wrap(mx::logical_or(a, b));
-    case 15: return wrap(mx::logaddexp(a, b));
-    case 16: return wrap(mx::remainder(a, b));
-    case 17: return wrap(mx::floor_divide(a, b));
-    case 18: return wrap(mx::arctan2(a, b));
-    case 19: return wrap(mx::bitwise_and(a, b));
-    case 20: return wrap(mx::bitwise_or(a, b));
-    case 21: return wrap(mx::left_shift(a, b));
-    case 22: return wrap(mx::right_shift(a, b));
+    case BinaryOp::Add: return wrap(mx::add(a, b));
+    case BinaryOp::Subtract: return wrap(mx::subtract(a, b));
+    case BinaryOp::Multiply: return wrap(mx::multiply(a, b));
+    case BinaryOp::Divide: return wrap(mx::divide(a, b));
+    case BinaryOp::Power: return wrap(mx::power(a, b));
+    case BinaryOp::Maximum: return wrap(mx::maximum(a, b));
+    case BinaryOp::Minimum: return wrap(mx::minimum(a, b));
+    case BinaryOp::Equal: return wrap(mx::equal(a, b));
+    case BinaryOp::NotEqual: return wrap(mx::not_equal(a, b));
+    case BinaryOp::Less: return wrap(mx::less(a, b));
+    case BinaryOp::LessEqual: return wrap(mx::less_equal(a, b));
+    case BinaryOp::Greater: return wrap(mx::greater(a, b));
+    case BinaryOp::GreaterEqual: return wrap(mx::greater_equal(a, b));
+    case BinaryOp::LogicalAnd: return wrap(mx::logical_and(a, b));
+    case BinaryOp::LogicalOr: return wrap(mx::logical_or(a, b));
+    case BinaryOp::Logaddexp: return wrap(mx::logaddexp(a, b));
+    case BinaryOp::Remainder: return wrap(mx::remainder(a, b));
+    case BinaryOp::FloorDivide: return wrap(mx::floor_divide(a, b));
+    case BinaryOp::Arctan2: return wrap(mx::arctan2(a, b));
+    case BinaryOp::BitwiseAnd: return wrap(mx::bitwise_and(a, b));
+    case BinaryOp::BitwiseOr: return wrap(mx::bitwise_or(a, b));
+    case BinaryOp::LeftShift: return wrap(mx::left_shift(a, b));
+    case BinaryOp::RightShift: return wrap(mx::right_shift(a, b));
   }
-  throw std::invalid_argument("unknown binary op " + std::to_string(op));
+  throw std::invalid_argument("unknown binary op " + std::to_string(static_cast<int>(op)));
 }
 
-ArrayPtr astype(const Array& a, uint8_t dtype) { return wrap(mx::astype(a, to_dtype(dtype))); }
+ArrayPtr astype(const Array& a, DtypeCode dtype) { return wrap(mx::astype(a, to_dtype(dtype))); }
 ArrayPtr where_(const Array& c, const Array& a, const Array& b) { return wrap(mx::where(c, a, b)); }
 ArrayPtr clip(const Array& a, const Array& lo, const Array& hi) { return wrap(mx::clip(a, lo, hi)); }
 ArrayPtr stop_gradient(const Array& a) { return wrap(mx::stop_gradient(a)); }
@@ -233,23 +264,23 @@ ArrayPtr pad(const Array& a, rust::Slice<const int32_t> axes, rust::Slice<const 
 ArrayPtr moveaxis(const Array& a, int32_t src, int32_t dst) { return wrap(mx::moveaxis(a, src, dst)); }
 
 // --- reductions ---
-ArrayPtr reduce(uint8_t op, const Array& a, rust::Slice<const int32_t> axes, bool keepdims) {
+ArrayPtr reduce(ReduceOp op, const Array& a, rust::Slice<const int32_t> axes, bool keepdims) {
   auto ax = to_ints(axes);
   switch (op) {
-    case 0: return wrap(mx::sum(a, ax, keepdims));
-    case 1: return wrap(mx::mean(a, ax, keepdims));
-    case 2: return wrap(mx::max(a, ax, keepdims));
-    case 3: return wrap(mx::min(a, ax, keepdims));
-    case 4: return wrap(mx::prod(a, ax, keepdims));
-    case 5: return wrap(mx::logsumexp(a, ax, keepdims));
-    case 6: return wrap(mx::all(a, ax, keepdims));
-    case 7: return wrap(mx::any(a, ax, keepdims));
-    case 8: return wrap(mx::var(a, ax, keepdims));
+    case ReduceOp::Sum: return wrap(mx::sum(a, ax, keepdims));
+    case ReduceOp::Mean: return wrap(mx::mean(a, ax, keepdims));
+    case ReduceOp::Max: return wrap(mx::max(a, ax, keepdims));
+    case ReduceOp::Min: return wrap(mx::min(a, ax, keepdims));
+    case ReduceOp::Prod: return wrap(mx::prod(a, ax, keepdims));
+    case ReduceOp::Logsumexp: return wrap(mx::logsumexp(a, ax, keepdims));
+    case ReduceOp::All: return wrap(mx::all(a, ax, keepdims));
+    case ReduceOp::Any: return wrap(mx::any(a, ax, keepdims));
+    case ReduceOp::Var: return wrap(mx::var(a, ax, keepdims));
   }
-  throw std::invalid_argument("unknown reduction " + std::to_string(op));
+  throw std::invalid_argument("unknown reduction " + std::to_string(static_cast<int>(op)));
 }
-ArrayPtr arg_reduce(uint8_t op, const Array& a, int32_t axis, bool keepdims) {
-  return wrap(op == 0 ? mx::argmax(a, axis, keepdims) : mx::argmin(a, axis, keepdims));
+ArrayPtr arg_reduce(ArgReduceOp op, const Array& a, int32_t axis, bool keepdims) {
+  return wrap(op == ArgReduceOp::Argmax ? mx::argmax(a, axis, keepdims) : mx::argmin(a, axis, keepdims));
 }
 ArrayPtr softmax(const Array& a, rust::Slice<const int32_t> axes, bool precise) { return wrap(mx::softmax(a, to_ints(axes), precise)); }
 ArrayPtr cumsum(const Array& a, int32_t axis, bool reverse, bool inclusive) { return wrap(mx::cumsum(a, axis, reverse, inclusive)); }
@@ -313,14 +344,14 @@ std::unique_ptr<ArrayVec> random_split(const Array& key, int32_t num) {
   for (int i = 0; i < num; ++i) out.push_back(mx::take(keys, i, 0));
   return wrap_vec(std::move(out));
 }
-ArrayPtr random_uniform(rust::Slice<const int32_t> shape, uint8_t dtype, const Array& key) {
+ArrayPtr random_uniform(rust::Slice<const int32_t> shape, DtypeCode dtype, const Array& key) {
   return wrap(mx::random::uniform(to_shape(shape), to_dtype(dtype), key));
 }
-ArrayPtr random_normal(rust::Slice<const int32_t> shape, uint8_t dtype, const Array& key) {
+ArrayPtr random_normal(rust::Slice<const int32_t> shape, DtypeCode dtype, const Array& key) {
   return wrap(mx::random::normal(to_shape(shape), to_dtype(dtype), key));
 }
 ArrayPtr random_categorical(const Array& logits, int32_t axis, const Array& key) { return wrap(mx::random::categorical(logits, axis, key)); }
-ArrayPtr random_gumbel(rust::Slice<const int32_t> shape, uint8_t dtype, const Array& key) {
+ArrayPtr random_gumbel(rust::Slice<const int32_t> shape, DtypeCode dtype, const Array& key) {
   return wrap(mx::random::gumbel(to_shape(shape), to_dtype(dtype), key));
 }
 
@@ -343,7 +374,7 @@ std::unique_ptr<Kernel> cuda_kernel(rust::Str name, rust::Slice<const rust::Stri
   k->fn = mx::fast::cuda_kernel(std::string(name), to_strings(inputs), to_strings(outputs), std::string(source), std::string(header));
   return k;
 }
-std::unique_ptr<ArrayVec> kernel_call(const Kernel& k, const ArrayVec& inputs, rust::Slice<const int32_t> out_shapes_flat, rust::Slice<const int32_t> out_ndims, rust::Slice<const uint8_t> out_dtypes, rust::Slice<const int32_t> grid, rust::Slice<const int32_t> threadgroup, rust::Slice<const rust::String> tmpl_names, rust::Slice<const int32_t> tmpl_ints) {
+std::unique_ptr<ArrayVec> kernel_call(const Kernel& k, const ArrayVec& inputs, rust::Slice<const int32_t> out_shapes_flat, rust::Slice<const int32_t> out_ndims, rust::Slice<const DtypeCode> out_dtypes, rust::Slice<const int32_t> grid, rust::Slice<const int32_t> threadgroup, rust::Slice<const rust::String> tmpl_names, rust::Slice<const int32_t> tmpl_ints) {
   if (grid.size() != 3 || threadgroup.size() != 3) throw std::invalid_argument("kernel_call: grid and threadgroup need 3 values");
   if (tmpl_names.size() != tmpl_ints.size()) throw std::invalid_argument("kernel_call: template names and values differ in count");
   std::vector<mx::Shape> shapes;

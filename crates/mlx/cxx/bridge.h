@@ -12,6 +12,13 @@
 
 namespace mlxb {
 
+// The shared enums are defined by the generated ffi.rs.h; declared here so the signatures can name them.
+enum class DtypeCode : uint8_t;
+enum class UnaryOp : uint8_t;
+enum class BinaryOp : uint8_t;
+enum class ReduceOp : uint8_t;
+enum class ArgReduceOp : uint8_t;
+
 using Array = mlx::core::array;
 using ArrayPtr = std::unique_ptr<Array>;
 
@@ -26,18 +33,18 @@ struct Kernel {
 };
 
 // --- construction and inspection ---
-ArrayPtr array_from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, uint8_t dtype);
-ArrayPtr array_from_external(const uint8_t* data, rust::Slice<const int32_t> shape, uint8_t dtype, size_t owner);
-ArrayPtr array_scalar_f64(double v, uint8_t dtype);
+ArrayPtr array_from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, DtypeCode dtype);
+ArrayPtr array_from_external(const uint8_t* data, rust::Slice<const int32_t> shape, DtypeCode dtype, size_t owner);
+ArrayPtr array_scalar_f64(double v, DtypeCode dtype);
 ArrayPtr array_clone(const Array& a);
-ArrayPtr array_zeros(rust::Slice<const int32_t> shape, uint8_t dtype);
-ArrayPtr array_ones(rust::Slice<const int32_t> shape, uint8_t dtype);
-ArrayPtr array_full(rust::Slice<const int32_t> shape, double v, uint8_t dtype);
-ArrayPtr array_arange(double start, double stop, double step, uint8_t dtype);
-ArrayPtr array_eye(int32_t n, uint8_t dtype);
-ArrayPtr array_tri(int32_t n, int32_t m, int32_t k, uint8_t dtype);
+ArrayPtr array_zeros(rust::Slice<const int32_t> shape, DtypeCode dtype);
+ArrayPtr array_ones(rust::Slice<const int32_t> shape, DtypeCode dtype);
+ArrayPtr array_full(rust::Slice<const int32_t> shape, double v, DtypeCode dtype);
+ArrayPtr array_arange(double start, double stop, double step, DtypeCode dtype);
+ArrayPtr array_eye(int32_t n, DtypeCode dtype);
+ArrayPtr array_tri(int32_t n, int32_t m, int32_t k, DtypeCode dtype);
 rust::Vec<int32_t> array_shape(const Array& a);
-uint8_t array_dtype(const Array& a);
+DtypeCode array_dtype(const Array& a);
 size_t array_size(const Array& a);
 size_t array_nbytes(const Array& a);
 void array_eval(const Array& a);
@@ -57,6 +64,8 @@ void set_default_device(bool gpu);
 bool default_device_is_gpu();
 bool gpu_available();
 bool cuda_available();
+// major * 10 + minor of CUDA device 0; -1 without CUDA.
+int32_t cuda_compute_capability();
 int32_t new_stream(bool gpu);
 void set_default_stream(int32_t index, bool gpu);
 size_t get_active_memory();
@@ -69,9 +78,9 @@ size_t set_cache_limit(size_t limit);
 rust::String version();
 
 // --- unary and binary elementwise ops (op codes are defined in ffi.rs) ---
-ArrayPtr unary(uint8_t op, const Array& a);
-ArrayPtr binary(uint8_t op, const Array& a, const Array& b);
-ArrayPtr astype(const Array& a, uint8_t dtype);
+ArrayPtr unary(UnaryOp op, const Array& a);
+ArrayPtr binary(BinaryOp op, const Array& a, const Array& b);
+ArrayPtr astype(const Array& a, DtypeCode dtype);
 ArrayPtr where_(const Array& c, const Array& a, const Array& b);
 ArrayPtr clip(const Array& a, const Array& lo, const Array& hi);
 ArrayPtr stop_gradient(const Array& a);
@@ -101,8 +110,8 @@ ArrayPtr pad(const Array& a, rust::Slice<const int32_t> axes, rust::Slice<const 
 ArrayPtr moveaxis(const Array& a, int32_t src, int32_t dst);
 
 // --- reductions (op codes in ffi.rs) ---
-ArrayPtr reduce(uint8_t op, const Array& a, rust::Slice<const int32_t> axes, bool keepdims);
-ArrayPtr arg_reduce(uint8_t op, const Array& a, int32_t axis, bool keepdims);
+ArrayPtr reduce(ReduceOp op, const Array& a, rust::Slice<const int32_t> axes, bool keepdims);
+ArrayPtr arg_reduce(ArgReduceOp op, const Array& a, int32_t axis, bool keepdims);
 ArrayPtr softmax(const Array& a, rust::Slice<const int32_t> axes, bool precise);
 ArrayPtr cumsum(const Array& a, int32_t axis, bool reverse, bool inclusive);
 ArrayPtr sort(const Array& a, int32_t axis);
@@ -134,14 +143,14 @@ std::unique_ptr<ArrayVec> gated_delta_update(const Array& q, const Array& k, con
 // --- random ---
 ArrayPtr random_key(uint64_t seed);
 std::unique_ptr<ArrayVec> random_split(const Array& key, int32_t num);
-ArrayPtr random_uniform(rust::Slice<const int32_t> shape, uint8_t dtype, const Array& key);
-ArrayPtr random_normal(rust::Slice<const int32_t> shape, uint8_t dtype, const Array& key);
+ArrayPtr random_uniform(rust::Slice<const int32_t> shape, DtypeCode dtype, const Array& key);
+ArrayPtr random_normal(rust::Slice<const int32_t> shape, DtypeCode dtype, const Array& key);
 ArrayPtr random_categorical(const Array& logits, int32_t axis, const Array& key);
-ArrayPtr random_gumbel(rust::Slice<const int32_t> shape, uint8_t dtype, const Array& key);
+ArrayPtr random_gumbel(rust::Slice<const int32_t> shape, DtypeCode dtype, const Array& key);
 
 // --- custom kernels ---
 std::unique_ptr<Kernel> metal_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header);
 std::unique_ptr<Kernel> cuda_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header);
-std::unique_ptr<ArrayVec> kernel_call(const Kernel& k, const ArrayVec& inputs, rust::Slice<const int32_t> out_shapes_flat, rust::Slice<const int32_t> out_ndims, rust::Slice<const uint8_t> out_dtypes, rust::Slice<const int32_t> grid, rust::Slice<const int32_t> threadgroup, rust::Slice<const rust::String> tmpl_names, rust::Slice<const int32_t> tmpl_ints);
+std::unique_ptr<ArrayVec> kernel_call(const Kernel& k, const ArrayVec& inputs, rust::Slice<const int32_t> out_shapes_flat, rust::Slice<const int32_t> out_ndims, rust::Slice<const DtypeCode> out_dtypes, rust::Slice<const int32_t> grid, rust::Slice<const int32_t> threadgroup, rust::Slice<const rust::String> tmpl_names, rust::Slice<const int32_t> tmpl_ints);
 
 }  // namespace mlxb

@@ -38,7 +38,7 @@ impl Array {
     /// Copies raw little-endian bytes into a new array.
     pub fn from_bytes(data: &[u8], shape: &[i32], dtype: Dtype) -> Result<Array> {
         check_shape(shape)?;
-        Self::wrap(ffi::array_from_bytes(data, shape, dtype as u8))
+        Self::wrap(ffi::array_from_bytes(data, shape, dtype.code()))
     }
 
     /// Wraps memory owned by `owner` (for example a memory-mapped file) without copying where MLX
@@ -64,33 +64,33 @@ impl Array {
         let owner: Owner = Box::new(owner);
         let raw = Box::into_raw(Box::new(owner)) as usize;
         // On an error MLX may or may not have taken the deleter; leaking the owner is the safe side.
-        Self::wrap(ffi::array_from_external(data, shape, dtype as u8, raw))
+        Self::wrap(ffi::array_from_external(data, shape, dtype.code(), raw))
     }
 
     pub fn scalar<T: Into<f64>>(v: T, dtype: Dtype) -> Result<Array> {
-        Self::wrap(ffi::array_scalar_f64(v.into(), dtype as u8))
+        Self::wrap(ffi::array_scalar_f64(v.into(), dtype.code()))
     }
     pub fn f32(v: f32) -> Array {
         Self::scalar(v, Dtype::F32).expect("scalar construction cannot fail")
     }
     pub fn zeros(shape: &[i32], dtype: Dtype) -> Result<Array> {
-        Self::wrap(ffi::array_zeros(shape, dtype as u8))
+        Self::wrap(ffi::array_zeros(shape, dtype.code()))
     }
     pub fn ones(shape: &[i32], dtype: Dtype) -> Result<Array> {
-        Self::wrap(ffi::array_ones(shape, dtype as u8))
+        Self::wrap(ffi::array_ones(shape, dtype.code()))
     }
     pub fn full(shape: &[i32], v: f64, dtype: Dtype) -> Result<Array> {
-        Self::wrap(ffi::array_full(shape, v, dtype as u8))
+        Self::wrap(ffi::array_full(shape, v, dtype.code()))
     }
     pub fn arange(start: f64, stop: f64, step: f64, dtype: Dtype) -> Result<Array> {
-        Self::wrap(ffi::array_arange(start, stop, step, dtype as u8))
+        Self::wrap(ffi::array_arange(start, stop, step, dtype.code()))
     }
     pub fn eye(n: i32, dtype: Dtype) -> Result<Array> {
-        Self::wrap(ffi::array_eye(n, dtype as u8))
+        Self::wrap(ffi::array_eye(n, dtype.code()))
     }
     /// Lower-triangular ones: `tri(n, m, k)[i][j] = 1 if j <= i + k`.
     pub fn tri(n: i32, m: i32, k: i32, dtype: Dtype) -> Result<Array> {
-        Self::wrap(ffi::array_tri(n, m, k, dtype as u8))
+        Self::wrap(ffi::array_tri(n, m, k, dtype.code()))
     }
 
     pub fn shape(&self) -> Vec<i32> {
@@ -105,8 +105,18 @@ impl Array {
         let i = if axis < 0 { s.len() as i32 + axis } else { axis };
         s[i as usize]
     }
+    /// The element type. MLX's types map one to one onto [`Dtype`] (the C++ side's switch is
+    /// exhaustive and compiled with `-Werror=switch`), so this cannot fail with the pinned MLX; a
+    /// libmlx newer than its headers reports through [`Array::try_dtype`].
     pub fn dtype(&self) -> Dtype {
-        Dtype::from_code(ffi::array_dtype(self.raw()))
+        match self.try_dtype() {
+            Ok(d) => d,
+            Err(e) => panic!("MLX returned an array type this bridge does not know: {e}"),
+        }
+    }
+    /// The element type, or an error for a type code the bridge does not know.
+    pub fn try_dtype(&self) -> Result<Dtype> {
+        Dtype::from_code(ffi::array_dtype(self.raw())?)
     }
     pub fn size(&self) -> usize {
         ffi::array_size(self.raw())

@@ -45,6 +45,13 @@ pub fn backend() -> Backend {
     })
 }
 
+/// The CUDA device's compute capability as (major, minor), e.g. (9, 0) on an H100 or H200; `None`
+/// without CUDA.
+pub fn cuda_compute_capability() -> Option<(u32, u32)> {
+    let cc = ffi::cuda_compute_capability();
+    (cc >= 0).then(|| ((cc / 10) as u32, (cc % 10) as u32))
+}
+
 /// A new stream on `device`; returns its index.
 pub fn new_stream(device: Device) -> Result<i32> {
     Ok(ffi::new_stream(device == Device::Gpu)?)

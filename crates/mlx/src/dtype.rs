@@ -1,4 +1,7 @@
-/// MLX element types. The discriminants are the bridge's codes (MLX's `Dtype::Val` order).
+use crate::ffi::ffi::DtypeCode;
+use crate::{Error, Result};
+
+/// MLX element types. The discriminants follow MLX's `Dtype::Val` order, like the bridge's `DtypeCode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Dtype {
@@ -19,24 +22,45 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    pub(crate) fn from_code(code: u8) -> Dtype {
-        use Dtype::*;
-        match code {
-            0 => Bool,
-            1 => U8,
-            2 => U16,
-            3 => U32,
-            4 => U64,
-            5 => I8,
-            6 => I16,
-            7 => I32,
-            8 => I64,
-            9 => F16,
-            10 => F32,
-            11 => F64,
-            12 => BF16,
-            _ => C64,
+    /// The bridge's code for this type.
+    pub(crate) fn code(self) -> DtypeCode {
+        match self {
+            Dtype::Bool => DtypeCode::Bool,
+            Dtype::U8 => DtypeCode::U8,
+            Dtype::U16 => DtypeCode::U16,
+            Dtype::U32 => DtypeCode::U32,
+            Dtype::U64 => DtypeCode::U64,
+            Dtype::I8 => DtypeCode::I8,
+            Dtype::I16 => DtypeCode::I16,
+            Dtype::I32 => DtypeCode::I32,
+            Dtype::I64 => DtypeCode::I64,
+            Dtype::F16 => DtypeCode::F16,
+            Dtype::F32 => DtypeCode::F32,
+            Dtype::F64 => DtypeCode::F64,
+            Dtype::BF16 => DtypeCode::BF16,
+            Dtype::C64 => DtypeCode::C64,
         }
+    }
+
+    /// The type of a bridge code; a code outside the shared enum is an error, never another type.
+    pub(crate) fn from_code(code: DtypeCode) -> Result<Dtype> {
+        Ok(match code {
+            DtypeCode::Bool => Dtype::Bool,
+            DtypeCode::U8 => Dtype::U8,
+            DtypeCode::U16 => Dtype::U16,
+            DtypeCode::U32 => Dtype::U32,
+            DtypeCode::U64 => Dtype::U64,
+            DtypeCode::I8 => Dtype::I8,
+            DtypeCode::I16 => Dtype::I16,
+            DtypeCode::I32 => Dtype::I32,
+            DtypeCode::I64 => Dtype::I64,
+            DtypeCode::F16 => Dtype::F16,
+            DtypeCode::F32 => Dtype::F32,
+            DtypeCode::F64 => Dtype::F64,
+            DtypeCode::BF16 => Dtype::BF16,
+            DtypeCode::C64 => Dtype::C64,
+            other => return Err(Error::Invalid(format!("unknown dtype code {}", other.repr))),
+        })
     }
 
     /// Bytes per element.
@@ -137,3 +161,23 @@ element!(i64, I64);
 element!(u32, U32);
 element!(u8, U8);
 element!(bool, Bool);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_round_trips_through_its_bridge_code() {
+        use Dtype::*;
+        for d in [Bool, U8, U16, U32, U64, I8, I16, I32, I64, F16, F32, F64, BF16, C64] {
+            assert_eq!(Dtype::from_code(d.code()), Ok(d));
+            assert_eq!(d.code().repr, d as u8, "{d}: the bridge code follows MLX's order");
+        }
+    }
+
+    #[test]
+    fn an_unknown_code_is_an_error_not_another_type() {
+        let err = Dtype::from_code(DtypeCode { repr: 200 }).unwrap_err();
+        assert!(err.to_string().contains("unknown dtype code 200"), "{err}");
+    }
+}

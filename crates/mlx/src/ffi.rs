@@ -3,6 +3,94 @@
 
 #[cxx::bridge(namespace = "mlxb")]
 pub(crate) mod ffi {
+    // Codes shared with C++ as `enum class`es: both sides name the same variants, so a code can never be
+    // read as another type or op, and an unknown value is an error on either side.
+    #[repr(u8)]
+    enum DtypeCode {
+        Bool,
+        U8,
+        U16,
+        U32,
+        U64,
+        I8,
+        I16,
+        I32,
+        I64,
+        F16,
+        F32,
+        F64,
+        BF16,
+        C64,
+    }
+    #[repr(u8)]
+    enum UnaryOp {
+        Negative,
+        Abs,
+        Exp,
+        Log,
+        Log1p,
+        Sqrt,
+        Rsqrt,
+        Square,
+        Sigmoid,
+        Tanh,
+        Erf,
+        Sin,
+        Cos,
+        Floor,
+        Ceil,
+        Round,
+        LogicalNot,
+        Reciprocal,
+        Expm1,
+        Sign,
+        Isnan,
+        Isinf,
+    }
+    #[repr(u8)]
+    enum BinaryOp {
+        Add,
+        Subtract,
+        Multiply,
+        Divide,
+        Power,
+        Maximum,
+        Minimum,
+        Equal,
+        NotEqual,
+        Less,
+        LessEqual,
+        Greater,
+        GreaterEqual,
+        LogicalAnd,
+        LogicalOr,
+        Logaddexp,
+        Remainder,
+        FloorDivide,
+        Arctan2,
+        BitwiseAnd,
+        BitwiseOr,
+        LeftShift,
+        RightShift,
+    }
+    #[repr(u8)]
+    enum ReduceOp {
+        Sum,
+        Mean,
+        Max,
+        Min,
+        Prod,
+        Logsumexp,
+        All,
+        Any,
+        Var,
+    }
+    #[repr(u8)]
+    enum ArgReduceOp {
+        Argmax,
+        Argmin,
+    }
+
     unsafe extern "C++" {
         include!("mlx-bridge/cxx/bridge.h");
 
@@ -10,23 +98,23 @@ pub(crate) mod ffi {
         type ArrayVec;
         type Kernel;
 
-        fn array_from_bytes(data: &[u8], shape: &[i32], dtype: u8) -> Result<UniquePtr<Array>>;
+        fn array_from_bytes(data: &[u8], shape: &[i32], dtype: DtypeCode) -> Result<UniquePtr<Array>>;
         unsafe fn array_from_external(
             data: *const u8,
             shape: &[i32],
-            dtype: u8,
+            dtype: DtypeCode,
             owner: usize,
         ) -> Result<UniquePtr<Array>>;
-        fn array_scalar_f64(v: f64, dtype: u8) -> Result<UniquePtr<Array>>;
+        fn array_scalar_f64(v: f64, dtype: DtypeCode) -> Result<UniquePtr<Array>>;
         fn array_clone(a: &Array) -> Result<UniquePtr<Array>>;
-        fn array_zeros(shape: &[i32], dtype: u8) -> Result<UniquePtr<Array>>;
-        fn array_ones(shape: &[i32], dtype: u8) -> Result<UniquePtr<Array>>;
-        fn array_full(shape: &[i32], v: f64, dtype: u8) -> Result<UniquePtr<Array>>;
-        fn array_arange(start: f64, stop: f64, step: f64, dtype: u8) -> Result<UniquePtr<Array>>;
-        fn array_eye(n: i32, dtype: u8) -> Result<UniquePtr<Array>>;
-        fn array_tri(n: i32, m: i32, k: i32, dtype: u8) -> Result<UniquePtr<Array>>;
+        fn array_zeros(shape: &[i32], dtype: DtypeCode) -> Result<UniquePtr<Array>>;
+        fn array_ones(shape: &[i32], dtype: DtypeCode) -> Result<UniquePtr<Array>>;
+        fn array_full(shape: &[i32], v: f64, dtype: DtypeCode) -> Result<UniquePtr<Array>>;
+        fn array_arange(start: f64, stop: f64, step: f64, dtype: DtypeCode) -> Result<UniquePtr<Array>>;
+        fn array_eye(n: i32, dtype: DtypeCode) -> Result<UniquePtr<Array>>;
+        fn array_tri(n: i32, m: i32, k: i32, dtype: DtypeCode) -> Result<UniquePtr<Array>>;
         fn array_shape(a: &Array) -> Vec<i32>;
-        fn array_dtype(a: &Array) -> u8;
+        fn array_dtype(a: &Array) -> Result<DtypeCode>;
         fn array_size(a: &Array) -> usize;
         fn array_nbytes(a: &Array) -> usize;
         fn array_eval(a: &Array) -> Result<()>;
@@ -44,6 +132,7 @@ pub(crate) mod ffi {
         fn default_device_is_gpu() -> bool;
         fn gpu_available() -> bool;
         fn cuda_available() -> bool;
+        fn cuda_compute_capability() -> i32;
         fn new_stream(gpu: bool) -> Result<i32>;
         fn set_default_stream(index: i32, gpu: bool) -> Result<()>;
         fn get_active_memory() -> usize;
@@ -55,9 +144,9 @@ pub(crate) mod ffi {
         fn set_cache_limit(limit: usize) -> usize;
         fn version() -> String;
 
-        fn unary(op: u8, a: &Array) -> Result<UniquePtr<Array>>;
-        fn binary(op: u8, a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
-        fn astype(a: &Array, dtype: u8) -> Result<UniquePtr<Array>>;
+        fn unary(op: UnaryOp, a: &Array) -> Result<UniquePtr<Array>>;
+        fn binary(op: BinaryOp, a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
+        fn astype(a: &Array, dtype: DtypeCode) -> Result<UniquePtr<Array>>;
         fn where_(c: &Array, a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
         fn clip(a: &Array, lo: &Array, hi: &Array) -> Result<UniquePtr<Array>>;
         fn stop_gradient(a: &Array) -> Result<UniquePtr<Array>>;
@@ -91,8 +180,8 @@ pub(crate) mod ffi {
         fn pad(a: &Array, axes: &[i32], low: &[i32], high: &[i32], value: &Array) -> Result<UniquePtr<Array>>;
         fn moveaxis(a: &Array, src: i32, dst: i32) -> Result<UniquePtr<Array>>;
 
-        fn reduce(op: u8, a: &Array, axes: &[i32], keepdims: bool) -> Result<UniquePtr<Array>>;
-        fn arg_reduce(op: u8, a: &Array, axis: i32, keepdims: bool) -> Result<UniquePtr<Array>>;
+        fn reduce(op: ReduceOp, a: &Array, axes: &[i32], keepdims: bool) -> Result<UniquePtr<Array>>;
+        fn arg_reduce(op: ArgReduceOp, a: &Array, axis: i32, keepdims: bool) -> Result<UniquePtr<Array>>;
         fn softmax(a: &Array, axes: &[i32], precise: bool) -> Result<UniquePtr<Array>>;
         fn cumsum(a: &Array, axis: i32, reverse: bool, inclusive: bool) -> Result<UniquePtr<Array>>;
         fn sort(a: &Array, axis: i32) -> Result<UniquePtr<Array>>;
@@ -183,10 +272,10 @@ pub(crate) mod ffi {
 
         fn random_key(seed: u64) -> Result<UniquePtr<Array>>;
         fn random_split(key: &Array, num: i32) -> Result<UniquePtr<ArrayVec>>;
-        fn random_uniform(shape: &[i32], dtype: u8, key: &Array) -> Result<UniquePtr<Array>>;
-        fn random_normal(shape: &[i32], dtype: u8, key: &Array) -> Result<UniquePtr<Array>>;
+        fn random_uniform(shape: &[i32], dtype: DtypeCode, key: &Array) -> Result<UniquePtr<Array>>;
+        fn random_normal(shape: &[i32], dtype: DtypeCode, key: &Array) -> Result<UniquePtr<Array>>;
         fn random_categorical(logits: &Array, axis: i32, key: &Array) -> Result<UniquePtr<Array>>;
-        fn random_gumbel(shape: &[i32], dtype: u8, key: &Array) -> Result<UniquePtr<Array>>;
+        fn random_gumbel(shape: &[i32], dtype: DtypeCode, key: &Array) -> Result<UniquePtr<Array>>;
 
         fn metal_kernel(
             name: &str,
@@ -208,7 +297,7 @@ pub(crate) mod ffi {
             inputs: &ArrayVec,
             out_shapes_flat: &[i32],
             out_ndims: &[i32],
-            out_dtypes: &[u8],
+            out_dtypes: &[DtypeCode],
             grid: &[i32],
             threadgroup: &[i32],
             tmpl_names: &[String],

@@ -51,7 +51,7 @@ impl Kernel {
         for (shape, dt) in launch.outputs {
             flat.extend_from_slice(shape);
             ndims.push(shape.len() as i32);
-            dtypes.push(*dt as u8);
+            dtypes.push(dt.code());
         }
         let names: Vec<String> = launch.template.iter().map(|(n, _)| n.to_string()).collect();
         let ints: Vec<i32> = launch.template.iter().map(|(_, v)| *v).collect();

@@ -5,84 +5,71 @@ use crate::ffi::ffi;
 use crate::{Array, Dtype, Result};
 
 macro_rules! unary_ops {
-    ($($name:ident = $code:expr),* $(,)?) => {
+    ($($name:ident = $op:ident),* $(,)?) => {
         impl Array {
-            $(pub fn $name(&self) -> Result<Array> { Array::wrap(ffi::unary($code, self.raw())) })*
+            $(pub fn $name(&self) -> Result<Array> { Array::wrap(ffi::unary(ffi::UnaryOp::$op, self.raw())) })*
         }
     };
 }
 unary_ops!(
-    negative = 0,
-    abs = 1,
-    exp = 2,
-    log = 3,
-    log1p = 4,
-    sqrt = 5,
-    rsqrt = 6,
-    square = 7,
-    sigmoid = 8,
-    tanh = 9,
-    erf = 10,
-    sin = 11,
-    cos = 12,
-    floor = 13,
-    ceil = 14,
-    round = 15,
-    logical_not = 16,
-    reciprocal = 17,
-    expm1 = 18,
-    sign = 19,
-    isnan = 20,
-    isinf = 21,
+    negative = Negative,
+    abs = Abs,
+    exp = Exp,
+    log = Log,
+    log1p = Log1p,
+    sqrt = Sqrt,
+    rsqrt = Rsqrt,
+    square = Square,
+    sigmoid = Sigmoid,
+    tanh = Tanh,
+    erf = Erf,
+    sin = Sin,
+    cos = Cos,
+    floor = Floor,
+    ceil = Ceil,
+    round = Round,
+    logical_not = LogicalNot,
+    reciprocal = Reciprocal,
+    expm1 = Expm1,
+    sign = Sign,
+    isnan = Isnan,
+    isinf = Isinf,
 );
 
 macro_rules! binary_ops {
-    ($($name:ident = $code:expr),* $(,)?) => {
+    ($($name:ident = $op:ident),* $(,)?) => {
         impl Array {
             $(pub fn $name(&self, other: &Array) -> Result<Array> {
-                Array::wrap(ffi::binary($code, self.raw(), other.raw()))
+                Array::wrap(ffi::binary(ffi::BinaryOp::$op, self.raw(), other.raw()))
             })*
         }
     };
 }
 binary_ops!(
-    add = 0,
-    subtract = 1,
-    multiply = 2,
-    divide = 3,
-    power = 4,
-    maximum = 5,
-    minimum = 6,
-    equal = 7,
-    not_equal = 8,
-    less = 9,
-    less_equal = 10,
-    greater = 11,
-    greater_equal = 12,
-    logical_and = 13,
-    logical_or = 14,
-    logaddexp = 15,
-    remainder = 16,
-    floor_divide = 17,
-    arctan2 = 18,
-    bitwise_and = 19,
-    bitwise_or = 20,
-    left_shift = 21,
-    right_shift = 22,
+    add = Add,
+    subtract = Subtract,
+    multiply = Multiply,
+    divide = Divide,
+    power = Power,
+    maximum = Maximum,
+    minimum = Minimum,
+    equal = Equal,
+    not_equal = NotEqual,
+    less = Less,
+    less_equal = LessEqual,
+    greater = Greater,
+    greater_equal = GreaterEqual,
+    logical_and = LogicalAnd,
+    logical_or = LogicalOr,
+    logaddexp = Logaddexp,
+    remainder = Remainder,
+    floor_divide = FloorDivide,
+    arctan2 = Arctan2,
+    bitwise_and = BitwiseAnd,
+    bitwise_or = BitwiseOr,
+    left_shift = LeftShift,
+    right_shift = RightShift,
 );
-
-#[derive(Clone, Copy)]
-enum Reduce {
-    Sum = 0,
-    Mean = 1,
-    Max = 2,
-    Min = 3,
-    Prod = 4,
-    LogSumExp = 5,
-    All = 6,
-    Any = 7,
-    Var = 8,
-}
 
 macro_rules! reductions {
     ($($name:ident => $op:ident),* $(,)?) => {
@@ -92,12 +79,12 @@ macro_rules! reductions {
             pub fn $name(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
                 let all: Vec<i32>;
                 let axes = if axes.is_empty() { all = (0..self.ndim() as i32).collect(); &all } else { axes };
-                Array::wrap(ffi::reduce(Reduce::$op as u8, self.raw(), axes, keepdims))
+                Array::wrap(ffi::reduce(ffi::ReduceOp::$op, self.raw(), axes, keepdims))
             })*
         }
     };
 }
-reductions!(sum => Sum, mean => Mean, max => Max, min => Min, prod => Prod, logsumexp => LogSumExp,
+reductions!(sum => Sum, mean => Mean, max => Max, min => Min, prod => Prod, logsumexp => Logsumexp,
             all => All, any => Any, var => Var);
 
 impl Array {
@@ -130,7 +117,7 @@ impl Array {
         if self.dtype() == dtype {
             return Ok(self.clone());
         }
-        Array::wrap(ffi::astype(self.raw(), dtype as u8))
+        Array::wrap(ffi::astype(self.raw(), dtype.code()))
     }
     pub fn clip(&self, lo: &Array, hi: &Array) -> Result<Array> {
         Array::wrap(ffi::clip(self.raw(), lo.raw(), hi.raw()))
@@ -225,10 +212,10 @@ impl Array {
 
     // --- reductions and ordering ---
     pub fn argmax(&self, axis: i32, keepdims: bool) -> Result<Array> {
-        Array::wrap(ffi::arg_reduce(0, self.raw(), axis, keepdims))
+        Array::wrap(ffi::arg_reduce(ffi::ArgReduceOp::Argmax, self.raw(), axis, keepdims))
     }
     pub fn argmin(&self, axis: i32, keepdims: bool) -> Result<Array> {
-        Array::wrap(ffi::arg_reduce(1, self.raw(), axis, keepdims))
+        Array::wrap(ffi::arg_reduce(ffi::ArgReduceOp::Argmin, self.raw(), axis, keepdims))
     }
     /// Softmax over `axes`; `precise` accumulates in f32 for half-precision inputs.
     pub fn softmax(&self, axes: &[i32], precise: bool) -> Result<Array> {

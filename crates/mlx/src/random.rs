@@ -13,15 +13,15 @@ pub fn split(key: &Array, num: i32) -> Result<Vec<Array>> {
 }
 
 pub fn uniform(shape: &[i32], dtype: Dtype, key: &Array) -> Result<Array> {
-    Array::wrap(ffi::random_uniform(shape, dtype as u8, key.raw()))
+    Array::wrap(ffi::random_uniform(shape, dtype.code(), key.raw()))
 }
 
 pub fn normal(shape: &[i32], dtype: Dtype, key: &Array) -> Result<Array> {
-    Array::wrap(ffi::random_normal(shape, dtype as u8, key.raw()))
+    Array::wrap(ffi::random_normal(shape, dtype.code(), key.raw()))
 }
 
 pub fn gumbel(shape: &[i32], dtype: Dtype, key: &Array) -> Result<Array> {
-    Array::wrap(ffi::random_gumbel(shape, dtype as u8, key.raw()))
+    Array::wrap(ffi::random_gumbel(shape, dtype.code(), key.raw()))
 }
 
 /// Samples indices from unnormalised log-probabilities along `axis`.

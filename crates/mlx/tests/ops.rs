@@ -225,7 +225,7 @@ fn quantize_round_trip_within_one_step() {
             w.max(&[-1], false).unwrap().subtract(&w.min(&[-1], false).unwrap()).unwrap().to_vec::<f32>().unwrap();
         let levels = ((1 << bits) - 1) as f32;
         for (e, r) in err.iter().zip(&range) {
-            // DESIGN.md: the error can reach about one step, not half of one.
+            // docs/MODEL.md §5.1: the error can reach about one step, not half of one.
             assert!(*e <= 1.01 * r / levels, "bits {bits}: error {e} above one step {}", r / levels);
         }
         let x = random::normal(&[3, 128], Dtype::F32, &k).unwrap();

@@ -1,4 +1,4 @@
-//! `tandem`: the command-line shell over the engine (DESIGN.md, "CLI").
+//! `tandem`: the command-line shell over the engine (docs/ARCHITECTURE.md §4.1).
 
 mod bench;
 mod chat;

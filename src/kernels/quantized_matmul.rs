@@ -1,0 +1,221 @@
+//! `y = x @ dequantize(w)^T` for affine-quantized weights: at verify widths (M = 1..8 rows of x) on CUDA,
+//! the kernel in kernels/cuda/quantized_matmul.cu{,h}; everywhere else, MLX's `quantized_matmul` ([`fallback`]).
+//!
+//! MLX's CUDA op costs almost linearly in M (an MTP verify of 4 tokens paid ~3.5 plain steps of it on the
+//! H200); the kernel reads the weights once for all M rows, so M = 8 costs what M = 1 does. It computes
+//! each row of x the same way whatever M is, so a verify's logits stay decoding's own (bit for bit).
+//! It is taken for all M in 1..=8, M = 1 included, for that reason.
+//!
+//! Tolerance: against an fp32 reference (x and the dequantized weight in fp32) the relative Frobenius error
+//! of its output is at most half an ulp of the output dtype at its worst (2^-8 bf16, 2^-11 f16), what
+//! rounding the exact result costs; MLX's op is itself further from that reference in bf16 (kernels/README.md).
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use mlx::device::{backend, cuda_compute_capability, default_device, Backend, Device};
+use mlx::kernel::{Kernel, KernelBackend, Launch};
+use mlx::quantized::{dequantize, quantize};
+use mlx::{random, Array, Dtype, QuantMode, Quantized};
+
+use super::{policy, Policy};
+
+type Result<T> = std::result::Result<T, mlx::Error>;
+
+const HEADER: &str = include_str!("../../kernels/cuda/quantized_matmul.cuh");
+const SOURCE: &str = include_str!("../../kernels/cuda/quantized_matmul.cu");
+
+/// Rows of x the kernel takes (a verify of depth 7 at most).
+pub const MAX_ROWS: i32 = 8;
+pub const GROUP_SIZE: i32 = 64;
+/// The range of K (x's last axis) and N (weight rows) the parity runs covered (benches/gpu/qmm_kernel.py:
+/// K from 128 to 17408, N from 40 to a 248320-row vocabulary).
+pub const K_RANGE: (i32, i32) = (128, 17408);
+pub const MAX_N: i32 = 262_144;
+/// Compute capabilities (major, minor) where the parity test passed: the H200 (kernels/README.md).
+pub const TESTED_CLASSES: &[(u32, u32)] = &[(9, 0)];
+
+/// Launch shape, chosen on the H200 among six (benches/gpu/qmm_kernel.py): two 16-row tiles per warp,
+/// four warps per block splitting K, two groups of 64 loaded per round.
+const TILES_PER_WARP: i32 = 2;
+const WARPS: i32 = 4;
+const GROUPS_PER_ROUND: i32 = 2;
+
+/// Half an ulp of `dtype` at its worst, relative: the tolerance against an fp32 reference.
+pub fn tolerance(dtype: Dtype) -> f32 {
+    match dtype {
+        Dtype::F16 => 1.0 / 2048.0,
+        _ => 1.0 / 256.0,
+    }
+}
+
+/// `x @ dequantize(q)^T` (`q.matmul(x, true)`): the CUDA kernel where [`selected`], MLX's op otherwise.
+pub fn quantized_matmul(x: &Array, q: &Quantized) -> Result<Array> {
+    if selected(x, q) {
+        return cuda(x, q);
+    }
+    fallback(x, q)
+}
+
+/// The MLX op the kernel replaces.
+pub fn fallback(x: &Array, q: &Quantized) -> Result<Array> {
+    q.matmul(x, true)
+}
+
+/// Whether a call goes to the kernel: CUDA on the GPU, a format and shape inside [`applicable`], a machine
+/// class whose parity test passed (or `TANDEM_KERNELS=on`), and this machine's probe passed.
+pub fn selected(x: &Array, q: &Quantized) -> bool {
+    if policy() == Policy::Off || backend() != Backend::Cuda || default_device() != Device::Gpu {
+        return false;
+    }
+    if !applicable(x, q) {
+        return false;
+    }
+    if policy() == Policy::Auto && !tested_class() {
+        return false;
+    }
+    probe_passed(x.dtype(), q.bits)
+}
+
+/// The formats and shapes the kernel computes and its parity runs covered: x bf16 or f16 with M = 1..=8
+/// rows; affine weights of 4 or 8 bits in groups of 64 with scales and biases of x's dtype; K and N in range.
+pub fn applicable(x: &Array, q: &Quantized) -> bool {
+    let dt = x.dtype();
+    if !matches!(dt, Dtype::BF16 | Dtype::F16) || x.ndim() == 0 {
+        return false;
+    }
+    if q.mode != QuantMode::Affine || q.group_size != GROUP_SIZE || !matches!(q.bits, 4 | 8) {
+        return false;
+    }
+    let Some(biases) = &q.biases else { return false };
+    if q.weight.dtype() != Dtype::U32 || q.scales.dtype() != dt || biases.dtype() != dt || q.weight.ndim() != 2 {
+        return false;
+    }
+    let k = x.dim(-1);
+    let n = q.weight.dim(0);
+    if k < K_RANGE.0 || k > K_RANGE.1 || k % GROUP_SIZE != 0 || n < 1 || n > MAX_N {
+        return false;
+    }
+    let groups = [n, k / GROUP_SIZE];
+    if q.weight.dim(1) != k * q.bits / 32 || q.scales.shape() != groups || biases.shape() != groups {
+        return false;
+    }
+    (1..=MAX_ROWS as usize).contains(&(x.size() / k as usize))
+}
+
+fn tested_class() -> bool {
+    static TESTED: OnceLock<bool> = OnceLock::new();
+    *TESTED.get_or_init(|| cuda_compute_capability().is_some_and(|cc| TESTED_CLASSES.contains(&cc)))
+}
+
+/// Runs the kernel (CUDA only; elsewhere MLX reports an error when the result is evaluated). Checks only
+/// what would make the launch wrong; [`applicable`] is the selection's rule. The parity tests call this.
+pub fn cuda(x: &Array, q: &Quantized) -> Result<Array> {
+    let invalid = |what: &str| mlx::Error::Invalid(format!("quantized_matmul kernel: {what}"));
+    let biases = q.biases.as_ref().ok_or_else(|| invalid("affine weights need biases"))?;
+    let (k, n) = (x.dim(-1), q.weight.dim(0));
+    if k <= 0 || k % GROUP_SIZE != 0 || q.group_size != GROUP_SIZE || !matches!(q.bits, 4 | 8) {
+        return Err(invalid(&format!("K {k}, group size {}, {} bits", q.group_size, q.bits)));
+    }
+    let m = (x.size() / k as usize) as i32;
+    if !(1..=MAX_ROWS).contains(&m) {
+        return Err(invalid(&format!("{m} rows of x, at most {MAX_ROWS}")));
+    }
+    let dt = x.dtype();
+    let x2 = x.reshape(&[m, k])?;
+    let blocks = (n + 16 * TILES_PER_WARP - 1) / (16 * TILES_PER_WARP);
+    let out_shape = [m, n];
+    let y = with_kernel(dt, |kernel| {
+        kernel.call(
+            &[&x2, &q.weight, &q.scales, biases],
+            &Launch {
+                outputs: &[(&out_shape[..], dt)],
+                grid: [blocks * 32 * WARPS, 1, 1],
+                threadgroup: [32 * WARPS, 1, 1],
+                template: &[("BITS", q.bits), ("R", TILES_PER_WARP), ("KS", WARPS), ("U", GROUPS_PER_ROUND)],
+            },
+        )
+    })?
+    .into_iter()
+    .next()
+    .ok_or_else(|| invalid("no output"))?;
+    let mut shape = x.shape();
+    if let Some(last) = shape.last_mut() {
+        *last = n;
+    }
+    y.reshape(&shape)
+}
+
+/// The kernel object for `dtype`, made once per thread. MLX names a compiled kernel by its name and
+/// template integers only, so each input dtype gets its own name.
+fn with_kernel<R>(dtype: Dtype, f: impl FnOnce(&Kernel) -> Result<R>) -> Result<R> {
+    thread_local! {
+        static KERNELS: RefCell<Vec<(Dtype, Kernel)>> = const { RefCell::new(Vec::new()) };
+    }
+    KERNELS.with(|cell| {
+        let mut kernels = cell.borrow_mut();
+        if !kernels.iter().any(|(d, _)| *d == dtype) {
+            let name = match dtype {
+                Dtype::F16 => "tandem_qmm_f16",
+                _ => "tandem_qmm_bf16",
+            };
+            let kernel =
+                Kernel::new(KernelBackend::Cuda, name, &["x", "w", "scales", "biases"], &["y"], SOURCE, HEADER)?;
+            kernels.push((dtype, kernel));
+        }
+        let kernel = kernels.iter().find(|(d, _)| *d == dtype).map(|(_, k)| k);
+        kernel.map_or_else(|| Err(mlx::Error::Invalid("kernel cache".into())), f)
+    })
+}
+
+/// The probe's verdict for (dtype, bits), run once per process: the kernel on a small random problem
+/// (3 rows, 40 outputs, K = 256: partial tiles, two groups per warp) against an fp32 reference. A kernel
+/// that fails to compile or to match is never selected; the reason is logged.
+fn probe_passed(dtype: Dtype, bits: i32) -> bool {
+    static PROBES: [[OnceLock<bool>; 2]; 2] = [[OnceLock::new(), OnceLock::new()], [OnceLock::new(), OnceLock::new()]];
+    let slot = &PROBES[usize::from(dtype == Dtype::F16)][usize::from(bits == 8)];
+    *slot.get_or_init(|| match probe(dtype, bits) {
+        Ok(err) if err <= tolerance(dtype) => {
+            tracing::info!("quantized_matmul kernel ({dtype:?}, {bits} bits): probe error {err:.2e}, selected");
+            true
+        }
+        Ok(err) => {
+            tracing::warn!(
+                "quantized_matmul kernel ({dtype:?}, {bits} bits): probe error {err:.2e} over {:.2e}; using MLX's op",
+                tolerance(dtype)
+            );
+            false
+        }
+        Err(e) => {
+            tracing::warn!("quantized_matmul kernel ({dtype:?}, {bits} bits) failed its probe ({e}); using MLX's op");
+            false
+        }
+    })
+}
+
+/// Relative Frobenius error of the kernel on one small random problem against an fp32 reference.
+pub fn probe(dtype: Dtype, bits: i32) -> Result<f32> {
+    let keys = random::split(&random::key(0x7a6e_6465_6d00)?, 2)?;
+    let w = random::normal(&[40, 256], Dtype::F32, &keys[0])?.multiply(&Array::f32(0.02))?.as_dtype(dtype)?;
+    let q = quantize(&w, GROUP_SIZE, bits, QuantMode::Affine)?;
+    let x = random::normal(&[3, 256], Dtype::F32, &keys[1])?.as_dtype(dtype)?;
+    let y = cuda(&x, &q)?;
+    let reference = reference(&x, &q)?;
+    relative_error(&y, &reference)
+}
+
+/// `x @ dequantize(q)^T` in fp32, the scales and biases upcast before dequantizing.
+pub fn reference(x: &Array, q: &Quantized) -> Result<Array> {
+    let f32 = |a: &Array| a.as_dtype(Dtype::F32);
+    let biases = q.biases.as_ref().map(f32).transpose()?;
+    let w = dequantize(&q.weight, &f32(&q.scales)?, biases.as_ref(), q.group_size, q.bits, q.mode)?;
+    f32(x)?.matmul(&w.t()?)
+}
+
+/// ‖a − b‖ / ‖b‖ over all elements, in fp32 (infinite when `a` holds a NaN or an infinity).
+pub fn relative_error(a: &Array, b: &Array) -> Result<f32> {
+    let (a, b) = (a.as_dtype(Dtype::F32)?, b.as_dtype(Dtype::F32)?);
+    let num = a.subtract(&b)?.square()?.sum(&[], false)?.sqrt()?.item::<f32>()?;
+    let den = b.square()?.sum(&[], false)?.sqrt()?.item::<f32>()?;
+    Ok(if num.is_finite() { num / den.max(f32::MIN_POSITIVE) } else { f32::INFINITY })
+}

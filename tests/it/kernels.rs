@@ -1,0 +1,179 @@
+//! Custom kernels (kernels/, src/kernels/) against the MLX ops they replace.
+//!
+//! The CUDA parity tests need MLX's CUDA backend: elsewhere (this CPU machine, CI) each prints why it is
+//! skipped and returns. Their evidence on a GPU comes from benches/gpu/kernels_bench.sh, which runs this
+//! module there (and benches/gpu/qmm_kernel.py, the same check from Python over more shapes, with timings).
+
+use mlx::device::{backend, cuda_compute_capability, Backend};
+use mlx::quantized::{dequantize, quantize};
+use mlx::{random, Array, Dtype, QuantMode, Quantized};
+use tandem::kernels::quantized_matmul as qmm;
+
+/// Skips (printing why) unless MLX runs on CUDA here.
+fn cuda_or_skip(test: &str) -> bool {
+    if backend() == Backend::Cuda {
+        return true;
+    }
+    println!(
+        "{test}: SKIPPED: MLX's backend here is {:?}, not CUDA; the CUDA parity evidence comes from \
+         benches/gpu/kernels_bench.sh on a GPU (kernels/README.md)",
+        backend()
+    );
+    false
+}
+
+fn weights(n: i32, k: i32, bits: i32, dtype: Dtype, seed: u64) -> Quantized {
+    let w = random::normal(&[n, k], Dtype::F32, &random::key(seed).unwrap()).unwrap();
+    let w = w.multiply(&Array::f32(0.02)).unwrap().as_dtype(dtype).unwrap();
+    quantize(&w, 64, bits, QuantMode::Affine).unwrap()
+}
+
+fn inputs(m: i32, k: i32, dtype: Dtype, seed: u64) -> Array {
+    random::normal(&[m, k], Dtype::F32, &random::key(seed).unwrap()).unwrap().as_dtype(dtype).unwrap()
+}
+
+/// x @ dequantize(q)^T in fp32, built here from MLX's dequantize with fp32 scales and biases.
+fn fp32_reference(x: &Array, q: &Quantized) -> Vec<f32> {
+    let f = |a: &Array| a.as_dtype(Dtype::F32).unwrap();
+    let biases = q.biases.as_ref().map(f);
+    let w = dequantize(&q.weight, &f(&q.scales), biases.as_ref(), q.group_size, q.bits, q.mode).unwrap();
+    f(x).matmul(&w.t().unwrap()).unwrap().to_f32_vec().unwrap()
+}
+
+/// ‖a − b‖ / ‖b‖ in f64; infinite when `a` holds a NaN or an infinity.
+fn rel_error(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    if a.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+/// The stated tolerance against fp32: half an ulp of the output dtype at its worst (relative), what rounding
+/// the exact result to that dtype can cost.
+fn half_ulp(dtype: Dtype) -> f64 {
+    if dtype == Dtype::F16 {
+        2f64.powi(-11)
+    } else {
+        2f64.powi(-8)
+    }
+}
+
+#[test]
+fn qmm_selection_rules() {
+    let q4 = weights(8, 5120, 4, Dtype::BF16, 1);
+    let x = inputs(4, 5120, Dtype::BF16, 2).reshape(&[1, 4, 5120]).unwrap();
+    assert!(qmm::applicable(&x, &q4), "verify-width bf16 x, 4-bit group-64 weights");
+    let x9 = inputs(9, 5120, Dtype::BF16, 2);
+    assert!(!qmm::applicable(&x9, &q4), "9 rows is past verify width");
+    assert!(!qmm::applicable(&x.as_dtype(Dtype::F32).unwrap(), &q4), "f32 x");
+    let q3 = weights(8, 5120, 3, Dtype::BF16, 1);
+    assert!(!qmm::applicable(&x, &q3), "3 bits");
+    let w = inputs(8, 5120, Dtype::BF16, 3);
+    let g32 = quantize(&w, 32, 4, QuantMode::Affine).unwrap();
+    assert!(!qmm::applicable(&x, &g32), "group size 32");
+    let f16_scales = Quantized { scales: q4.scales.as_dtype(Dtype::F16).unwrap(), ..q4.clone() };
+    assert!(!qmm::applicable(&x, &f16_scales), "scales of another dtype than x");
+    let small_k = weights(8, 64, 4, Dtype::BF16, 1);
+    assert!(!qmm::applicable(&inputs(1, 64, Dtype::BF16, 2), &small_k), "K below the tested range");
+
+    if backend() != Backend::Cuda {
+        // Off CUDA the hook must be MLX's op, bit for bit.
+        assert!(!qmm::selected(&x, &q4));
+        let y = qmm::quantized_matmul(&x, &q4).unwrap();
+        let y_mlx = q4.matmul(&x, true).unwrap();
+        assert_eq!(y.shape(), vec![1, 4, 8]);
+        assert_eq!(y.to_bytes().unwrap(), y_mlx.to_bytes().unwrap());
+    }
+}
+
+#[test]
+fn qmm_cuda_parity() {
+    if !cuda_or_skip("qmm_cuda_parity") {
+        return;
+    }
+    // Edge shapes (partial tiles, K of two groups, N below one block) and 27B projection shapes.
+    let shapes = [(40, 256), (1000, 128), (48, 5120), (5120, 6144), (17408, 5120), (5120, 17408)];
+    for dtype in [Dtype::BF16, Dtype::F16] {
+        for bits in [4, 8] {
+            for (i, &(n, k)) in shapes.iter().enumerate() {
+                let q = weights(n, k, bits, dtype, 10 + i as u64);
+                let x8 = inputs(8, k, dtype, 20 + i as u64);
+                let y8 = qmm::cuda(&x8, &q).unwrap();
+                let mut worst = (0.0f64, 0.0f64, 0.0f64);
+                for m in 1..=8 {
+                    let x = x8.slice_axis(0, 0, m).unwrap();
+                    let y = qmm::cuda(&x, &q).unwrap();
+                    assert_eq!(y.shape(), vec![m, n]);
+                    let yv = y.to_f32_vec().unwrap();
+                    let reference = fp32_reference(&x, &q);
+                    let fallback = qmm::fallback(&x, &q).unwrap().to_f32_vec().unwrap();
+                    let (e_ref, e_mlx, e_fb) =
+                        (rel_error(&yv, &reference), rel_error(&fallback, &reference), rel_error(&yv, &fallback));
+                    worst = (worst.0.max(e_ref), worst.1.max(e_mlx), worst.2.max(e_fb));
+                    let case = format!("{dtype:?} {bits}-bit N={n} K={k} M={m}");
+                    assert!(e_ref <= half_ulp(dtype), "{case}: error {e_ref:.2e} against fp32 over the tolerance");
+                    // Against MLX's op: within both outputs' distances to the reference plus one rounding.
+                    assert!(
+                        e_fb <= e_ref + e_mlx + half_ulp(dtype),
+                        "{case}: {e_fb:.2e} from MLX's op (kernel {e_ref:.2e}, MLX {e_mlx:.2e} from fp32)"
+                    );
+                    // Batch invariance: each row as it comes out of the 8-row call.
+                    let rows8 = y8.slice_axis(0, 0, m).unwrap();
+                    assert_eq!(y.to_bytes().unwrap(), rows8.to_bytes().unwrap(), "{case}: rows differ from M = 8");
+                }
+                println!(
+                    "qmm parity {dtype:?} {bits}-bit N={n} K={k}: kernel/fp32 {:.2e}, MLX op/fp32 {:.2e}, \
+                     kernel/MLX op {:.2e} (worst over M = 1..8; tolerance {:.2e})",
+                    worst.0,
+                    worst.1,
+                    worst.2,
+                    half_ulp(dtype)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn qmm_cuda_misaligned_and_3d_inputs() {
+    if !cuda_or_skip("qmm_cuda_misaligned_and_3d_inputs") {
+        return;
+    }
+    let (n, k) = (96, 512);
+    let q = weights(n, k, 4, Dtype::BF16, 5);
+    let x = inputs(3, k, Dtype::BF16, 6);
+    let y = qmm::cuda(&x, &q).unwrap();
+    // A view one element into its buffer: the kernel's scalar-load path, same bits.
+    let padded = mlx::concatenate(&[&Array::zeros(&[1], Dtype::BF16).unwrap(), &x.reshape(&[-1]).unwrap()], 0).unwrap();
+    let shifted = padded.slice_axis(0, 1, 1 + 3 * k).unwrap().reshape(&[3, k]).unwrap();
+    assert_eq!(qmm::cuda(&shifted, &q).unwrap().to_bytes().unwrap(), y.to_bytes().unwrap());
+    // The model's [B, T, K] activations.
+    let y3 = qmm::cuda(&x.reshape(&[1, 3, k]).unwrap(), &q).unwrap();
+    assert_eq!(y3.shape(), vec![1, 3, n]);
+    assert_eq!(y3.to_bytes().unwrap(), y.to_bytes().unwrap());
+    // Outside the kernel's range: an error, not a wrong answer.
+    assert!(qmm::cuda(&inputs(9, k, Dtype::BF16, 7), &q).is_err());
+}
+
+#[test]
+fn qmm_cuda_selected_on_tested_class() {
+    if !cuda_or_skip("qmm_cuda_selected_on_tested_class") {
+        return;
+    }
+    let cc = cuda_compute_capability();
+    let q = weights(256, 1024, 8, Dtype::BF16, 8);
+    let x = inputs(4, 1024, Dtype::BF16, 9);
+    let tested = cc.is_some_and(|c| qmm::TESTED_CLASSES.contains(&c));
+    let off = tandem::kernels::policy() == tandem::kernels::Policy::Off;
+    println!("compute capability {cc:?}, tested class {tested}, TANDEM_KERNELS off {off}");
+    assert_eq!(qmm::selected(&x, &q), tested && !off, "selection on compute capability {cc:?}");
+    let err = qmm::probe(Dtype::BF16, 8).unwrap();
+    assert!(err <= qmm::tolerance(Dtype::BF16) as f32, "probe error {err:.2e}");
+    if qmm::selected(&x, &q) {
+        let y = qmm::quantized_matmul(&x, &q).unwrap();
+        assert_eq!(y.to_bytes().unwrap(), qmm::cuda(&x, &q).unwrap().to_bytes().unwrap());
+    }
+}
