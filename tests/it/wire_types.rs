@@ -97,7 +97,7 @@ fn generated_typescript_is_up_to_date() {
     );
 }
 
-/// The statistics keep DESIGN.md's shape ("Statistics"): its keys, in the generated type.
+/// The statistics keep their documented shape (docs/ARCHITECTURE.md §4.3): its keys, in the generated type.
 #[test]
 fn the_statistics_type_has_the_designed_keys() {
     let files = generate();
