@@ -91,11 +91,14 @@ pub fn inspect_folder(dir: &Path) -> FolderInfo {
 #[derive(Debug, Clone, Default, Serialize, PartialEq, TS)]
 pub struct QuantizationSummary {
     /// The default bit width (mixed models give some modules their own).
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub bits: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub group_size: Option<u64>,
     /// MLX's quantization mode (`affine`), when the block names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub mode: Option<String>,
     /// Some modules have their own bits.
@@ -146,4 +149,27 @@ pub fn weight_bytes(dir: &Path) -> u64 {
 pub fn memory_needed(weight_bytes: u64) -> u64 {
     const MARGIN_FIXED: u64 = 256 << 20;
     weight_bytes + weight_bytes / 10 + MARGIN_FIXED
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn quantization_blocks_are_summarized_keeping_their_other_values() {
+        // mlx-lm's mixed block: defaults plus per-module objects.
+        let mixed = json!({"group_size": 64, "bits": 4, "mode": "affine", "model.layers.0.mlp.up_proj": {"bits": 6, "group_size": 64}});
+        let q = summarize_quantization(&mixed).unwrap();
+        assert_eq!((q.bits, q.group_size, q.mode.as_deref(), q.mixed), (Some(4), Some(64), Some("affine"), true));
+        assert!(q.other.is_empty(), "{:?}", q.other);
+        // A Hugging Face block: what it names besides bits stays in the JSON as written.
+        let hf = json!({"quant_method": "awq", "bits": 4});
+        let q = summarize_quantization(&hf).unwrap();
+        assert_eq!((q.bits, q.mixed), (Some(4), false));
+        assert_eq!(serde_json::to_value(&q).unwrap(), json!({"bits": 4, "mixed": false, "quant_method": "awq"}));
+        // Not an object: nothing to show.
+        assert_eq!(summarize_quantization(&json!("4bit")), None);
+        assert_eq!(summarize_quantization(&json!(null)), None);
+    }
 }

@@ -268,7 +268,7 @@ fn serve(
                 Event::Done(done)
             }
             Ok(Err(e)) => {
-                tracing::warn!(model = %name, request = prepared.id, "generation failed: {e}");
+                tracing::warn!(model = %name, request = prepared.id, "generation failed: {}", e.message());
                 engine.with(|e| e.inner.live.abandoned(name));
                 Event::Failed(e)
             }
