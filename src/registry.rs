@@ -13,11 +13,12 @@
 //! Settings changed through [`Registry::update_settings`] are written back in place with `toml_edit`,
 //! so the user's comments and layout survive, and atomically, so a crash never leaves half a file.
 
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use toml_edit::{DocumentMut, InlineTable, Item, Table, TableLike};
+use ts_rs::TS;
 
 /// Where models live when models.toml does not say.
 pub const DEFAULT_MODELS_DIR: &str = "~/.tandem/models";
@@ -55,7 +56,7 @@ pub enum RegistryError {
 
 type Result<T, E = RegistryError> = std::result::Result<T, E>;
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, TS)]
 #[serde(default, deny_unknown_fields)]
 pub struct MtpSettings {
     pub enabled: bool,
@@ -69,9 +70,65 @@ impl Default for MtpSettings {
     }
 }
 
+/// A setting outside its range: `mtp.depth = 9: must be in 1..=8`. The one place the ranges of
+/// models.toml's settings are checked, for the file, a settings change and a request alike.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field} = {value}: must be {expected}")]
+pub struct SettingError {
+    pub field: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+/// The first failed check of (field, value, ok, expected).
+fn first_failed<const N: usize>(checks: [(&'static str, f64, bool, &'static str); N]) -> Result<(), SettingError> {
+    match checks.into_iter().find(|(_, _, ok, _)| !ok) {
+        Some((field, value, _, expected)) => Err(SettingError { field, value: (value as f32).to_string(), expected }),
+        None => Ok(()),
+    }
+}
+
+impl MtpSettings {
+    /// `depth` within [`MTP_DEPTHS`].
+    pub fn check_depth(depth: u32) -> Result<(), SettingError> {
+        if MTP_DEPTHS.contains(&depth) {
+            Ok(())
+        } else {
+            Err(SettingError { field: "mtp.depth", value: depth.to_string(), expected: "in 1..=8" })
+        }
+    }
+
+    pub fn check(&self) -> Result<(), SettingError> {
+        Self::check_depth(self.depth)
+    }
+}
+
+impl SamplingSettings {
+    pub fn check(&self) -> Result<(), SettingError> {
+        let s = self;
+        first_failed([
+            (
+                "sampling.temperature",
+                s.temperature.into(),
+                s.temperature >= 0.0 && s.temperature.is_finite(),
+                "0 or more",
+            ),
+            ("sampling.top_p", s.top_p.into(), s.top_p > 0.0 && s.top_p <= 1.0, "in (0, 1]"),
+            ("sampling.min_p", s.min_p.into(), (0.0..=1.0).contains(&s.min_p), "in [0, 1]"),
+            (
+                "sampling.repetition_penalty",
+                s.repetition_penalty.into(),
+                s.repetition_penalty > 0.0 && s.repetition_penalty.is_finite(),
+                "more than 0",
+            ),
+            ("sampling.max_tokens", s.max_tokens.into(), s.max_tokens >= 1, "1 or more"),
+        ])
+    }
+}
+
 /// Sampling defaults of a model. The neutral values turn a filter off: `top_k` 0, `min_p` 0,
 /// `repetition_penalty` 1.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, TS)]
 #[serde(default, deny_unknown_fields)]
 pub struct SamplingSettings {
     pub temperature: f32,
@@ -88,7 +145,7 @@ impl Default for SamplingSettings {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, TS)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelSource {
     /// A `[[model]]` entry of models.toml.
@@ -117,22 +174,26 @@ impl ModelEntry {
 
 /// A change of settings: what is `None` stays as it is. Deserializes from the same shape as
 /// models.toml's entries, e.g. the JSON `{"mtp": {"depth": 2}, "sampling": {"temperature": 0.2}}`.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, TS)]
 #[serde(default, deny_unknown_fields)]
 pub struct SettingsPatch {
+    #[ts(as = "Option<MtpPatch>", optional)]
     pub mtp: MtpPatch,
+    #[ts(as = "Option<SamplingPatch>", optional)]
     pub sampling: SamplingPatch,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, TS)]
 #[serde(default, deny_unknown_fields)]
+#[ts(optional_fields)]
 pub struct MtpPatch {
     pub enabled: Option<bool>,
     pub depth: Option<u32>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, TS)]
 #[serde(default, deny_unknown_fields)]
+#[ts(optional_fields)]
 pub struct SamplingPatch {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
@@ -143,6 +204,15 @@ pub struct SamplingPatch {
 }
 
 impl SettingsPatch {
+    /// The patch's values that have ranges, checked alone (the whole entry is checked again once
+    /// the patch is applied).
+    pub fn check(&self) -> Result<(), SettingError> {
+        if let Some(depth) = self.mtp.depth {
+            MtpSettings::check_depth(depth)?;
+        }
+        Ok(())
+    }
+
     /// The patch as (table, key, value) edits of a `[[model]]` entry.
     fn edits(&self) -> Vec<(&'static str, &'static str, toml_edit::Value)> {
         let (m, s) = (&self.mtp, &self.sampling);
@@ -421,30 +491,13 @@ fn validate(path: &Path, entry: &EntrySpec) -> Result<()> {
     if entry.path.trim().is_empty() {
         return Err(invalid("the path is empty"));
     }
-    let (mtp, s) = (&entry.mtp, &entry.sampling);
-    let checks: [(&'static str, f64, bool, &'static str); 6] = [
-        ("mtp.depth", mtp.depth.into(), MTP_DEPTHS.contains(&mtp.depth), "in 1..=8"),
-        ("sampling.temperature", s.temperature.into(), s.temperature >= 0.0 && s.temperature.is_finite(), "0 or more"),
-        ("sampling.top_p", s.top_p.into(), s.top_p > 0.0 && s.top_p <= 1.0, "in (0, 1]"),
-        ("sampling.min_p", s.min_p.into(), (0.0..=1.0).contains(&s.min_p), "in [0, 1]"),
-        (
-            "sampling.repetition_penalty",
-            s.repetition_penalty.into(),
-            s.repetition_penalty > 0.0 && s.repetition_penalty.is_finite(),
-            "more than 0",
-        ),
-        ("sampling.max_tokens", s.max_tokens.into(), s.max_tokens >= 1, "1 or more"),
-    ];
-    match checks.into_iter().find(|(_, _, ok, _)| !ok) {
-        Some((field, value, _, expected)) => Err(RegistryError::OutOfRange {
-            path: path.to_owned(),
-            model: entry.name.clone(),
-            field,
-            value: (value as f32).to_string(),
-            expected,
-        }),
-        None => Ok(()),
-    }
+    entry.mtp.check().and_then(|()| entry.sampling.check()).map_err(|e| RegistryError::OutOfRange {
+        path: path.to_owned(),
+        model: entry.name.clone(),
+        field: e.field,
+        value: e.value,
+        expected: e.expected,
+    })
 }
 
 /// `~` and `~/...` name the home folder, as in a shell.
@@ -554,23 +607,12 @@ fn set_value(entry: &mut dyn TableLike, table: &str, key: &str, mut value: toml_
     }
 }
 
-/// Replaces `path` with `text` in one step: a temporary file in the same folder (so that the rename
-/// stays on one file system), flushed to disk, then renamed over the target. On failure the old file
-/// is untouched and the temporary file is removed.
+/// Replaces models.toml in one step (see [`crate::atomic_file::write_atomic`]).
 fn write_atomic(path: &Path, text: &str) -> Result<()> {
-    // Write through a symlink to its target rather than replacing the link.
-    let target = path.canonicalize().unwrap_or_else(|_| path.to_owned());
-    let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let write_error = |source| RegistryError::Write { path: target.clone(), source };
-    let mut file =
-        tempfile::Builder::new().prefix(".models.toml.").suffix(".tmp").tempfile_in(dir).map_err(write_error)?;
-    file.write_all(text.as_bytes()).map_err(write_error)?;
-    if let Ok(meta) = std::fs::metadata(&target) {
-        file.as_file().set_permissions(meta.permissions()).map_err(write_error)?;
-    }
-    file.as_file().sync_all().map_err(write_error)?;
-    file.persist(&target).map_err(|e| write_error(e.error))?;
-    Ok(())
+    crate::atomic_file::write_atomic(path, text.as_bytes()).map_err(|source| RegistryError::Write {
+        path: path.canonicalize().unwrap_or_else(|_| path.to_owned()),
+        source,
+    })
 }
 
 #[cfg(test)]

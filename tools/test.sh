@@ -11,6 +11,8 @@ echo "== Rust: unit and integration tests (crates/mlx, engine, server) =="
 cargo test --workspace --no-fail-fast
 
 if [ -f ui/package.json ]; then
+  echo "== UI: types (tsc --noEmit, against the types generated from Rust) =="
+  (cd ui && npx tsc --noEmit -p .)
   echo "== UI: unit tests =="
   (cd ui && npm test --silent)
 fi

@@ -206,6 +206,7 @@ fn tray_actions(app: &AppHandle, items: &Arc<Items>, engine: &Engine) {
                 items.set_notice(match outcome {
                     Ok(()) => None,
                     Err(error) => {
+                        let error = error.message();
                         tracing::warn!("tray: {error}");
                         Some(format!("Could not {} {name}: {error}", if load { "load" } else { "unload" }))
                     }

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use serde::Serialize;
+use ts_rs::TS;
 
 use crate::model::qwen3_5::MTP_TENSORS;
 use crate::model::weights::Checkpoint;
@@ -18,7 +19,7 @@ pub struct FolderInfo {
     pub size_bytes: u64,
     /// config.json's `quantization` block, summarized: `{"bits", "group_size", "mode"?, "mixed"}`
     /// (`mixed`: some modules have their own bits; `bits` is then the default), or null.
-    pub quantization: Option<serde_json::Value>,
+    pub quantization: Option<QuantizationSummary>,
     /// The checkpoint's declared dtype (`torch_dtype` / `dtype`), when it names one.
     pub dtype: Option<String>,
     /// The config declares a vision tower.
@@ -45,7 +46,7 @@ pub fn inspect_folder(dir: &Path) -> FolderInfo {
     let text = config.get("text_config").unwrap_or(&config);
     let field = |name: &str| text.get(name).or_else(|| config.get(name));
     info.quantization =
-        config.get("quantization").or_else(|| config.get("quantization_config")).map(summarize_quantization);
+        config.get("quantization").or_else(|| config.get("quantization_config")).and_then(summarize_quantization);
     info.dtype = ["torch_dtype", "dtype"].iter().find_map(|k| field(k).and_then(|v| v.as_str()).map(str::to_owned));
     info.vision = config.get("vision_config").is_some();
     info.context_length = field("max_position_embeddings").and_then(|v| v.as_u64());
@@ -86,22 +87,48 @@ pub fn inspect_folder(dir: &Path) -> FolderInfo {
     info
 }
 
+/// A quantization block (`quantization` or `quantization_config` of config.json), summarized.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, TS)]
+pub struct QuantizationSummary {
+    /// The default bit width (mixed models give some modules their own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub bits: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub group_size: Option<u64>,
+    /// MLX's quantization mode (`affine`), when the block names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub mode: Option<String>,
+    /// Some modules have their own bits.
+    pub mixed: bool,
+    /// The block's other plain values as written (e.g. `quant_method` of a Hugging Face checkpoint).
+    #[serde(flatten)]
+    #[ts(skip)]
+    pub other: serde_json::Map<String, serde_json::Value>,
+}
+
 /// The block's defaults, without mlx-lm's per-module entries (objects keyed by module path).
-fn summarize_quantization(block: &serde_json::Value) -> serde_json::Value {
-    let Some(map) = block.as_object() else {
-        return block.clone();
-    };
-    let mut out = serde_json::Map::new();
-    let mut mixed = false;
+/// A block that is not an object says nothing usable: None.
+fn summarize_quantization(block: &serde_json::Value) -> Option<QuantizationSummary> {
+    let mut out = QuantizationSummary::default();
+    let map = block.as_object()?;
     for (k, v) in map {
         if v.is_object() || v.is_boolean() && k.contains('.') {
-            mixed |= v.is_object();
-        } else {
-            out.insert(k.clone(), v.clone());
+            out.mixed |= v.is_object();
+            continue;
+        }
+        match (k.as_str(), v) {
+            ("bits", v) if v.is_u64() => out.bits = v.as_u64(),
+            ("group_size", v) if v.is_u64() => out.group_size = v.as_u64(),
+            ("mode", serde_json::Value::String(mode)) => out.mode = Some(mode.clone()),
+            _ => {
+                out.other.insert(k.clone(), v.clone());
+            }
         }
     }
-    out.insert("mixed".into(), serde_json::Value::Bool(mixed));
-    serde_json::Value::Object(out)
+    Some(out)
 }
 
 /// Total size of the `*.safetensors` files directly in `dir` (0 when unreadable).
@@ -122,4 +149,27 @@ pub fn weight_bytes(dir: &Path) -> u64 {
 pub fn memory_needed(weight_bytes: u64) -> u64 {
     const MARGIN_FIXED: u64 = 256 << 20;
     weight_bytes + weight_bytes / 10 + MARGIN_FIXED
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn quantization_blocks_are_summarized_keeping_their_other_values() {
+        // mlx-lm's mixed block: defaults plus per-module objects.
+        let mixed = json!({"group_size": 64, "bits": 4, "mode": "affine", "model.layers.0.mlp.up_proj": {"bits": 6, "group_size": 64}});
+        let q = summarize_quantization(&mixed).unwrap();
+        assert_eq!((q.bits, q.group_size, q.mode.as_deref(), q.mixed), (Some(4), Some(64), Some("affine"), true));
+        assert!(q.other.is_empty(), "{:?}", q.other);
+        // A Hugging Face block: what it names besides bits stays in the JSON as written.
+        let hf = json!({"quant_method": "awq", "bits": 4});
+        let q = summarize_quantization(&hf).unwrap();
+        assert_eq!((q.bits, q.mixed), (Some(4), false));
+        assert_eq!(serde_json::to_value(&q).unwrap(), json!({"bits": 4, "mixed": false, "quant_method": "awq"}));
+        // Not an object: nothing to show.
+        assert_eq!(summarize_quantization(&json!("4bit")), None);
+        assert_eq!(summarize_quantization(&json!(null)), None);
+    }
 }

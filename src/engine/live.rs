@@ -2,13 +2,15 @@
 //! memory (process, system, MLX), published as snapshots on a broadcast channel.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tokio::sync::broadcast;
+use ts_rs::TS;
 
 use crate::generate::{FinishReason, Stats};
+use crate::sync::lock;
 
 /// Samples kept in the rolling series.
 pub const SERIES_LEN: usize = 240;
@@ -16,7 +18,7 @@ pub const SERIES_LEN: usize = 240;
 const PUBLISH_EVERY: Duration = Duration::from_millis(250);
 
 /// Everything the stats endpoints and the tray show, at one moment.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, TS)]
 pub struct StatsSnapshot {
     /// Unix time of the snapshot, in milliseconds.
     pub time_ms: u64,
@@ -44,7 +46,7 @@ pub struct StatsSnapshot {
     pub memory: Memory,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, TS)]
 pub struct LoadedModel {
     pub id: String,
     /// A generation is running.
@@ -55,24 +57,26 @@ pub struct LoadedModel {
     pub mtp_reason: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, TS)]
 pub struct RunningGeneration {
     pub model: String,
     pub request: u64,
     pub stats: Stats,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, TS)]
 pub struct LastGeneration {
     pub model: String,
     pub request: u64,
+    /// `FinishReason` of the generator.
+    #[ts(type = "\"stop\" | \"length\" | \"cancelled\"")]
     pub finish: FinishReason,
     /// Unix time it ended, in milliseconds.
     pub ended_ms: u64,
     pub stats: Stats,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, TS)]
 pub struct SeriesPoint {
     /// Unix time in milliseconds.
     pub t_ms: u64,
@@ -82,7 +86,7 @@ pub struct SeriesPoint {
     pub acceptance: Option<f64>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq, TS)]
 pub struct Totals {
     pub generations: u64,
     pub prompt_tokens: u64,
@@ -90,7 +94,7 @@ pub struct Totals {
 }
 
 /// Bytes. `active`, `peak` and `cache` are MLX's allocator counters (all models share them).
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq, TS)]
 pub struct Memory {
     /// Resident set size of this process.
     pub rss_bytes: u64,
@@ -121,11 +125,6 @@ pub(crate) struct Live {
     state: Mutex<State>,
     system: Mutex<sysinfo::System>,
     tx: broadcast::Sender<Arc<StatsSnapshot>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic elsewhere cannot leave these plain records inconsistent; keep serving them.
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Live {

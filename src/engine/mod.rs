@@ -9,30 +9,53 @@
 //! Nothing here knows about HTTP.
 
 pub mod catalog;
+pub mod conversations;
 pub mod images;
+pub mod jobs;
 pub mod live;
+pub mod options;
 pub mod stop;
 mod worker;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use serde::Serialize;
 use tokio::sync::{broadcast, mpsc};
+use ts_rs::TS;
 
 use crate::chat::{ChatOptions, ContentPart, Message, Tokenizer};
-use crate::generate::{FinishReason, MtpOptions, Prompt, SamplingParams, Stats};
+use crate::generate::{FinishReason, Prompt, Stats};
 use crate::model::{LoadOptions, Qwen35};
-use crate::registry::{ModelEntry, Registry, RegistryError, SettingsPatch, MTP_DEPTHS};
+use crate::registry::{ModelEntry, Registry, RegistryError, SettingsPatch};
+use crate::sync::lock;
 
-pub use catalog::FolderInfo;
+pub use catalog::{FolderInfo, QuantizationSummary};
+pub use conversations::{ConversationCore, ConversationError, ConversationStore, ConversationSummary};
 pub use images::ImageLimits;
+pub use jobs::{Job, JobEvent, JobStatus, JobView, Jobs};
 pub use live::{LastGeneration, LoadedModel, Memory, RunningGeneration, SeriesPoint, StatsSnapshot, Totals};
+pub use options::{generate_options, MtpOverrides, Overrides, SamplingOverrides};
 
-/// Errors of the engine. Each names the model, value or limit involved.
-#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+/// The cause of an [`EngineError`], shared so that an error can travel to every listener of a
+/// generation.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A cause that is only a message (a panic, a thread that could not start).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ErrorMessage(pub String);
+
+/// The cause of `e`, for the `#[source]` of an [`EngineError`].
+pub fn cause(e: impl std::error::Error + Send + Sync + 'static) -> Cause {
+    Arc::new(e)
+}
+
+/// Errors of the engine. Each names the model, value or limit involved; those with a cause keep it
+/// as their `source` ([`EngineError::message`] is the error and its cause in one line).
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum EngineError {
     #[error("no model named `{name}` (known: {})", known.join(", "))]
     UnknownModel { name: String, known: Vec<String> },
@@ -42,8 +65,12 @@ pub enum EngineError {
     Busy { model: String, limit: usize },
     #[error("model `{model}` needs about {} of memory but only {} is available; unload another model or use a smaller quantization", gib(*.need), gib(*.available))]
     NotEnoughMemory { model: String, need: u64, available: u64 },
-    #[error("cannot load model `{model}`: {message}")]
-    Load { model: String, message: String },
+    #[error("cannot load model `{model}`")]
+    Load {
+        model: String,
+        #[source]
+        source: Cause,
+    },
     /// Images sent to a model that cannot read them.
     #[error("{0}")]
     Images(String),
@@ -58,13 +85,13 @@ pub enum EngineError {
     ContextLength { model: String, prompt: usize, max_tokens: usize, context: usize },
     #[error("model `{0}` was unloaded before the request finished")]
     Unloaded(String),
-    #[error("registry: {0}")]
-    Registry(String),
+    #[error("registry")]
+    Registry(#[source] Cause),
     /// A settings change that models.toml's rules refuse (a value out of range).
     #[error("{0}")]
     InvalidSettings(String),
-    #[error("generation failed: {0}")]
-    Generate(String),
+    #[error("generation failed")]
+    Generate(#[source] Cause),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -79,6 +106,16 @@ fn mib(bytes: u64) -> String {
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
+impl EngineError {
+    /// The error and its cause, as one line: `cannot load model `m`: config.json: ...`.
+    pub fn message(&self) -> String {
+        match std::error::Error::source(self) {
+            Some(cause) => format!("{self}: {cause}"),
+            None => self.to_string(),
+        }
+    }
+}
+
 impl From<RegistryError> for EngineError {
     fn from(e: RegistryError) -> Self {
         match e {
@@ -86,7 +123,7 @@ impl From<RegistryError> for EngineError {
             e @ (RegistryError::OutOfRange { .. } | RegistryError::InvalidModel { .. }) => {
                 EngineError::InvalidSettings(e.to_string())
             }
-            other => EngineError::Registry(other.to_string()),
+            other => EngineError::Registry(cause(other)),
         }
     }
 }
@@ -151,24 +188,6 @@ pub enum Input {
     Raw(String),
     /// Token ids fed as they are.
     Tokens(Vec<u32>),
-}
-
-/// Per-request sampling: what is `None` comes from the model's settings in models.toml.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SamplingOverrides {
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<usize>,
-    pub min_p: Option<f32>,
-    pub repetition_penalty: Option<f32>,
-    pub seed: Option<u64>,
-}
-
-/// Per-request MTP: what is `None` comes from the model's settings in models.toml.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct MtpOverrides {
-    pub enabled: Option<bool>,
-    pub depth: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -289,7 +308,7 @@ impl Generation {
 }
 
 /// A model's state in the engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, TS)]
 #[serde(rename_all = "lowercase")]
 pub enum LoadState {
     Unloaded,
@@ -298,7 +317,7 @@ pub enum LoadState {
 }
 
 /// MTP as `/api/models` shows it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, TS)]
 pub struct MtpStatusView {
     /// The files hold a complete MTP head (once loaded: the head loaded).
     pub available: bool,
@@ -311,17 +330,20 @@ pub struct MtpStatusView {
     pub repaired: Option<String>,
 }
 
-/// A model as the admin API lists it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+/// A model as the admin API lists it (`GET /api/models/{id}`, and each of `GET /api/models`).
+#[derive(Debug, Clone, Serialize, PartialEq, TS)]
 pub struct ModelStatus {
     pub id: String,
     pub name: String,
     pub path: PathBuf,
     /// "configured" (models.toml), "scanned" (found in the models folder) or "path".
     pub source: crate::registry::ModelSource,
+    /// "hf" or "mlx"; null when the folder could not be read (`error` says why).
     pub format: Option<crate::model::Layout>,
+    /// Bytes of the weight files.
     pub size_bytes: u64,
-    pub quantization: Option<serde_json::Value>,
+    /// config.json's quantization, summarized; null for full-precision weights.
+    pub quantization: Option<QuantizationSummary>,
     pub dtype: Option<String>,
     pub vision: bool,
     pub context_length: Option<u64>,
@@ -360,6 +382,8 @@ struct Inner {
     load_lock: Mutex<()>,
     next_id: AtomicU64,
     live: live::Live,
+    jobs: Jobs,
+    conversations: ConversationStore,
 }
 
 /// The engine: cheap to clone, shared by every caller.
@@ -368,21 +392,19 @@ pub struct Engine {
     inner: Arc<Inner>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 impl Engine {
     pub fn new(registry: Registry, config: EngineConfig) -> Engine {
         Engine {
             inner: Arc::new(Inner {
                 config,
+                conversations: ConversationStore::new(registry.conversations_dir().to_path_buf()),
                 registry: RwLock::new(registry),
                 workers: Mutex::default(),
                 loading: Mutex::default(),
                 load_lock: Mutex::new(()),
                 next_id: AtomicU64::new(1),
                 live: live::Live::new(),
+                jobs: Jobs::default(),
             }),
         }
     }
@@ -556,11 +578,7 @@ impl Engine {
 
     /// Changes a model's settings and persists them to models.toml (atomically, through the registry).
     pub fn update_settings_blocking(&self, name: &str, patch: &SettingsPatch) -> Result<ModelEntry> {
-        if let Some(depth) = patch.mtp.depth {
-            if !MTP_DEPTHS.contains(&depth) {
-                return Err(EngineError::InvalidSettings(format!("mtp.depth = {depth}: must be in 1..=8")));
-            }
-        }
+        patch.check().map_err(|e| EngineError::InvalidSettings(e.to_string()))?;
         if patch.mtp.enabled == Some(true) {
             // Switching MTP on for a model that cannot run it is refused, with the reason.
             let current = self.entry(name)?;
@@ -640,6 +658,32 @@ impl Engine {
     /// generation waits for at most one tensor, not the whole conversion.
     pub fn compute_gate(&self) -> crate::quant::ComputeGate {
         compute_gate()
+    }
+
+    /// The conversion jobs started by [`Engine::convert`].
+    pub fn jobs(&self) -> &Jobs {
+        &self.inner.jobs
+    }
+
+    /// Converts `src` into `dst` as a job of this engine (see [`jobs`]): the conversion takes the
+    /// engine's MLX lock one tensor at a time, so chats go on while it runs. `pause` is a test hook.
+    pub fn convert(
+        &self,
+        src: PathBuf,
+        dst: PathBuf,
+        mut options: crate::quant::ConvertOptions,
+        pause: Option<std::time::Duration>,
+    ) -> JobView {
+        options.gate = self.compute_gate();
+        let engine = self.clone_weak();
+        self.inner.jobs.start(src, dst, options, pause, move || {
+            engine.with(|e| e.publish());
+        })
+    }
+
+    /// The UI's conversations, in the registry's conversations folder.
+    pub fn conversations(&self) -> &ConversationStore {
+        &self.inner.conversations
     }
 
     /// The live statistics now.
@@ -816,7 +860,7 @@ fn prompt_of(
     Ok((Prompt { ids, images: decoded }, held))
 }
 
-/// The generation options in force: the model's settings, then the request's overrides.
+/// The generation options of a request on its model (see [`generate_options`]).
 fn resolve_options(
     entry: &ModelEntry,
     facts: &ModelFacts,
@@ -824,56 +868,10 @@ fn resolve_options(
     request: &Request,
     prompt_len: usize,
 ) -> Result<crate::generate::GenerateOptions> {
-    let s = &entry.sampling;
-    let o = &request.sampling;
-    let sampling = SamplingParams {
-        temperature: o.temperature.unwrap_or(s.temperature),
-        top_p: o.top_p.unwrap_or(s.top_p),
-        top_k: o.top_k.unwrap_or(s.top_k as usize),
-        min_p: o.min_p.unwrap_or(s.min_p),
-        repetition_penalty: o.repetition_penalty.unwrap_or(s.repetition_penalty),
-        seed: o.seed,
-        ..SamplingParams::default()
-    };
-    sampling.validate().map_err(EngineError::InvalidRequest)?;
-    let mtp = MtpOptions {
-        enabled: request.mtp.enabled.unwrap_or(entry.mtp.enabled),
-        depth: request.mtp.depth.unwrap_or(entry.mtp.depth as usize),
-        ..MtpOptions::default()
-    };
-    if mtp.enabled && !(1..=8).contains(&mtp.depth) {
-        return Err(EngineError::InvalidRequest(format!("MTP depth {} is outside 1..=8", mtp.depth)));
-    }
-    let max_tokens = match (request.max_tokens, facts.context) {
-        (Some(0), _) => return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into())),
-        (Some(n), Some(context)) if prompt_len + n > context => {
-            return Err(EngineError::ContextLength {
-                model: entry.name.clone(),
-                prompt: prompt_len,
-                max_tokens: n,
-                context,
-            })
-        }
-        (Some(n), _) => n,
-        (None, Some(context)) if prompt_len >= context => {
-            return Err(EngineError::ContextLength {
-                model: entry.name.clone(),
-                prompt: prompt_len,
-                max_tokens: 1,
-                context,
-            })
-        }
-        // The model's default shortened to what fits.
-        (None, Some(context)) => (s.max_tokens as usize).min(context - prompt_len),
-        (None, None) => s.max_tokens as usize,
-    };
-    Ok(crate::generate::GenerateOptions {
-        max_tokens,
-        sampling,
-        stop_ids: if request.ignore_eos { Vec::new() } else { tokenizer.stop_ids().to_vec() },
-        mtp,
-        ..Default::default()
-    })
+    let overrides =
+        Overrides { sampling: request.sampling.clone(), mtp: request.mtp.clone(), max_tokens: request.max_tokens };
+    let stop_ids = if request.ignore_eos { Vec::new() } else { tokenizer.stop_ids().to_vec() };
+    generate_options(entry, &overrides, prompt_len, facts.context, stop_ids)
 }
 
 #[cfg(test)]

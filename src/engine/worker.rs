@@ -12,8 +12,8 @@ use super::images::{ImageReader, Reservation};
 use super::live::LoadedModel;
 use super::stop::StopMatcher;
 use super::{
-    lock, prompt_of, resolve_options, CancelHandle, Completion, EngineConfig, EngineError, Event, Generation,
-    ModelFacts, Request, Result, WeakEngine,
+    cause, lock, prompt_of, resolve_options, CancelHandle, Cause, Completion, EngineConfig, EngineError, ErrorMessage,
+    Event, Generation, ModelFacts, Request, Result, WeakEngine,
 };
 use crate::chat::Tokenizer;
 use crate::generate::{generate_prompt, Control, FinishReason, GenerateError, GenerateOptions, Progress, Prompt};
@@ -84,11 +84,11 @@ impl Worker {
     /// Loads the model on a new thread, which then serves the queue. Returns once loading is done.
     pub fn spawn(entry: ModelEntry, config: &EngineConfig, engine: WeakEngine) -> Result<Worker> {
         let load_options = config.load_options.clone();
-        let load_error = |message: String| EngineError::Load { model: entry.name.clone(), message };
-        let tokenizer = Arc::new(Tokenizer::from_dir(&entry.path).map_err(|e| load_error(e.to_string()))?);
+        let load_error = |source: Cause| EngineError::Load { model: entry.name.clone(), source };
+        let tokenizer = Arc::new(Tokenizer::from_dir(&entry.path).map_err(|e| load_error(cause(e)))?);
         let shared = Arc::new(Shared::default());
         let (jobs_tx, jobs_rx) = std_mpsc::channel::<Job>();
-        let (ready_tx, ready_rx) = std_mpsc::sync_channel::<Result<ModelFacts, String>>(1);
+        let (ready_tx, ready_rx) = std_mpsc::sync_channel::<Result<ModelFacts, Cause>>(1);
         let thread = {
             let (entry, tokenizer, shared) = (entry.clone(), tokenizer.clone(), shared.clone());
             std::thread::Builder::new()
@@ -106,11 +106,12 @@ impl Worker {
                     let (model, facts) = match loaded {
                         Ok(Ok(loaded)) => loaded,
                         Ok(Err(e)) => {
-                            let _ = ready_tx.send(Err(e.to_string()));
+                            let _ = ready_tx.send(Err(cause(e)));
                             return;
                         }
                         Err(panic) => {
-                            let _ = ready_tx.send(Err(format!("the loader panicked: {}", panic_message(&panic))));
+                            let why = format!("the loader panicked: {}", panic_message(&panic));
+                            let _ = ready_tx.send(Err(cause(ErrorMessage(why))));
                             return;
                         }
                     };
@@ -122,7 +123,7 @@ impl Worker {
                     let _compute = super::compute_lock();
                     drop(model);
                 })
-                .map_err(|e| load_error(format!("cannot start its thread: {e}")))?
+                .map_err(|e| load_error(cause(ErrorMessage(format!("cannot start its thread: {e}")))))?
         };
         let info = match ready_rx.recv() {
             Ok(Ok(info)) => info,
@@ -132,7 +133,7 @@ impl Worker {
             }
             Err(_) => {
                 let _ = thread.join();
-                return Err(load_error("the loading thread stopped".into()));
+                return Err(load_error(cause(ErrorMessage("the loading thread stopped".into()))));
             }
         };
         // Read once per loaded model: preprocessor_config.json, with the engine's pixel limit.
@@ -267,7 +268,7 @@ fn serve(
                 Event::Done(done)
             }
             Ok(Err(e)) => {
-                tracing::warn!(model = %name, request = prepared.id, "generation failed: {e}");
+                tracing::warn!(model = %name, request = prepared.id, "generation failed: {}", e.message());
                 engine.with(|e| e.inner.live.abandoned(name));
                 Event::Failed(e)
             }
@@ -353,18 +354,21 @@ fn run(
         }
     };
     let out = generate_prompt(model, &job.prompt, &job.opts, &mut on_progress).map_err(|e| match e {
-        GenerateError::Mlx(e) => EngineError::Generate(e.to_string()),
+        GenerateError::Mlx(e) => EngineError::Generate(cause(e)),
         e @ GenerateError::NoVision { .. } => EngineError::Images(e.to_string()),
         GenerateError::Images(message) => EngineError::InvalidImage(message),
         other => EngineError::InvalidRequest(other.to_string()),
     })?;
     if let Some(message) = decode_error {
-        return Err(EngineError::Generate(format!("cannot decode the generated tokens: {message}")));
+        return Err(EngineError::Generate(cause(ErrorMessage(format!(
+            "cannot decode the generated tokens: {message}"
+        )))));
     }
     let mut tail = String::new();
     if stopper.matched().is_none() {
-        let rest =
-            decoder.flush().map_err(|e| EngineError::Generate(format!("cannot decode the generated tokens: {e}")))?;
+        let rest = decoder.flush().map_err(|e| {
+            EngineError::Generate(cause(ErrorMessage(format!("cannot decode the generated tokens: {e}"))))
+        })?;
         if let Some(rest) = rest {
             tail.push_str(&stopper.push(&rest));
         }

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ts_rs::TS)]
 pub struct Stats {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
@@ -13,14 +13,14 @@ pub struct Stats {
     pub spec: Option<SpecStats>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ts_rs::TS)]
 pub struct DepthStats {
     pub depth: usize,
     pub drafted: usize,
     pub accepted: usize,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ts_rs::TS)]
 pub struct PhaseMs {
     pub draft: f64,
     pub verify: f64,
@@ -28,7 +28,7 @@ pub struct PhaseMs {
     pub rollback: f64,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ts_rs::TS)]
 pub struct SpecStats {
     pub method: String,
     pub depth: usize,

@@ -11,7 +11,7 @@ use mlx::{Array, Dtype};
 use super::LoadError;
 
 /// Where a checkpoint came from, which decides its naming and norm conventions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, ts_rs::TS)]
 #[serde(rename_all = "lowercase")]
 pub enum Layout {
     /// Raw Hugging Face: `model.language_model.*`, zero-centred norms, conv1d `[C,1,K]`.

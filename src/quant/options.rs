@@ -15,7 +15,7 @@ pub const SUPPORTED_BITS: [u8; 6] = [2, 3, 4, 5, 6, 8];
 pub const SUPPORTED_GROUP_SIZES: [u32; 3] = [32, 64, 128];
 
 /// Which layers get which bit width.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ts_rs::TS)]
 #[serde(rename_all = "snake_case")]
 pub enum Recipe {
     /// Every quantizable layer at `bits`.
@@ -41,7 +41,7 @@ impl Recipe {
 }
 
 /// The floating dtype of the written model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ts_rs::TS)]
 #[serde(rename_all = "lowercase")]
 pub enum OutDtype {
     #[default]
@@ -66,7 +66,7 @@ impl OutDtype {
 }
 
 /// Whether the MTP head is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ts_rs::TS)]
 #[serde(rename_all = "lowercase")]
 pub enum MtpMode {
     #[default]
@@ -75,7 +75,7 @@ pub enum MtpMode {
 }
 
 /// How the MTP head's linears are stored when it is kept (`mtp.fc` is always full precision).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ts_rs::TS)]
 #[serde(rename_all = "lowercase")]
 pub enum MtpBits {
     /// In the model dtype, not quantized (`--mtp-bits none`).
@@ -85,7 +85,7 @@ pub enum MtpBits {
 }
 
 /// Everything `convert` can be asked. `Default` is a plain bf16 conversion keeping the MTP head.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ts_rs::TS)]
 #[serde(default)]
 pub struct ConvertOptions {
     /// Bits for the uniform recipe; None writes full precision (dtype conversion only). The mixed

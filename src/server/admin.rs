@@ -8,10 +8,10 @@ use axum::extract::{Path, State};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::Json;
 use futures::{Stream, StreamExt};
-use serde_json::{json, Value};
 use tokio_stream::wrappers::{BroadcastStream, IntervalStream};
 
 use super::error::{ApiError, ApiJson};
+use super::wire::{Health, ModelList};
 use super::AppState;
 use crate::engine::{ModelStatus, StatsSnapshot};
 use crate::registry::SettingsPatch;
@@ -19,30 +19,27 @@ use crate::registry::SettingsPatch;
 /// How often the stats stream sends a snapshot when nothing happens (memory still changes).
 const STATS_TICK: Duration = Duration::from_secs(2);
 
-pub async fn health(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({
-        "status": "ok",
-        "version": env!("CARGO_PKG_VERSION"),
-        "uptime_s": state.started.elapsed().as_secs_f64(),
-        "models_loaded": state.engine.loaded(),
-        "api_key_required": state.policy.api_key.is_some(),
-    }))
+pub async fn health(State(state): State<Arc<AppState>>) -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        uptime_s: state.started.elapsed().as_secs_f64(),
+        models_loaded: state.engine.loaded(),
+        api_key_required: state.policy.api_key.is_some(),
+    })
 }
 
-/// Runs blocking engine work (disk reads, loading) off the async threads.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("a background task failed: {e}")))?
-}
+use super::blocking;
 
-pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+pub async fn models(State(state): State<Arc<AppState>>) -> Result<Json<ModelList>, ApiError> {
     let engine = state.engine.clone();
     blocking(move || {
         let registry = engine.registry();
-        Ok(Json(json!({
-            "models": engine.models(),
-            "default": registry.default_model().ok().map(|m| m.name),
-            "models_dir": registry.models_dir(),
-        })))
+        Ok(Json(ModelList {
+            models: engine.models(),
+            default: registry.default_model().ok().map(|m| m.name),
+            models_dir: registry.models_dir().to_path_buf(),
+        }))
     })
     .await
 }

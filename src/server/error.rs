@@ -7,7 +7,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 
-use crate::engine::EngineError;
+use super::wire::{ErrorBody, ErrorDetail};
+use crate::engine::{ConversationError, EngineError};
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -37,8 +38,10 @@ impl ApiError {
     }
 
     /// The JSON body, also used inside event streams.
-    pub fn body(&self) -> serde_json::Value {
-        serde_json::json!({ "error": { "message": self.message, "type": self.kind, "code": self.code } })
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail { message: self.message.clone(), kind: self.kind.into(), code: self.code.into() },
+        }
     }
 }
 
@@ -51,9 +54,21 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<ConversationError> for ApiError {
+    fn from(e: ConversationError) -> Self {
+        let message = e.message();
+        match e {
+            ConversationError::InvalidId(_) => ApiError::bad_request("invalid_conversation_id", message),
+            ConversationError::NotFound(_) => ApiError::not_found("conversation_not_found", message),
+            ConversationError::Invalid(_) => ApiError::bad_request("invalid_value", message),
+            ConversationError::Io { .. } | ConversationError::Corrupt { .. } => ApiError::internal(message),
+        }
+    }
+}
+
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
-        let message = e.to_string();
+        let message = e.message();
         match e {
             EngineError::UnknownModel { .. } => ApiError::not_found("model_not_found", message),
             EngineError::NotLoaded(_) => {

@@ -13,6 +13,7 @@ pub mod error;
 mod openai;
 mod security;
 mod ui;
+pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -99,6 +100,11 @@ fn default_ui_dir() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/ui/dist"))
 }
 
+/// Runs blocking engine work (disk reads, loading, file writes) off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("a background task failed: {e}")))?
+}
+
 /// What every handler shares.
 pub(crate) struct AppState {
     engine: Engine,
@@ -107,9 +113,6 @@ pub(crate) struct AppState {
     max_body_bytes: usize,
     /// See [`ServeConfig::image_dirs`].
     image_dirs: Vec<PathBuf>,
-    jobs: convert::Jobs,
-    /// The UI's conversations on disk.
-    conversations: conversations::Store,
     /// See [`ServeConfig::convert_pause`].
     convert_pause: Option<Duration>,
     started: Instant,
@@ -264,8 +267,6 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
         ui_dir: config.ui_dir.clone(),
         max_body_bytes: config.max_body_bytes,
         image_dirs: config.image_dirs.clone(),
-        jobs: convert::Jobs::default(),
-        conversations: conversations::Store::new(engine.registry().conversations_dir().to_path_buf()),
         convert_pause: config.convert_pause,
         started: Instant::now(),
         started_unix: crate::engine::live::unix_ms() / 1000,

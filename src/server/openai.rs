@@ -12,32 +12,41 @@ use axum::Json;
 use base64::Engine as _;
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::Serialize;
+use ts_rs::TS;
 
 use super::error::{ApiError, ApiJson};
+use super::wire::{
+    AssistantMessage, ChatCompletion, ChatCompletionChunk, ChunkChoice, ChunkDelta, CompletionChoice, OpenAiModel,
+    OpenAiModelList, Usage,
+};
 use super::{security, AppState};
 use crate::engine::{
     ChatMessage, Completion, Event, Generation, Image, Input, MtpOverrides, Part, Request, SamplingOverrides,
 };
-use crate::generate::{FinishReason, Stats};
+use crate::generate::FinishReason;
 
-pub async fn list_models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+pub async fn list_models(State(state): State<Arc<AppState>>) -> Result<Json<OpenAiModelList>, ApiError> {
     let registry = state.engine.registry();
     let created = state.started_unix;
     // The default model first: clients (the UI among them) pick the first one.
     let default = registry.default_model().ok().map(|m| m.name);
     let mut models = registry.list();
     models.sort_by_key(|m| Some(&m.name) != default.as_ref());
-    let data: Vec<Value> = models
+    let data = models
         .into_iter()
-        .map(|m| json!({ "id": m.name, "object": "model", "created": created, "owned_by": "tandem" }))
+        .map(|m| OpenAiModel { id: m.name, object: "model".into(), created, owned_by: "tandem".into() })
         .collect();
-    Ok(Json(json!({ "object": "list", "data": data })))
+    Ok(Json(OpenAiModelList { object: "list".into(), data }))
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST /v1/chat/completions` (OpenAI's fields that Tandem reads, and its extensions).
+#[derive(Debug, Deserialize, TS)]
+#[ts(rename = "ChatCompletionRequest", optional_fields)]
 pub struct ChatRequest {
+    /// Empty or absent: the default model.
     #[serde(default)]
+    #[ts(optional, as = "Option<String>")]
     model: String,
     messages: Vec<InMessage>,
     #[serde(default)]
@@ -62,52 +71,62 @@ pub struct ChatRequest {
     ignore_eos: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, TS)]
+#[ts(optional_fields)]
 struct StreamOptions {
     include_usage: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, TS)]
+#[ts(optional_fields, rename = "RequestMtp")]
 struct MtpIn {
     enabled: Option<bool>,
     depth: Option<usize>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, TS)]
+#[ts(optional_fields, rename = "ChatTemplateKwargs")]
 struct TemplateKwargs {
     enable_thinking: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, TS)]
 #[serde(untagged)]
+#[ts(rename = "Stop")]
 enum StopIn {
     One(String),
     Many(Vec<String>),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, TS)]
+#[ts(rename = "RequestMessage")]
 struct InMessage {
+    /// system, developer, user, assistant or tool.
     role: String,
     #[serde(default)]
+    #[ts(optional)]
     content: Option<InContent>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, TS)]
 #[serde(untagged)]
+#[ts(rename = "RequestContent")]
 enum InContent {
     Text(String),
     Parts(Vec<InPart>),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, TS)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[ts(rename = "ContentPart")]
 enum InPart {
     Text { text: String },
     ImageUrl { image_url: ImageUrlIn },
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, TS)]
 #[serde(untagged)]
+#[ts(rename = "ImageUrl")]
 enum ImageUrlIn {
     Object { url: String },
     Url(String),
@@ -301,21 +320,21 @@ pub async fn chat_completions(
         if completion.finish == FinishReason::Cancelled {
             return Err(cancelled());
         }
-        let body = json!({
-            "id": meta.id,
-            "object": "chat.completion",
-            "created": meta.created,
-            "model": meta.model,
-            "system_fingerprint": Value::Null,
-            "choices": [{
-                "index": 0,
-                "message": { "role": "assistant", "content": completion.text, "refusal": Value::Null },
-                "logprobs": Value::Null,
-                "finish_reason": finish_reason(completion.finish),
+        let body = ChatCompletion {
+            id: meta.id,
+            object: "chat.completion".into(),
+            created: meta.created,
+            model: meta.model,
+            system_fingerprint: (),
+            choices: vec![CompletionChoice {
+                index: 0,
+                message: AssistantMessage { role: "assistant".into(), content: completion.text, refusal: () },
+                logprobs: (),
+                finish_reason: finish_reason(completion.finish),
             }],
-            "usage": usage(&completion.stats),
-            "stats": completion.stats,
-        });
+            usage: Usage::of(&completion.stats),
+            stats: completion.stats,
+        };
         Ok(Json(body).into_response())
     }
 }
@@ -340,14 +359,6 @@ fn finish_reason(finish: FinishReason) -> &'static str {
     }
 }
 
-fn usage(stats: &Stats) -> Value {
-    json!({
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.completion_tokens,
-        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
-    })
-}
-
 struct ChunkMeta {
     id: String,
     created: u64,
@@ -355,31 +366,27 @@ struct ChunkMeta {
 }
 
 impl ChunkMeta {
-    fn chunk(&self, choices: Value, include_usage: bool) -> Value {
-        let mut chunk = json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": Value::Null,
-            "choices": choices,
-        });
-        if include_usage {
-            chunk["usage"] = Value::Null;
+    /// A chunk; `usage: null` on each when the client asked for a usage chunk at the end.
+    fn chunk(&self, choices: Vec<ChunkChoice>, include_usage: bool) -> ChatCompletionChunk {
+        ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: (),
+            choices,
+            usage: include_usage.then_some(None),
+            stats: None,
         }
-        chunk
     }
 
-    fn delta(&self, delta: Value, finish: Option<&str>, include_usage: bool) -> Value {
-        self.chunk(
-            json!([{ "index": 0, "delta": delta, "logprobs": Value::Null, "finish_reason": finish }]),
-            include_usage,
-        )
+    fn delta(&self, delta: ChunkDelta, finish: Option<&'static str>, include_usage: bool) -> ChatCompletionChunk {
+        self.chunk(vec![ChunkChoice { index: 0, delta, logprobs: (), finish_reason: finish }], include_usage)
     }
 }
 
-fn data(value: &Value) -> SseEvent {
-    SseEvent::default().data(value.to_string())
+fn data(value: &impl Serialize) -> SseEvent {
+    SseEvent::default().data(serde_json::to_string(value).unwrap_or_else(|_| "{}".into()))
 }
 
 /// The event stream of one generation: a first chunk with the role, one chunk per text delta, a
@@ -404,7 +411,8 @@ fn chunks(
         }
         if !st.started {
             st.started = true;
-            let first = st.meta.delta(json!({ "role": "assistant", "content": "" }), None, st.include_usage);
+            let role = ChunkDelta { role: Some("assistant".into()), content: Some(String::new()) };
+            let first = st.meta.delta(role, None, st.include_usage);
             return Some((vec![data(&first)], st));
         }
         loop {
@@ -412,11 +420,10 @@ fn chunks(
                 Some(Event::Started) => continue,
                 Some(Event::Delta { text, .. }) if text.is_empty() => continue,
                 Some(Event::Delta { text, stats, .. }) => {
-                    let mut chunk = st.meta.delta(json!({ "content": text }), None, st.include_usage);
+                    let content = ChunkDelta { content: Some(text), ..ChunkDelta::default() };
+                    let mut chunk = st.meta.delta(content, None, st.include_usage);
                     // Tandem's extension: running statistics a few times a second.
-                    if let Some(stats) = stats {
-                        chunk["stats"] = json!(stats);
-                    }
+                    chunk.stats = stats;
                     vec![data(&chunk)]
                 }
                 Some(Event::Done(completion)) => {
@@ -443,13 +450,13 @@ fn finish_events(meta: &ChunkMeta, completion: &Completion, include_usage: bool)
     if completion.finish == FinishReason::Cancelled {
         return vec![data(&cancelled().body()), SseEvent::default().data("[DONE]")];
     }
-    let mut last = meta.delta(json!({}), Some(finish_reason(completion.finish)), include_usage);
-    last["stats"] = json!(completion.stats);
+    let mut last = meta.delta(ChunkDelta::default(), Some(finish_reason(completion.finish)), include_usage);
+    last.stats = Some(completion.stats.clone());
     let mut events = vec![data(&last)];
     if include_usage {
-        let mut chunk = meta.chunk(json!([]), false);
-        chunk["usage"] = usage(&completion.stats);
-        chunk["stats"] = json!(completion.stats);
+        let mut chunk = meta.chunk(Vec::new(), false);
+        chunk.usage = Some(Some(Usage::of(&completion.stats)));
+        chunk.stats = Some(completion.stats.clone());
         events.push(data(&chunk));
     }
     events.push(SseEvent::default().data("[DONE]"));

@@ -15,3 +15,4 @@ mod server_conversations;
 mod server_images;
 mod tiny_reference;
 mod vision;
+mod wire_types;

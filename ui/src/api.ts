@@ -1,21 +1,24 @@
 // The one client of the engine's HTTP API (docs/ARCHITECTURE.md §4.2). Nothing else in the UI calls fetch.
+// Every body's type is generated from the server's Rust types (ui/src/generated): no shape is guessed here.
 
-import { readSse } from './sse';
-import type { Conversation, ConversationSummary } from './storage';
+import type { Conversation } from './conversation';
 import type {
   ChatCompletionChunk,
   ChatCompletionRequest,
-  ConvertEvent,
+  ConversationList,
+  ConversationSummary,
   ConvertRequest,
-  ConvertStarted,
-  ConvertStatus,
   Health,
-  LiveStats,
-  ModelInfo,
-  ModelSettingsPatch,
-  MtpStatus,
+  JobEvent,
+  JobView,
+  ModelList,
+  ModelStatus,
   OpenAIModel,
-} from './types';
+  OpenAIModelList,
+  SettingsPatch,
+  StatsSnapshot,
+} from './generated';
+import { readSse } from './sse';
 
 export const DEFAULT_ENGINE = 'http://127.0.0.1:11435';
 
@@ -113,66 +116,8 @@ function errorOf(body: unknown): { message: string; type?: string; code?: string
 
 type Fetch = typeof fetch;
 
-const NO_MTP: MtpStatus = { available: false, enabled: false, depth: 0, reason: null };
-
-/** Accepts `[...]`, `{"models": [...]}` or `{"data": [...]}` and fills fields the UI relies on. */
-export function normalizeModels(body: unknown): ModelInfo[] {
-  const list: unknown[] = Array.isArray(body)
-    ? body
-    : body && typeof body === 'object'
-      ? ((body as { models?: unknown[]; data?: unknown[] }).models ??
-        (body as { data?: unknown[] }).data ??
-        [])
-      : [];
-  return list
-    .filter((m): m is Record<string, unknown> => !!m && typeof m === 'object')
-    .map((m) => {
-      const id = String(m.id ?? m.name ?? '');
-      const mtp = (m.mtp && typeof m.mtp === 'object' ? m.mtp : {}) as Partial<MtpStatus>;
-      return {
-        ...(m as object),
-        id,
-        name: String(m.name ?? id),
-        path: String(m.path ?? ''),
-        format: (m.format === 'hf' ? 'hf' : 'mlx') as ModelInfo['format'],
-        size: Number(m.size ?? m.size_bytes ?? m.bytes ?? 0),
-        quantization: (m.quantization ?? null) as ModelInfo['quantization'],
-        loaded: Boolean(m.loaded),
-        mtp: {
-          available: Boolean(mtp.available ?? NO_MTP.available),
-          enabled: Boolean(mtp.enabled ?? NO_MTP.enabled),
-          depth: Number(mtp.depth ?? NO_MTP.depth),
-          reason: typeof mtp.reason === 'string' && mtp.reason ? mtp.reason : null,
-        },
-      } as ModelInfo;
-    });
-}
-
-/** One convert event from an SSE event: the type is the `event:` field, else the data's `type`/`event`. */
-export function convertEventOf(event: string, data: string): ConvertEvent | null {
-  let body: Record<string, unknown>;
-  try {
-    body = JSON.parse(data) as Record<string, unknown>;
-  } catch {
-    return null;
-  }
-  if (!body || typeof body !== 'object') return null;
-  const type =
-    event && event !== 'message' ? event : String(body.type ?? body.event ?? (body.error ? 'error' : ''));
-  if (type === 'error') {
-    const e = errorOf(body);
-    return { type: 'error', message: e?.message ?? String(body.message ?? 'Conversion failed') };
-  }
-  switch (type) {
-    case 'planned':
-    case 'progress':
-    case 'finished':
-    case 'cancelled':
-      return { ...(body as object), type } as ConvertEvent;
-    default:
-      return null;
-  }
-}
+/** The request `chat` sends: always streamed, with a usage chunk at the end. */
+export type ChatRequest = Omit<ChatCompletionRequest, 'stream' | 'stream_options'> & { model: string };
 
 /**
  * The API key, needed only when the engine is bound beyond loopback: `window.__TANDEM_API_KEY__`, or
@@ -246,15 +191,14 @@ export class Api {
   // -- OpenAI-compatible ------------------------------------------------------------------------
 
   async models(signal?: AbortSignal): Promise<OpenAIModel[]> {
-    const body = await this.json<{ data?: OpenAIModel[] } | OpenAIModel[]>('/v1/models', 'GET', undefined, signal);
-    return Array.isArray(body) ? body : (body?.data ?? []);
+    return (await this.json<OpenAIModelList>('/v1/models', 'GET', undefined, signal)).data;
   }
 
   /**
    * Streams a chat completion: yields each chunk until `data: [DONE]`. An error event, or a chunk that
    * is `{"error": {...}}`, throws an ApiError with the server's message. Abort `signal` to stop.
    */
-  async *chat(req: Omit<ChatCompletionRequest, 'stream' | 'stream_options'>, signal?: AbortSignal) {
+  async *chat(req: ChatRequest, signal?: AbortSignal): AsyncGenerator<ChatCompletionChunk, void, undefined> {
     const body: ChatCompletionRequest = { ...req, stream: true, stream_options: { include_usage: true } };
     const res = await this.send('/v1/chat/completions', {
       method: 'POST',
@@ -262,30 +206,6 @@ export class Api {
       headers: { 'Content-Type': 'application/json', Accept: 'text/event-stream' },
       body: JSON.stringify(body),
     });
-    const type = res.headers.get('content-type') ?? '';
-    if (type.includes('application/json')) {
-      // A server that answered without streaming: one whole completion.
-      const whole = (await res.json()) as {
-        choices?: Array<{ message?: { content?: string }; finish_reason?: string }>;
-        usage?: ChatCompletionChunk['usage'];
-        stats?: ChatCompletionChunk['stats'];
-        model?: string;
-      };
-      const e = errorOf(whole);
-      if (e) throw new ApiError(e.message, res.status, e.type, e.code);
-      const chunk: ChatCompletionChunk = {
-        model: whole.model,
-        choices: (whole.choices ?? []).map((c, index) => ({
-          index,
-          delta: { content: c.message?.content ?? '' },
-          finish_reason: c.finish_reason ?? 'stop',
-        })),
-        usage: whole.usage,
-        stats: whole.stats,
-      };
-      yield chunk;
-      return;
-    }
     if (!res.body) throw new ApiError('The completion response has no body', res.status);
     for await (const ev of readSse(res.body, signal)) {
       const data = ev.data.trim();
@@ -294,16 +214,15 @@ export class Api {
         throw new ApiError(parseErrorBody(data)?.message ?? (data || 'The generation failed'), 0, 'stream_error');
       }
       if (!data) continue;
-      let chunk: ChatCompletionChunk;
+      let chunk: unknown;
       try {
-        chunk = JSON.parse(data) as ChatCompletionChunk;
+        chunk = JSON.parse(data);
       } catch {
         throw new ApiError(`The engine sent a chunk that is not JSON: ${data.slice(0, 120)}`, 0, 'stream_error');
       }
       const e = errorOf(chunk);
       if (e) throw new ApiError(e.message, 0, e.type ?? 'stream_error', e.code);
-      if (!Array.isArray(chunk.choices)) chunk.choices = [];
-      yield chunk;
+      yield chunk as ChatCompletionChunk;
     }
   }
 
@@ -313,39 +232,41 @@ export class Api {
     return this.json<Health>('/api/health', 'GET', undefined, signal);
   }
 
-  async adminModels(signal?: AbortSignal): Promise<ModelInfo[]> {
-    return normalizeModels(await this.json<unknown>('/api/models', 'GET', undefined, signal));
+  async adminModels(signal?: AbortSignal): Promise<ModelStatus[]> {
+    return (await this.json<ModelList>('/api/models', 'GET', undefined, signal)).models;
   }
 
-  loadModel(id: string): Promise<unknown> {
-    return this.json(`/api/models/${encodeURIComponent(id)}/load`, 'POST');
+  loadModel(id: string): Promise<ModelStatus> {
+    return this.json<ModelStatus>(`/api/models/${encodeURIComponent(id)}/load`, 'POST');
   }
 
-  unloadModel(id: string): Promise<unknown> {
-    return this.json(`/api/models/${encodeURIComponent(id)}/unload`, 'POST');
+  unloadModel(id: string): Promise<ModelStatus> {
+    return this.json<ModelStatus>(`/api/models/${encodeURIComponent(id)}/unload`, 'POST');
   }
 
-  updateModelSettings(id: string, patch: ModelSettingsPatch): Promise<unknown> {
-    return this.json(`/api/models/${encodeURIComponent(id)}/settings`, 'PATCH', patch);
+  updateModelSettings(id: string, patch: SettingsPatch): Promise<ModelStatus> {
+    return this.json<ModelStatus>(`/api/models/${encodeURIComponent(id)}/settings`, 'PATCH', patch);
   }
 
+  /** Starts a conversion; resolves to the job's id. */
   async startConvert(req: ConvertRequest): Promise<string> {
-    const body = await this.json<ConvertStarted>('/api/convert', 'POST', req);
-    if (!body || typeof body.job !== 'string' || !body.job) {
-      throw new ApiError('The engine did not return a conversion job id', 0);
-    }
-    return body.job;
+    const job = await this.json<JobView>('/api/convert', 'POST', req);
+    if (!job?.job) throw new ApiError('The engine did not return a conversion job id', 0);
+    return job.job;
   }
 
-  convertStatus(job: string, signal?: AbortSignal): Promise<ConvertStatus> {
-    return this.json<ConvertStatus>(`/api/convert/${encodeURIComponent(job)}`, 'GET', undefined, signal);
+  convertStatus(job: string, signal?: AbortSignal): Promise<JobView> {
+    return this.json<JobView>(`/api/convert/${encodeURIComponent(job)}`, 'GET', undefined, signal);
   }
 
-  /** The job's progress events, until the stream closes (after `finished`, `error` or `cancelled`). */
-  async *convertEvents(job: string, signal?: AbortSignal): AsyncGenerator<ConvertEvent, void, undefined> {
+  /** The job's events, until the stream closes (after `finished`, `error` or `cancelled`). */
+  async *convertEvents(job: string, signal?: AbortSignal): AsyncGenerator<JobEvent, void, undefined> {
     for await (const ev of this.events(`/api/convert/${encodeURIComponent(job)}/events`, signal)) {
-      const parsed = convertEventOf(ev.event, ev.data);
-      if (parsed) yield parsed;
+      try {
+        yield JSON.parse(ev.data) as JobEvent;
+      } catch {
+        // a keep-alive or a malformed event: skip it
+      }
     }
   }
 
@@ -357,8 +278,7 @@ export class Api {
 
   /** The saved conversations, newest first. A 404 means an engine without a conversation store. */
   async listConversations(signal?: AbortSignal): Promise<ConversationSummary[]> {
-    const body = await this.json<{ conversations?: ConversationSummary[] }>('/api/conversations', 'GET', undefined, signal);
-    return Array.isArray(body?.conversations) ? body.conversations : [];
+    return (await this.json<ConversationList>('/api/conversations', 'GET', undefined, signal)).conversations;
   }
 
   /** One conversation as saved; null when there is none with that id. */
@@ -386,16 +306,16 @@ export class Api {
     }
   }
 
-  stats(signal?: AbortSignal): Promise<LiveStats> {
-    return this.json<LiveStats>('/api/stats', 'GET', undefined, signal);
+  stats(signal?: AbortSignal): Promise<StatsSnapshot> {
+    return this.json<StatsSnapshot>('/api/stats', 'GET', undefined, signal);
   }
 
   /** Live snapshots from `/api/stats/stream`; ends when the server closes the stream. */
-  async *statsStream(signal?: AbortSignal): AsyncGenerator<LiveStats, void, undefined> {
+  async *statsStream(signal?: AbortSignal): AsyncGenerator<StatsSnapshot, void, undefined> {
     for await (const ev of this.events('/api/stats/stream', signal)) {
       if (ev.event === 'error') throw new ApiError(parseErrorBody(ev.data)?.message ?? ev.data, 0, 'stream_error');
       try {
-        const body = JSON.parse(ev.data) as LiveStats;
+        const body = JSON.parse(ev.data) as StatsSnapshot;
         if (body && typeof body === 'object') yield body;
       } catch {
         // a keep-alive or a malformed snapshot: skip it

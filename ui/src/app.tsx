@@ -7,8 +7,8 @@ import { ErrorBanner, showError } from './components/banner';
 import { live } from './live';
 import { subscribeFolderDrops } from './shell';
 import { type ConversationStore, defaultStore } from './storage';
-import type { ModelInfo, OpenAIModel } from './types';
-import { ChatView } from './views/chat';
+import type { ModelStatus, OpenAIModel } from './generated';
+import { ChatView } from './views/chat/view';
 import { ConvertView } from './views/convert';
 import { ModelsView } from './views/models';
 
@@ -43,7 +43,7 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
   const conversations = useMemo(() => store ?? defaultStore(client, showError), [store, client]);
   const [view, setView] = useState<View>(viewFromHash);
   const [models, setModels] = useState<OpenAIModel[]>([]);
-  const [adminModels, setAdminModels] = useState<ModelInfo[]>([]);
+  const [adminModels, setAdminModels] = useState<ModelStatus[]>([]);
   const [loadingModels, setLoadingModels] = useState(false);
   const [online, setOnline] = useState<boolean | null>(null);
   const [panel, setPanel] = useState(true);

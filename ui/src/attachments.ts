@@ -1,8 +1,8 @@
 // Images attached to a message: files (picked, dropped or pasted) -> data URLs -> OpenAI content parts.
 
 import { splitThinking } from './markdown';
-import type { StoredMessage } from './storage';
-import type { ChatMessage, ContentPart } from './types';
+import type { StoredMessage } from './conversation';
+import type { ContentPart, RequestMessage } from './generated';
 
 export const IMAGE_TYPES = ['image/png', 'image/jpeg', 'image/gif', 'image/webp'];
 /** Larger images are refused rather than sent: the request body and storage would grow too large. */
@@ -60,8 +60,8 @@ export function userContent(text: string, images: string[] = []): string | Conte
  * The messages sent for a conversation: system prompt first, each user turn with its images, each assistant
  * turn as its answer (without its `<think>` block). Assistant turns that failed or are empty are left out.
  */
-export function toApiMessages(messages: StoredMessage[], system?: string): ChatMessage[] {
-  const out: ChatMessage[] = [];
+export function toApiMessages(messages: StoredMessage[], system?: string): RequestMessage[] {
+  const out: RequestMessage[] = [];
   if (system && system.trim()) out.push({ role: 'system', content: system.trim() });
   for (const m of messages) {
     if (m.role === 'user') {

@@ -1,6 +1,6 @@
 // The figures the live panel shows, computed from one Statistics object (docs/ARCHITECTURE.md §4.3).
 
-import type { Stats } from './types';
+import type { Stats } from './generated';
 
 export const PHASES = ['draft', 'verify', 'sample', 'rollback'] as const;
 export type Phase = (typeof PHASES)[number];
@@ -75,19 +75,19 @@ export function figures(stats: Stats): Figures {
     const acceptance = drafted > 0 ? accepted / drafted : positive(s.acceptance);
     // Each cycle emits its accepted drafts plus the one token the verify pass samples.
     const tokPerCycle = positive(s.tok_per_cycle) ?? (cycles > 0 ? (accepted + cycles) / cycles : null);
-    const ladder = (s.by_depth ?? []).map((d) => ({
+    const ladder = s.by_depth.map((d) => ({
       depth: num(d.depth),
       drafted: num(d.drafted),
       accepted: num(d.accepted),
       rate: num(d.drafted) > 0 ? num(d.accepted) / num(d.drafted) : null,
     }));
-    const histTotal = (s.accepted_hist ?? []).reduce((a, b) => a + num(b), 0);
-    const hist = (s.accepted_hist ?? []).map((c, i) => ({
+    const histTotal = s.accepted_hist.reduce((a, b) => a + num(b), 0);
+    const hist = s.accepted_hist.map((c, i) => ({
       accepted: i,
       cycles: num(c),
       share: histTotal > 0 ? num(c) / histTotal : 0,
     }));
-    const ms = s.ms ?? { draft: 0, verify: 0, sample: 0, rollback: 0 };
+    const ms = s.ms;
     const totalMs = PHASES.reduce((a, p) => a + num(ms[p]), 0);
     const phases = PHASES.map((phase) => ({
       phase,
@@ -96,9 +96,9 @@ export function figures(stats: Stats): Figures {
       share: totalMs > 0 ? num(ms[phase]) / totalMs : 0,
     }));
     spec = {
-      method: s.method || 'mtp',
+      method: s.method,
       depth: num(s.depth),
-      fallback: s.fallback ?? null,
+      fallback: s.fallback,
       cycles,
       drafted,
       accepted,

@@ -3,7 +3,7 @@
 
 import { useEffect, useState } from 'preact/hooks';
 import { Api, isAbort } from './api';
-import type { LiveStats, MemoryStats, Stats } from './types';
+import type { Memory, Stats, StatsSnapshot } from './generated';
 
 export interface TokPoint {
   /** Seconds since the Unix epoch. */
@@ -20,7 +20,7 @@ export interface LiveState {
   series: TokPoint[];
   generating: boolean;
   model: string | null;
-  memory: MemoryStats | null;
+  memory: Memory | null;
   loadedModels: string[];
   /** `/api/stats/stream` is connected. */
   connected: boolean;
@@ -117,18 +117,15 @@ export class LiveFeed {
   }
 
   /** One snapshot from `/api/stats` or `/api/stats/stream`. */
-  snapshot(s: LiveStats): void {
-    const patch: Partial<LiveState> = {};
-    if (s.memory !== undefined) patch.memory = s.memory;
-    if (Array.isArray(s.loaded_models)) patch.loadedModels = s.loaded_models;
+  snapshot(s: StatsSnapshot): void {
+    const patch: Partial<LiveState> = { memory: s.memory, loadedModels: s.loaded_models };
     // While this window streams a chat, its chunks are the fresher source of the generation's figures.
     if (!this.chatActive) {
-      if (s.generating !== undefined) patch.generating = s.generating;
-      if (s.model !== undefined) patch.model = s.model;
+      patch.generating = s.generating;
+      patch.model = s.model;
       if (s.stats) patch.stats = s.stats;
-      const tokS = typeof s.tok_s === 'number' ? s.tok_s : s.stats && s.generating ? s.stats.decode_tok_s : null;
-      if (s.generating && tokS != null) patch.tokS = tokS;
-      if (tokS != null && (s.generating || this.state.generating)) patch.series = this.point(s.generating ? tokS : 0);
+      if (s.generating) patch.tokS = s.tok_s;
+      if (s.generating || this.state.generating) patch.series = this.point(s.generating ? s.tok_s : 0);
     }
     this.set(patch);
   }

@@ -7,46 +7,8 @@
 // methods before the UI starts.
 
 import { type Api, ApiError, errorMessage } from './api';
-import type { Sampling, Stats } from './types';
-
-export interface StoredMessage {
-  id: string;
-  role: 'user' | 'assistant' | 'system';
-  /** The text (for an assistant, the reply as streamed, `<think>` block included). */
-  content: string;
-  /** Images attached to a user message, as data URLs. */
-  images?: string[];
-  /** Reasoning sent separately (`delta.reasoning_content`), if the server does that. */
-  reasoning?: string;
-  /** The model that wrote an assistant message. */
-  model?: string;
-  /** Statistics of the generation that wrote it. */
-  stats?: Stats | null;
-  /** Set when generation stopped early: "stopped" by the user, or the error's message. */
-  stopped?: boolean;
-  error?: string;
-  finish_reason?: string | null;
-  created: number;
-}
-
-export interface Conversation {
-  id: string;
-  title: string;
-  created: number;
-  updated: number;
-  model: string | null;
-  /** This chat's sampling; a field left out takes the model's default (models.toml). */
-  sampling: Sampling;
-  /** An optional system prompt. */
-  system?: string;
-  messages: StoredMessage[];
-}
-
-export interface ConversationSummary {
-  id: string;
-  title: string;
-  updated: number;
-}
+import type { Conversation } from './conversation';
+import type { ConversationSummary } from './generated';
 
 export interface ConversationStore {
   list(): Promise<ConversationSummary[]>;
@@ -296,22 +258,4 @@ export function defaultStore(client?: ConversationApi, onProblem?: (message: str
   if (isStore(injected)) return injected;
   const local = browserStore();
   return client ? new EngineStore(client, local, onProblem) : local;
-}
-
-export function newId(): string {
-  const c = globalThis.crypto as Crypto | undefined;
-  if (c && typeof c.randomUUID === 'function') return c.randomUUID();
-  return Date.now().toString(36) + Math.random().toString(36).slice(2, 10);
-}
-
-export function newConversation(model: string | null, sampling: Sampling = {}): Conversation {
-  const now = Date.now();
-  return { id: newId(), title: 'New chat', created: now, updated: now, model, sampling: { ...sampling }, messages: [] };
-}
-
-/** A title from the first user message: its first line, shortened. */
-export function titleFrom(text: string, images = 0): string {
-  const line = text.trim().split('\n')[0]?.trim() ?? '';
-  if (!line) return images > 0 ? 'Image' : 'New chat';
-  return line.length > 60 ? line.slice(0, 57).trimEnd() + '…' : line;
 }

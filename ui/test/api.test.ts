@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
-import { Api, ApiError, convertEventOf, normalizeModels, resolveBase } from '../src/api';
-import type { ChatCompletionChunk, ConvertEvent, LiveStats } from '../src/types';
-import { json, mockFetch, SAMPLE_STATS, sse } from './helpers';
+import { Api, ApiError, resolveBase } from '../src/api';
+import type { ChatCompletionChunk, JobEvent, ModelList } from '../src/generated';
+import { chunkOf, json, mockFetch, modelStatus, SAMPLE_STATS, sse, statsSnapshot } from './helpers';
 
 const BASE = 'http://127.0.0.1:11435';
 
@@ -21,8 +21,7 @@ async function rejection(p: Promise<unknown>): Promise<ApiError> {
   throw new Error('expected a rejection');
 }
 
-const chunk = (content: string, extra: Partial<ChatCompletionChunk> = {}) =>
-  `data: ${JSON.stringify({ object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content }, finish_reason: null }], ...extra })}\n\n`;
+const chunk = (content: string, extra: Partial<ChatCompletionChunk> = {}) => `data: ${JSON.stringify(chunkOf({ content }, extra))}\n\n`;
 
 describe('errors', () => {
   it("surface the server's message, type, code and status", async () => {
@@ -88,8 +87,8 @@ describe('chat', () => {
         sse([
           chunk('Hel'),
           chunk('lo'),
-          `data: ${JSON.stringify({ choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] })}\n\n`,
-          `data: ${JSON.stringify({ choices: [], usage: { prompt_tokens: 42, completion_tokens: 27, total_tokens: 69 }, stats: SAMPLE_STATS })}\n\n`,
+          `data: ${JSON.stringify(chunkOf({}, {}, 'stop'))}\n\n`,
+          `data: ${JSON.stringify(chunkOf({}, { choices: [], usage: { prompt_tokens: 42, completion_tokens: 27, total_tokens: 69 }, stats: SAMPLE_STATS }))}\n\n`,
           'data: [DONE]\n\n',
           chunk('never read'),
         ]),
@@ -123,17 +122,6 @@ describe('chat', () => {
     expect(chunks[3]!.usage?.completion_tokens).toBe(27);
   });
 
-  it('accepts a non-streamed JSON answer as one chunk', async () => {
-    const { fetch } = mockFetch({
-      'POST /v1/chat/completions': () =>
-        json({ choices: [{ index: 0, message: { role: 'assistant', content: 'whole' }, finish_reason: 'stop' }], stats: SAMPLE_STATS }),
-    });
-    const chunks = await collect(new Api(BASE, fetch, null).chat({ model: 'm', messages: [] }));
-    expect(chunks).toHaveLength(1);
-    expect(chunks[0]!.choices[0]!.delta.content).toBe('whole');
-    expect(chunks[0]!.stats).toEqual(SAMPLE_STATS);
-  });
-
   it('stops when aborted, with an AbortError, not an ApiError', async () => {
     const { fetch } = mockFetch({ 'POST /v1/chat/completions': () => sse([chunk('a')], { hang: true }) });
     const c = new AbortController();
@@ -146,39 +134,29 @@ describe('chat', () => {
   });
 
   it('sends the API key as a bearer token when one is set', async () => {
-    const { fetch, calls } = mockFetch({ 'GET /api/health': () => json({ status: 'ok' }) });
+    const { fetch, calls } = mockFetch({
+      'GET /api/health': () => json({ status: 'ok', version: '0.1.0', uptime_s: 1, models_loaded: [], api_key_required: true }),
+    });
     await new Api(BASE, fetch, 'secret').health();
     expect(calls[0]!.headers.Authorization).toBe('Bearer secret');
   });
 });
 
 describe('admin', () => {
-  it('lists models in any of the accepted envelopes, normalised', async () => {
-    const model = {
-      id: 'qwen3.5-4b-4bit',
-      name: 'Qwen3.5-4B-4bit',
-      path: '/m/q',
-      format: 'mlx',
-      size: 2_400_000_000,
-      quantization: { bits: 4, group_size: 64 },
-      loaded: true,
-      mtp: { available: true, enabled: true, depth: 3, reason: null },
-    };
-    for (const body of [[model], { models: [model] }, { data: [model] }]) {
-      const { fetch } = mockFetch({ 'GET /api/models': () => json(body) });
-      const list = await new Api(BASE, fetch, null).adminModels();
-      expect(list).toHaveLength(1);
-      expect(list[0]).toMatchObject({ ...model });
-    }
-    const [bare] = normalizeModels([{ name: 'raw', path: '/m/raw', format: 'hf', size_bytes: 5 }]);
-    expect(bare).toMatchObject({ id: 'raw', name: 'raw', size: 5, loaded: false, quantization: null, mtp: { available: false, enabled: false, depth: 0, reason: null } });
+  it('lists the models of `GET /api/models`, an unreadable folder without a format', async () => {
+    const unreadable = modelStatus({ id: 'broken', name: 'broken', format: null, error: 'config.json: not found', loaded: false });
+    const body: ModelList = { models: [modelStatus(), unreadable], default: 'tandem-tiny', models_dir: '/m' };
+    const { fetch } = mockFetch({ 'GET /api/models': () => json(body) });
+    const list = await new Api(BASE, fetch, null).adminModels();
+    expect(list).toEqual(body.models);
+    expect(list[1]!.format).toBeNull();
   });
 
   it('loads, unloads and patches settings at the documented paths, with ids escaped', async () => {
     const { fetch, calls } = mockFetch({
-      'POST /api/models/a%2Fb/load': () => json({ ok: true }),
-      'POST /api/models/a%2Fb/unload': () => new Response(null, { status: 204 }),
-      'PATCH /api/models/a%2Fb/settings': () => json({ ok: true }),
+      'POST /api/models/a%2Fb/load': () => json(modelStatus()),
+      'POST /api/models/a%2Fb/unload': () => json(modelStatus({ loaded: false, state: 'unloaded' })),
+      'PATCH /api/models/a%2Fb/settings': () => json(modelStatus()),
     });
     const api = new Api(BASE, fetch, null);
     await api.loadModel('a/b');
@@ -193,42 +171,28 @@ describe('admin', () => {
   });
 
   it('lists /v1/models', async () => {
-    const { fetch } = mockFetch({ 'GET /v1/models': () => json({ object: 'list', data: [{ id: 'tandem-tiny', object: 'model' }] }) });
-    expect(await new Api(BASE, fetch, null).models()).toEqual([{ id: 'tandem-tiny', object: 'model' }]);
+    const model = { id: 'tandem-tiny', object: 'model', created: 1, owned_by: 'tandem' };
+    const { fetch } = mockFetch({ 'GET /v1/models': () => json({ object: 'list', data: [model] }) });
+    expect(await new Api(BASE, fetch, null).models()).toEqual([model]);
   });
 
-  it('starts a conversion and follows its events, by `event:` name or by `type` field', async () => {
+  it('starts a conversion and follows its events, skipping what is not JSON', async () => {
+    const events: JobEvent[] = [
+      { event: 'validated', format: 'hf', tensors: 3, bytes: 100, mtp: 'complete' },
+      { event: 'planned', tensors: 3, shards: 1, params: 50, predicted_bytes: 2400000000, predicted_bpw: 4.5, quantized_modules: 2, dense_modules: 1 },
+      { event: 'progress', done: 1, total: 3, tensor: 'model.layers.0.mlp.up_proj.weight', bytes_done: 10, bytes_total: 30 },
+      { event: 'error', message: 'disk full', error: { message: 'disk full', type: 'server_error', code: 'internal_error' } },
+    ];
     const { fetch, calls } = mockFetch({
-      'POST /api/convert': () => json({ job: 'j1' }),
+      'POST /api/convert': () => json({ job: 'j1' }, 202),
       'GET /api/convert/j1/events': () =>
-        sse([
-          'event: planned\ndata: {"predicted_bytes":2400000000,"predicted_bpw":4.5}\n\n',
-          'data: {"type":"progress","done":1,"total":3,"tensor":"model.layers.0.mlp.up_proj.weight"}\n\n',
-          ': keep-alive\n\n',
-          'event: progress\ndata: {"done":3,"total":3}\n\n',
-          'event: finished\ndata: {"bytes":2390000000,"bpw":4.49,"path":"/m/out"}\n\n',
-        ]),
+        sse([`data: ${JSON.stringify(events[0])}\n\n`, ': keep-alive\n\n', 'data: not json\n\n', ...events.slice(1).map((e) => `data: ${JSON.stringify(e)}\n\n`)]),
     });
     const api = new Api(BASE, fetch, null);
     const job = await api.startConvert({ src: '/m/in', bits: 4, group_size: 64, recipe: 'uniform', mtp: 'keep', mtp_bits: 8 });
     expect(job).toBe('j1');
     expect(calls[0]!.body).toEqual({ src: '/m/in', bits: 4, group_size: 64, recipe: 'uniform', mtp: 'keep', mtp_bits: 8 });
-    const events = await collect(api.convertEvents(job));
-    expect(events).toEqual<ConvertEvent[]>([
-      { type: 'planned', predicted_bytes: 2400000000, predicted_bpw: 4.5 },
-      { type: 'progress', done: 1, total: 3, tensor: 'model.layers.0.mlp.up_proj.weight' },
-      { type: 'progress', done: 3, total: 3 },
-      { type: 'finished', bytes: 2390000000, bpw: 4.49, path: '/m/out' },
-    ]);
-  });
-
-  it('reads conversion error events in both shapes', () => {
-    expect(convertEventOf('error', '{"message":"config.json: missing `num_hidden_layers`"}')).toEqual({
-      type: 'error',
-      message: 'config.json: missing `num_hidden_layers`',
-    });
-    expect(convertEventOf('message', '{"error":{"message":"disk full"}}')).toEqual({ type: 'error', message: 'disk full' });
-    expect(convertEventOf('message', 'not json')).toBeNull();
+    expect(await collect(api.convertEvents(job))).toEqual(events);
   });
 
   it('cancels a conversion with DELETE and reports a conversion that could not start', async () => {
@@ -244,7 +208,7 @@ describe('admin', () => {
   });
 
   it('follows the stats stream, skipping what is not JSON', async () => {
-    const snap: LiveStats = { generating: true, model: 'tandem-tiny', tok_s: 50, stats: SAMPLE_STATS, memory: { active_bytes: 1e9 }, loaded_models: ['tandem-tiny'] };
+    const snap = statsSnapshot({ generating: true, model: 'tandem-tiny', tok_s: 50, stats: SAMPLE_STATS, loaded_models: ['tandem-tiny'] });
     const { fetch } = mockFetch({ 'GET /api/stats/stream': () => sse([`data: ${JSON.stringify(snap)}\n\n`, 'data: hello\n\n', `event: stats\ndata: ${JSON.stringify(snap)}\n\n`]) });
     expect(await collect(new Api(BASE, fetch, null).statsStream())).toEqual([snap, snap]);
   });

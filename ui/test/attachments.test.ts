@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { attach, toApiMessages, userContent } from '../src/attachments';
-import type { StoredMessage } from '../src/storage';
+import type { StoredMessage } from '../src/conversation';
 
 // A 1x1 PNG.
 const PNG = Uint8Array.from(atob('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=='), (c) => c.charCodeAt(0));

@@ -5,26 +5,14 @@ import { Api } from '../src/api';
 import { dismiss, ErrorBanner } from '../src/components/banner';
 import { LiveFeed } from '../src/live';
 import { MemoryStore } from '../src/storage';
-import type { ModelInfo } from '../src/types';
-import { ChatView } from '../src/views/chat';
-import { json, mockFetch, SAMPLE_STATS } from './helpers';
+import type { ChatCompletionChunk, ModelStatus, OpenAIModel } from '../src/generated';
+import { ChatView } from '../src/views/chat/view';
+import { chunkOf, json, mockFetch, modelStatus, SAMPLE_STATS } from './helpers';
 
 vi.mock('../src/components/chart', () => ({ TokChart: () => <div data-testid="panel-chart" /> }));
 
-const MODELS = [{ id: 'tandem-tiny', object: 'model' }];
-const ADMIN: ModelInfo[] = [
-  {
-    id: 'tandem-tiny',
-    name: 'tandem-tiny',
-    path: 'assets/models/tandem-tiny',
-    format: 'mlx',
-    size: 1,
-    quantization: null,
-    loaded: true,
-    mtp: { available: true, enabled: true, depth: 3, reason: null },
-    sampling: { temperature: 0.7 },
-  },
-];
+const MODELS: OpenAIModel[] = [{ id: 'tandem-tiny', object: 'model', created: 0, owned_by: 'tandem' }];
+const ADMIN: ModelStatus[] = [modelStatus()];
 
 /** A streamed response the test writes into piece by piece. */
 function controlledStream() {
@@ -40,8 +28,8 @@ function controlledStream() {
     send(s: string) {
       ctrl.enqueue(enc.encode(s));
     },
-    content(text: string, extra: object = {}) {
-      this.send(`data: ${JSON.stringify({ choices: [{ index: 0, delta: { content: text }, finish_reason: null }], ...extra })}\n\n`);
+    content(text: string, extra: Partial<ChatCompletionChunk> = {}) {
+      this.send(`data: ${JSON.stringify(chunkOf({ content: text }, extra))}\n\n`);
     },
     close() {
       ctrl.close();
@@ -127,7 +115,7 @@ describe('ChatView', () => {
     await waitFor(() => byId('message-content')!.textContent!.trim() === 'Hello there', 'the streamed text');
     expect(q('[data-testid="message-content"] strong')?.textContent).toBe('Hello');
 
-    stream.send(`data: ${JSON.stringify({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 }, stats: SAMPLE_STATS })}\n\n`);
+    stream.send(`data: ${JSON.stringify(chunkOf({}, { choices: [], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 }, stats: SAMPLE_STATS }))}\n\n`);
     stream.send('data: [DONE]\n\n');
     stream.close();
     await waitFor(() => byId('message-assistant')!.dataset.streaming === 'false', 'the end of the stream');

@@ -1,6 +1,6 @@
 // Shared test fixtures: a fetch that answers from a script of routes, and SSE bodies.
 
-import type { Stats } from '../src/types';
+import type { ChatCompletionChunk, ModelStatus, Stats, StatsSnapshot } from '../src/generated';
 
 export interface Call {
   url: string;
@@ -77,3 +77,65 @@ export const SAMPLE_STATS: Stats = {
     fallback: null,
   },
 };
+
+/** A model as `GET /api/models` lists it: the bundled model, loaded, with MTP on. */
+export function modelStatus(over: Partial<ModelStatus> = {}): ModelStatus {
+  return {
+    id: 'tandem-tiny',
+    name: 'tandem-tiny',
+    path: 'assets/models/tandem-tiny',
+    source: 'configured',
+    format: 'mlx',
+    size_bytes: 1,
+    quantization: null,
+    dtype: 'bfloat16',
+    vision: false,
+    context_length: 2048,
+    state: 'loaded',
+    loaded: true,
+    default: true,
+    mtp: { available: true, enabled: true, depth: 3, reason: null, repaired: null },
+    sampling: { temperature: 0.7, top_p: 0.95, top_k: 0, min_p: 0, repetition_penalty: 1, max_tokens: 512 },
+    error: null,
+    ...over,
+  };
+}
+
+/** A snapshot of `/api/stats`: idle, nothing loaded, unless `over` says otherwise. */
+export function statsSnapshot(over: Partial<StatsSnapshot> = {}): StatsSnapshot {
+  return {
+    time_ms: 0,
+    uptime_s: 1,
+    generating: false,
+    model: null,
+    tok_s: 0,
+    acceptance: null,
+    tok_per_cycle: null,
+    stats: null,
+    loaded_models: [],
+    models: [],
+    running: [],
+    last: null,
+    series: [],
+    totals: { generations: 0, prompt_tokens: 0, completion_tokens: 0 },
+    memory: { rss_bytes: 0, active_bytes: 0, peak_bytes: 0, cache_bytes: 0, system_total_bytes: 0, system_available_bytes: 0 },
+    ...over,
+  };
+}
+
+/** A streamed chunk as the server writes it, with one choice carrying `delta`. */
+export function chunkOf(
+  delta: ChatCompletionChunk['choices'][number]['delta'],
+  over: Partial<ChatCompletionChunk> = {},
+  finish: string | null = null,
+): ChatCompletionChunk {
+  return {
+    id: 'chatcmpl-1',
+    object: 'chat.completion.chunk',
+    created: 0,
+    model: 'tandem-tiny',
+    system_fingerprint: null,
+    choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
+    ...over,
+  };
+}

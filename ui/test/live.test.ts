@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { LiveFeed } from '../src/live';
-import { SAMPLE_STATS } from './helpers';
+import { SAMPLE_STATS, statsSnapshot } from './helpers';
 
 describe('LiveFeed', () => {
   it("takes a chunk's stats and charts its decode rate", () => {
@@ -34,13 +34,14 @@ describe('LiveFeed', () => {
   it("lets this window's chat win over the stream while it runs, and takes the stream's memory and models always", () => {
     const feed = new LiveFeed(() => 0);
     feed.generationStarted('mine');
-    feed.snapshot({ generating: true, model: 'other', tok_s: 5, stats: { ...SAMPLE_STATS, decode_tok_s: 5 }, memory: { active_bytes: 9 }, loaded_models: ['mine'] });
+    const memory = { ...statsSnapshot().memory, active_bytes: 9 };
+    feed.snapshot(statsSnapshot({ generating: true, model: 'other', tok_s: 5, stats: { ...SAMPLE_STATS, decode_tok_s: 5 }, memory, loaded_models: ['mine'] }));
     expect(feed.state.model).toBe('mine');
     expect(feed.state.stats).toBeNull();
-    expect(feed.state.memory).toEqual({ active_bytes: 9 });
+    expect(feed.state.memory).toEqual(memory);
     expect(feed.state.loadedModels).toEqual(['mine']);
     feed.generationEnded();
-    feed.snapshot({ generating: true, model: 'other', tok_s: 5, stats: SAMPLE_STATS });
+    feed.snapshot(statsSnapshot({ generating: true, model: 'other', tok_s: 5, stats: SAMPLE_STATS, loaded_models: ['mine'] }));
     expect(feed.state.model).toBe('other');
     expect(feed.state.tokS).toBe(5);
     expect(feed.state.stats).toBe(SAMPLE_STATS);

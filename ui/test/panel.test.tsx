@@ -3,9 +3,9 @@ import { act } from 'preact/test-utils';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { figures } from '../src/figures';
 import type { LiveState } from '../src/live';
-import type { Stats } from '../src/types';
+import type { Stats } from '../src/generated';
 import { LivePanelView } from '../src/views/panel';
-import { SAMPLE_STATS } from './helpers';
+import { SAMPLE_STATS, statsSnapshot } from './helpers';
 
 // The chart draws on a canvas, which jsdom lacks; its data flow is not what these tests check.
 vi.mock('../src/components/chart', () => ({ TokChart: () => <div data-testid="panel-chart" /> }));
@@ -16,7 +16,7 @@ const STATE: LiveState = {
   series: [{ t: 1, tokS: 60 }],
   generating: false,
   model: 'tandem-tiny',
-  memory: { active_bytes: 1_250_000_000, peak_bytes: 2_000_000_000 },
+  memory: { ...statsSnapshot().memory, active_bytes: 1_250_000_000, peak_bytes: 2_000_000_000 },
   loadedModels: ['tandem-tiny'],
   connected: true,
 };

@@ -1,17 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { Api } from '../src/api';
-import {
-  defaultStore,
-  EngineStore,
-  MemoryStore,
-  migrate,
-  newConversation,
-  ServerStore,
-  titleFrom,
-  WebStorageStore,
-  type Conversation,
-  type ConversationStore,
-} from '../src/storage';
+import { type Conversation, newConversation, titleFrom } from '../src/conversation';
+import { defaultStore, EngineStore, MemoryStore, migrate, ServerStore, WebStorageStore, type ConversationStore } from '../src/storage';
 import { json, SAMPLE_STATS } from './helpers';
 
 /**

@@ -5,7 +5,8 @@ use std::io::BufRead;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem::chat::{ContentPart, Message};
-use tandem::generate::{generate_prompt, Control, GenerateOptions, MtpOptions, Output, Prompt, SamplingParams, Stats};
+use tandem::engine::{generate_options, MtpOverrides, Overrides, SamplingOverrides};
+use tandem::generate::{generate_prompt, Control, GenerateOptions, Output, Prompt, Stats};
 use tandem::model::vision_input::{ImageInput, ImageProcessor};
 
 use crate::model_arg::{self, Loaded};
@@ -54,26 +55,13 @@ pub fn run(a: ChatArgs) -> Result<()> {
     }
     let loaded = model_arg::load(a.model.as_deref())?;
     let images = load_images(&loaded, &a.image)?;
-    let (s, m) = (&loaded.entry.sampling, &loaded.entry.mtp);
-    let opts = GenerateOptions {
-        max_tokens: a.max_tokens.unwrap_or(s.max_tokens as usize),
-        sampling: SamplingParams {
-            temperature: a.temp.unwrap_or(s.temperature),
-            top_p: a.top_p.unwrap_or(s.top_p),
-            top_k: s.top_k as usize,
-            min_p: s.min_p,
-            repetition_penalty: s.repetition_penalty,
-            seed: a.seed,
-            ..Default::default()
-        },
-        stop_ids: loaded.tokenizer.stop_ids().to_vec(),
-        mtp: MtpOptions {
-            enabled: a.mtp.as_deref().map_or(m.enabled, |v| v == "on"),
-            depth: a.depth.unwrap_or(m.depth as usize),
-            ..Default::default()
-        },
-        ..Default::default()
+    // The model's settings (models.toml), then the flags: resolved as the engine resolves a request's.
+    let overrides = Overrides {
+        sampling: SamplingOverrides { temperature: a.temp, top_p: a.top_p, seed: a.seed, ..Default::default() },
+        mtp: MtpOverrides { enabled: a.mtp.as_deref().map(|v| v == "on"), depth: a.depth },
+        max_tokens: a.max_tokens,
     };
+    let opts = generate_options(&loaded.entry, &overrides, 0, None, loaded.tokenizer.stop_ids().to_vec())?;
     match &a.prompt {
         Some(p) => {
             let ids = if a.raw {

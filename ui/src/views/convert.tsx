@@ -5,7 +5,10 @@ import { api as defaultApi, type Api, errorMessage, isAbort } from '../api';
 import { showError } from '../components/banner';
 import * as fmt from '../format';
 import { pathFromDroppedText, subscribeFolderDrops } from '../shell';
-import type { ConvertEvent, ConvertRequest, Recipe } from '../types';
+import type { ConvertRequest, JobEvent } from '../generated';
+
+/** The recipes as a request spells them (the CLI's spellings). */
+export type Recipe = 'uniform' | 'mixed_3_6' | 'mixed_4_6' | 'auto';
 
 export const RECIPES: { value: Recipe; label: string; hint: string }[] = [
   { value: 'uniform', label: 'Uniform', hint: 'every quantizable linear at the chosen bits' },
@@ -43,12 +46,15 @@ export const IDLE: JobState = {
 };
 
 /** The job's state after one event. */
-export function applyConvertEvent(s: JobState, ev: ConvertEvent): JobState {
-  switch (ev.type) {
+export function applyConvertEvent(s: JobState, ev: JobEvent): JobState {
+  switch (ev.event) {
+    case 'validated':
+    case 'calibrating':
+      return { ...s, phase: 'running' };
     case 'planned':
       return { ...s, phase: 'running', predictedBytes: ev.predicted_bytes, predictedBpw: ev.predicted_bpw };
     case 'progress':
-      return { ...s, phase: 'running', done: ev.done, total: ev.total, tensor: ev.tensor ?? s.tensor };
+      return { ...s, phase: 'running', done: ev.done, total: ev.total, tensor: ev.tensor };
     case 'finished':
       return { ...s, phase: 'finished', done: s.total || s.done, result: { path: ev.path, bytes: ev.bytes, bpw: ev.bpw } };
     case 'error':
@@ -80,7 +86,7 @@ export function requestOf(f: Form): ConvertRequest {
   };
   // The name shown as the field's placeholder is the one used when the field is left empty.
   const name = f.name.trim() || suggestName(f.src, f.recipe, f.bits);
-  if (name) req.name = name;
+  if (name) req.dst = name;
   if (f.recipe === 'auto' && f.targetBpw.trim()) {
     const t = parseFloat(f.targetBpw);
     if (Number.isFinite(t)) req.target_bpw = t;
@@ -136,8 +142,8 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
       for await (const ev of client.convertEvents(id, signal)) {
         state = applyConvertEvent(state, ev);
         setJob(state);
-        if (ev.type === 'finished') props.onFinished();
-        if (ev.type === 'error') showError(`Conversion failed: ${ev.message}`);
+        if (ev.event === 'finished') props.onFinished();
+        if (ev.event === 'error') showError(`Conversion failed: ${ev.message}`);
       }
       if (state.phase === 'running') {
         // The stream closed without a last word: ask the job itself.

@@ -4,27 +4,27 @@ import { useState } from 'preact/hooks';
 import { api as defaultApi, type Api } from '../api';
 import { showError } from '../components/banner';
 import * as fmt from '../format';
-import type { ModelInfo } from '../types';
+import type { ModelStatus } from '../generated';
 
 export const MAX_DEPTH = 6;
 
-export function quantizationLabel(m: Pick<ModelInfo, 'quantization' | 'dtype'>): string {
+export function quantizationLabel(m: Pick<ModelStatus, 'quantization' | 'dtype'>): string {
   const q = m.quantization;
   if (q == null) return m.dtype ? `${m.dtype} (unquantized)` : 'unquantized';
-  if (typeof q === 'string') return q;
-  const parts = [`${q.bits}-bit`];
+  const parts = [q.bits != null ? `${q.bits}-bit` : 'quantized'];
+  if (q.mixed) parts[0] += ' (mixed)';
   if (q.group_size) parts.push(`group ${q.group_size}`);
-  if (typeof q.mode === 'string' && q.mode !== 'affine') parts.push(q.mode);
+  if (q.mode && q.mode !== 'affine') parts.push(q.mode);
   return parts.join(', ');
 }
 
-function mtpLabel(m: ModelInfo): string {
+function mtpLabel(m: ModelStatus): string {
   if (!m.mtp.available) return 'unavailable';
   if (!m.mtp.enabled) return 'off';
   return `on · depth ${m.mtp.depth}`;
 }
 
-function ModelRow({ m, client, reload }: { m: ModelInfo; client: Api; reload: () => Promise<void> }) {
+function ModelRow({ m, client, reload }: { m: ModelStatus; client: Api; reload: () => Promise<void> }) {
   const [pending, setPending] = useState<string | null>(null);
 
   async function act(label: string, f: () => Promise<unknown>) {
@@ -52,8 +52,9 @@ function ModelRow({ m, client, reload }: { m: ModelInfo; client: Api; reload: ()
           <span class="model-name" data-testid="model-name">
             {m.name}
           </span>
-          <span class={`badge badge-${m.format}`} data-testid="model-format">
-            {m.format.toUpperCase()}
+          {/* No format: the folder could not be read (`error` says why). */}
+          <span class={`badge badge-${m.format ?? 'unreadable'}`} data-testid="model-format">
+            {m.format ? m.format.toUpperCase() : 'UNREADABLE'}
           </span>
           {m.loaded && (
             <span class="badge badge-ok" data-testid="model-loaded">
@@ -67,7 +68,7 @@ function ModelRow({ m, client, reload }: { m: ModelInfo; client: Api; reload: ()
         <dl class="model-facts">
           <div>
             <dt>size</dt>
-            <dd data-testid="model-size">{fmt.bytes(m.size)}</dd>
+            <dd data-testid="model-size">{fmt.bytes(m.size_bytes)}</dd>
           </div>
           <div>
             <dt>quantization</dt>
@@ -80,9 +81,19 @@ function ModelRow({ m, client, reload }: { m: ModelInfo; client: Api; reload: ()
             </dd>
           </div>
         </dl>
+        {m.error && (
+          <div class="notice notice-warn small" data-testid="model-error">
+            {m.error}
+          </div>
+        )}
         {m.mtp.reason && (
           <div class="notice notice-warn small" data-testid="model-mtp-reason">
             {m.mtp.reason}
+          </div>
+        )}
+        {m.mtp.repaired && (
+          <div class="notice small" data-testid="model-mtp-repaired">
+            {m.mtp.repaired}
           </div>
         )}
       </div>
@@ -146,7 +157,7 @@ function ModelRow({ m, client, reload }: { m: ModelInfo; client: Api; reload: ()
 }
 
 export function ModelsView(props: {
-  models: ModelInfo[];
+  models: ModelStatus[];
   loading: boolean;
   reload: () => Promise<void>;
   client?: Api;

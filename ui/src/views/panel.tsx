@@ -175,8 +175,8 @@ export function LivePanelView({ state }: { state: LiveState }) {
       <footer class="panel-footer">
         <div data-testid="panel-memory">
           memory{' '}
-          <b>{fmt.bytes(state.memory?.active_bytes ?? state.memory?.rss_bytes ?? null)}</b>
-          {state.memory?.peak_bytes != null && <span class="dim"> · peak {fmt.bytes(state.memory.peak_bytes)}</span>}
+          <b>{fmt.bytes(state.memory?.active_bytes ?? null)}</b>
+          {state.memory && <span class="dim"> · peak {fmt.bytes(state.memory.peak_bytes)}</span>}
         </div>
         <div class="dim" data-testid="panel-loaded">
           {!state.connected

@@ -1,0 +1,207 @@
+//! The HTTP-only bodies: envelopes around the engine's own types (which serialize directly: a model's
+//! status, statistics, jobs, conversations) and the OpenAI-compatible shapes. Every body the server
+//! writes is one of these types or an engine type; the UI's TypeScript types are generated from them
+//! (`ui/src/generated/`, by the integration test `wire_types`), never written by hand.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use ts_rs::TS;
+
+use crate::engine::{ConversationSummary, JobStatus, JobView, ModelStatus};
+use crate::generate::Stats;
+
+pub use super::convert::ConvertRequest;
+pub use super::openai::ChatRequest;
+
+/// Every error answer, and the `error` chunk of a stream that fails after it started.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ErrorDetail {
+    pub message: String,
+    /// OpenAI's error `type`: invalid_request_error, authentication_error, permission_error,
+    /// not_found_error, rate_limit_error, server_error.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// What went wrong, for programs: `model_not_found`, `queue_full`, `invalid_value`...
+    pub code: String,
+}
+
+/// `GET /api/health`
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct Health {
+    /// "ok"
+    pub status: String,
+    pub version: String,
+    pub uptime_s: f64,
+    pub models_loaded: Vec<String>,
+    /// /v1 and /api (except this endpoint) need `Authorization: Bearer <key>`.
+    pub api_key_required: bool,
+}
+
+/// `GET /api/models`
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ModelList {
+    pub models: Vec<ModelStatus>,
+    /// The registry's default model.
+    pub default: Option<String>,
+    pub models_dir: PathBuf,
+}
+
+/// `GET /api/conversations`: newest first.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ConversationList {
+    pub conversations: Vec<ConversationSummary>,
+}
+
+/// `DELETE /api/conversations/{id}`
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ConversationDeleted {
+    pub id: String,
+    pub deleted: bool,
+}
+
+/// `GET /api/convert`
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct JobList {
+    pub jobs: Vec<JobView>,
+}
+
+/// `DELETE /api/convert/{job}`: a finished job forgotten (`removed`), or a running one asked to stop
+/// (`cancelling`).
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct JobDeleted {
+    pub job: String,
+    pub state: JobStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub removed: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub cancelling: Option<bool>,
+}
+
+// -- OpenAI-compatible -----------------------------------------------------------------------------
+
+/// One model of `GET /v1/models`.
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(rename = "OpenAIModel")]
+pub struct OpenAiModel {
+    pub id: String,
+    /// "model"
+    pub object: String,
+    pub created: u64,
+    pub owned_by: String,
+}
+
+/// `GET /v1/models`: the default model first.
+#[derive(Debug, Clone, Serialize, TS)]
+#[ts(rename = "OpenAIModelList")]
+pub struct OpenAiModelList {
+    /// "list"
+    pub object: String,
+    pub data: Vec<OpenAiModel>,
+}
+
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub fn of(stats: &Stats) -> Usage {
+        Usage {
+            prompt_tokens: stats.prompt_tokens,
+            completion_tokens: stats.completion_tokens,
+            total_tokens: stats.prompt_tokens + stats.completion_tokens,
+        }
+    }
+}
+
+/// `"stop"` or `"length"`.
+pub type FinishReasonName = &'static str;
+
+/// `POST /v1/chat/completions` without streaming.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ChatCompletion {
+    pub id: String,
+    /// "chat.completion"
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    #[ts(type = "null")]
+    pub system_fingerprint: (),
+    pub choices: Vec<CompletionChoice>,
+    pub usage: Usage,
+    /// Tandem's extension: the generation's statistics.
+    pub stats: Stats,
+}
+
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    #[ts(type = "null")]
+    pub logprobs: (),
+    #[ts(type = "string")]
+    pub finish_reason: FinishReasonName,
+}
+
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct AssistantMessage {
+    /// "assistant"
+    pub role: String,
+    pub content: String,
+    #[ts(type = "null")]
+    pub refusal: (),
+}
+
+/// One `data:` event of a streamed completion: a first chunk with the role, one per text delta
+/// (with running `stats` a few times a second), a last one with the finish reason and the final
+/// `stats`, and, when `stream_options.include_usage` is set, a last chunk without choices carrying
+/// `usage` (then every other chunk has `usage: null`).
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    /// "chat.completion.chunk"
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    #[ts(type = "null")]
+    pub system_fingerprint: (),
+    pub choices: Vec<ChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable, as = "Option<Usage>")]
+    pub usage: Option<Option<Usage>>,
+    /// Tandem's extension: the generation's statistics (running, or final on the last chunks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub stats: Option<Stats>,
+}
+
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ChunkChoice {
+    pub index: u32,
+    pub delta: ChunkDelta,
+    #[ts(type = "null")]
+    pub logprobs: (),
+    #[ts(type = "string | null")]
+    pub finish_reason: Option<FinishReasonName>,
+}
+
+/// `{"role": "assistant", "content": ""}` first, then `{"content": text}`, and `{}` at the end.
+#[derive(Debug, Clone, Default, Serialize, TS)]
+pub struct ChunkDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub role: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub content: Option<String>,
+}

@@ -1,0 +1,239 @@
+// The chat's state: the conversation list, the conversation shown and the reply streaming in, kept like
+// live.ts keeps the panel's: one state object, replaced (never mutated) on every change, and listeners
+// told of each new one. Views render it and call the actions; nothing else changes it.
+
+import { type Api, ApiError, errorMessage, isAbort } from './api';
+import { toApiMessages } from './attachments';
+import { type Conversation, newConversation, newId, type Sampling, type StoredMessage, titleFrom } from './conversation';
+import type { ChatCompletionChunk, ConversationSummary, Stats } from './generated';
+import type { LiveFeed } from './live';
+import type { ConversationStore } from './storage';
+
+export interface ChatState {
+  summaries: ConversationSummary[];
+  /** The conversation shown; null until the first list has been read. */
+  conversation: Conversation | null;
+  /** The reply streaming in, if any (one at a time, in this or another conversation). */
+  streaming: { conversationId: string; messageId: string } | null;
+}
+
+export const EMPTY: ChatState = { summaries: [], conversation: null, streaming: null };
+
+/** `c` with message `id` replaced by `f(message)`. */
+function withMessage(c: Conversation, id: string, f: (m: StoredMessage) => StoredMessage): Conversation {
+  return { ...c, messages: c.messages.map((m) => (m.id === id ? f(m) : m)) };
+}
+
+/** The message after one chunk: its text, reasoning, finish reason and statistics. */
+export function applyChunk(m: StoredMessage, chunk: ChatCompletionChunk): { message: StoredMessage; tokens: number } {
+  let { content, reasoning, finish_reason, stats } = m;
+  let tokens = 0;
+  for (const choice of chunk.choices) {
+    if (choice.index !== 0 && chunk.choices.length > 1) continue;
+    const delta = choice.delta as ChatCompletionChunk['choices'][number]['delta'] & { reasoning_content?: string | null };
+    if (delta.content) {
+      content += delta.content;
+      tokens++;
+    }
+    if (delta.reasoning_content) {
+      reasoning = (reasoning ?? '') + delta.reasoning_content;
+      tokens++;
+    }
+    if (choice.finish_reason) finish_reason = choice.finish_reason;
+  }
+  if (chunk.stats) stats = chunk.stats;
+  return { message: { ...m, content, reasoning, finish_reason, stats }, tokens };
+}
+
+export class ChatStore {
+  state: ChatState = EMPTY;
+  private listeners = new Set<(s: ChatState) => void>();
+  /** The conversation whose reply is streaming, as it is now, and how to stop it. */
+  private running: { conversation: Conversation; controller: AbortController } | null = null;
+
+  constructor(
+    private readonly store: ConversationStore,
+    private readonly client: Api,
+    private readonly feed: LiveFeed,
+    private readonly onError: (e: unknown) => void,
+  ) {}
+
+  subscribe(fn: (s: ChatState) => void): () => void {
+    this.listeners.add(fn);
+    return () => this.listeners.delete(fn);
+  }
+
+  private set(patch: Partial<ChatState>): void {
+    this.state = { ...this.state, ...patch };
+    for (const fn of this.listeners) fn(this.state);
+  }
+
+  /** Replaces a conversation: the running one, the shown one, or both. */
+  private put(c: Conversation): void {
+    if (this.running?.conversation.id === c.id) this.running = { ...this.running, conversation: c };
+    if (this.state.conversation?.id === c.id) this.set({ conversation: c });
+  }
+
+  get busy(): boolean {
+    return this.running != null;
+  }
+
+  /** Reads the list and opens the most recent conversation (or a new one). */
+  async start(): Promise<void> {
+    const list = await this.store.list().catch(() => [] as ConversationSummary[]);
+    const first = list[0] ? await this.store.load(list[0].id).catch(() => null) : null;
+    this.set({ summaries: list, conversation: this.state.conversation ?? first ?? newConversation(null) });
+  }
+
+  async refreshList(): Promise<void> {
+    try {
+      this.set({ summaries: await this.store.list() });
+    } catch (e) {
+      this.onError(e);
+    }
+  }
+
+  private async persist(c: Conversation): Promise<void> {
+    try {
+      await this.store.save(c);
+    } catch (e) {
+      this.onError(e);
+    }
+    await this.refreshList();
+  }
+
+  async open(id: string): Promise<void> {
+    if (this.state.conversation?.id === id) return;
+    if (this.running?.conversation.id === id) {
+      this.set({ conversation: this.running.conversation });
+      return;
+    }
+    try {
+      const c = await this.store.load(id);
+      if (c) this.set({ conversation: c });
+      else this.onError('That conversation could not be read.');
+    } catch (e) {
+      this.onError(e);
+    }
+  }
+
+  startNew(model: string | null): void {
+    this.set({ conversation: newConversation(model, this.state.conversation?.sampling ?? {}) });
+  }
+
+  async remove(id: string, model: string | null): Promise<void> {
+    if (this.running?.conversation.id === id) this.running.controller.abort();
+    try {
+      await this.store.remove(id);
+    } catch (e) {
+      this.onError(e);
+    }
+    await this.refreshList();
+    const shown = this.state.conversation;
+    if (shown?.id === id) this.set({ conversation: newConversation(model, shown.sampling) });
+  }
+
+  /** The model of the shown conversation changes; a conversation with messages is saved. */
+  changeModel(model: string): void {
+    const c = this.state.conversation;
+    if (!c) return;
+    const next = { ...c, model };
+    this.put(next);
+    if (next.messages.length) void this.persist(next);
+  }
+
+  changeSettings(sampling: Sampling, system: string): void {
+    const c = this.state.conversation;
+    if (!c) return;
+    const next: Conversation = { ...c, sampling, system: system || undefined };
+    this.put(next);
+    if (next.messages.length) void this.persist(next);
+  }
+
+  /** Sends a user message (text and images as data URLs) to `model`, then streams the reply. */
+  async send(text: string, images: string[], model: string | null): Promise<void> {
+    const c = this.state.conversation;
+    if (!c || this.busy) return;
+    const message: StoredMessage = {
+      id: newId(),
+      role: 'user',
+      content: text,
+      images: images.length ? images : undefined,
+      created: Date.now(),
+    };
+    const first = !c.messages.some((m) => m.role === 'user');
+    const next: Conversation = {
+      ...c,
+      title: first ? titleFrom(text, images.length) : c.title,
+      model,
+      messages: [...c.messages, message],
+    };
+    this.put(next);
+    await this.persist(next);
+    await this.run(next);
+  }
+
+  /** Drops the trailing replies and asks again. */
+  async regenerate(model: string | null): Promise<void> {
+    const c = this.state.conversation;
+    if (!c || this.busy) return;
+    let end = c.messages.length;
+    while (end > 0 && c.messages[end - 1]!.role === 'assistant') end--;
+    if (end === 0) return;
+    const next: Conversation = { ...c, model, messages: c.messages.slice(0, end) };
+    this.put(next);
+    await this.run(next);
+  }
+
+  stop(): void {
+    this.running?.controller.abort();
+  }
+
+  private async run(c: Conversation): Promise<void> {
+    const model = c.model;
+    if (!model) {
+      this.onError('No model to chat with: load or convert one under Models.');
+      return;
+    }
+    const history = c.messages;
+    const reply: StoredMessage = { id: newId(), role: 'assistant', content: '', model, created: Date.now() };
+    const controller = new AbortController();
+    this.running = { conversation: c, controller };
+    this.put({ ...c, messages: [...history, reply], updated: Date.now() });
+    this.set({ streaming: { conversationId: c.id, messageId: reply.id } });
+    this.feed.generationStarted(model);
+    const update = (f: (m: StoredMessage) => StoredMessage) => {
+      if (this.running) this.put(withMessage(this.running.conversation, reply.id, f));
+    };
+    let finalStats: Stats | null = null;
+    try {
+      const stream = this.client.chat({ model, messages: toApiMessages(history, c.system), ...c.sampling }, controller.signal);
+      for await (const chunk of stream) {
+        let tokens = 0;
+        update((m) => {
+          const applied = applyChunk(m, chunk);
+          tokens = applied.tokens;
+          return applied.message;
+        });
+        if (chunk.stats) finalStats = chunk.stats;
+        this.feed.chunk(chunk.stats, tokens);
+      }
+      // An abort may end the stream quietly rather than by throwing.
+      if (controller.signal.aborted) update((m) => ({ ...m, stopped: true }));
+    } catch (e) {
+      if (isAbort(e) || controller.signal.aborted) {
+        update((m) => ({ ...m, stopped: true }));
+      } else {
+        update((m) => ({ ...m, error: errorMessage(e) }));
+        this.onError(e instanceof ApiError ? e : new Error(`The generation failed: ${errorMessage(e)}`));
+      }
+    } finally {
+      const done = { ...this.running!.conversation, updated: Date.now() };
+      this.running = null;
+      this.put(done);
+      this.set({ streaming: null });
+      this.feed.generationEnded(finalStats);
+      await this.persist(done);
+    }
+  }
+}

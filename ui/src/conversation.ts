@@ -1,0 +1,52 @@
+// A conversation as the UI keeps it: the engine stores it as sent (one JSON file each), relying only on
+// the fields of `ConversationCore` (generated from Rust); the rest is the UI's own.
+
+import type { ChatCompletionRequest, ConversationCore, MessageCore, Stats } from './generated';
+
+/** This chat's sampling: the request fields the UI lets a person set; one left out takes the model's default. */
+export type Sampling = Pick<ChatCompletionRequest, 'temperature' | 'top_p' | 'max_tokens' | 'seed'>;
+
+export interface StoredMessage extends MessageCore {
+  id: string;
+  /** The text (for an assistant, the reply as streamed, `<think>` block included). */
+  content: string;
+  /** Reasoning sent separately (`delta.reasoning_content`), if the server does that. */
+  reasoning?: string;
+  /** The model that wrote an assistant message. */
+  model?: string;
+  /** Statistics of the generation that wrote it. */
+  stats?: Stats | null;
+  /** Set when generation stopped early: "stopped" by the user, or the error's message. */
+  stopped?: boolean;
+  error?: string;
+  finish_reason?: string | null;
+  created: number;
+}
+
+export interface Conversation extends ConversationCore {
+  created: number;
+  model: string | null;
+  /** This chat's sampling; a field left out takes the model's default (models.toml). */
+  sampling: Sampling;
+  /** An optional system prompt. */
+  system?: string;
+  messages: StoredMessage[];
+}
+
+export function newId(): string {
+  const c = globalThis.crypto as Crypto | undefined;
+  if (c && typeof c.randomUUID === 'function') return c.randomUUID();
+  return Date.now().toString(36) + Math.random().toString(36).slice(2, 10);
+}
+
+export function newConversation(model: string | null, sampling: Sampling = {}): Conversation {
+  const now = Date.now();
+  return { id: newId(), title: 'New chat', created: now, updated: now, model, sampling: { ...sampling }, messages: [] };
+}
+
+/** A title from the first user message: its first line, shortened. */
+export function titleFrom(text: string, images = 0): string {
+  const line = text.trim().split('\n')[0]?.trim() ?? '';
+  if (!line) return images > 0 ? 'Image' : 'New chat';
+  return line.length > 60 ? line.slice(0, 57).trimEnd() + '…' : line;
+}

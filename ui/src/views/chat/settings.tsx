@@ -1,0 +1,73 @@
+// The sampling settings of one chat (and its system prompt); empty fields take the model's defaults.
+
+import type { Conversation, Sampling } from '../../conversation';
+import type { SamplingSettings as ModelSampling } from '../../generated';
+
+function numberOrUndefined(v: string, integer = false): number | undefined {
+  if (v.trim() === '') return undefined;
+  const n = integer ? parseInt(v, 10) : parseFloat(v);
+  return Number.isFinite(n) ? n : undefined;
+}
+
+export function SamplingSettings(props: {
+  conversation: Conversation;
+  defaults: ModelSampling | undefined;
+  onChange: (sampling: Sampling, system: string) => void;
+  onClose: () => void;
+}) {
+  const s = props.conversation.sampling;
+  const d: Partial<Record<keyof Sampling, number>> = props.defaults ?? {};
+  const set = (patch: Partial<Sampling>) => {
+    const next: Sampling = { ...s, ...patch };
+    for (const k of Object.keys(next) as (keyof Sampling)[]) if (next[k] === undefined) delete next[k];
+    props.onChange(next, props.conversation.system ?? '');
+  };
+  const field = (
+    key: keyof Sampling,
+    label: string,
+    opts: { step: string; min: string; max?: string; integer?: boolean; hint: string },
+  ) => (
+    <label class="field">
+      <span class="field-label">{label}</span>
+      <input
+        type="number"
+        data-testid={`setting-${key.replace('_', '-')}`}
+        step={opts.step}
+        min={opts.min}
+        max={opts.max}
+        value={s[key] ?? ''}
+        placeholder={d[key] != null ? `default ${d[key]}` : 'model default'}
+        onInput={(e) => set({ [key]: numberOrUndefined((e.target as HTMLInputElement).value, opts.integer) })}
+      />
+      <span class="field-hint">{opts.hint}</span>
+    </label>
+  );
+  return (
+    <div class="settings-popover" data-testid="chat-settings">
+      <div class="settings-head">
+        <h3>This chat’s sampling</h3>
+        <button class="icon-button" aria-label="Close" onClick={props.onClose}>
+          ×
+        </button>
+      </div>
+      <p class="dim small">Empty fields use the model’s defaults from models.toml.</p>
+      {field('temperature', 'Temperature', { step: '0.05', min: '0', max: '2', hint: '0 = greedy' })}
+      {field('top_p', 'Top p', { step: '0.01', min: '0', max: '1', hint: 'nucleus sampling' })}
+      {field('max_tokens', 'Max tokens', { step: '1', min: '1', integer: true, hint: 'reply length limit' })}
+      {field('seed', 'Seed', { step: '1', min: '0', integer: true, hint: 'repeatable sampling' })}
+      <label class="field field-wide">
+        <span class="field-label">System prompt</span>
+        <textarea
+          data-testid="setting-system"
+          rows={3}
+          value={props.conversation.system ?? ''}
+          placeholder="Optional"
+          onInput={(e) => props.onChange(s, (e.target as HTMLTextAreaElement).value)}
+        />
+      </label>
+      <button class="link-button" onClick={() => props.onChange({}, props.conversation.system ?? '')}>
+        Reset to model defaults
+      </button>
+    </div>
+  );
+}

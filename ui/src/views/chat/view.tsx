@@ -1,0 +1,354 @@
+// Chat: the conversation list, the messages, the composer (text and images) and the live panel. The state
+// lives in a ChatStore (chats.ts); this view renders it and turns clicks into its actions.
+
+import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
+import { api as defaultApi, type Api } from '../../api';
+import { attach, type Attachment } from '../../attachments';
+import { ChatStore, type ChatState } from '../../chats';
+import { showError } from '../../components/banner';
+import type { ModelStatus, OpenAIModel } from '../../generated';
+import { live as defaultLive, type LiveFeed } from '../../live';
+import type { ConversationStore } from '../../storage';
+import { LivePanel } from '../panel';
+import { AssistantMessage, UserMessage } from './message';
+import { SamplingSettings } from './settings';
+
+export interface ChatProps {
+  store: ConversationStore;
+  models: OpenAIModel[];
+  adminModels: ModelStatus[];
+  client?: Api;
+  feed?: LiveFeed;
+  showPanel?: boolean;
+}
+
+/** The store's state, re-rendering on each change. */
+function useChats(chats: ChatStore): ChatState {
+  const [state, setState] = useState<ChatState>(chats.state);
+  useEffect(() => {
+    setState(chats.state);
+    return chats.subscribe(setState);
+  }, [chats]);
+  return state;
+}
+
+export function ChatView({ store, models, adminModels, client = defaultApi, feed = defaultLive, showPanel = true }: ChatProps) {
+  const chats = useMemo(() => new ChatStore(store, client, feed, showError), [store, client, feed]);
+  const { summaries, conversation, streaming } = useChats(chats);
+  const [input, setInput] = useState('');
+  const [attachments, setAttachments] = useState<Attachment[]>([]);
+  const [dragging, setDragging] = useState(false);
+  const [settingsOpen, setSettingsOpen] = useState(false);
+  const listRef = useRef<HTMLDivElement>(null);
+  const inputRef = useRef<HTMLTextAreaElement>(null);
+  const fileRef = useRef<HTMLInputElement>(null);
+  const stick = useRef(true);
+
+  // Open the most recent conversation (or a new one) at start.
+  useEffect(() => {
+    void chats.start();
+  }, [chats]);
+
+  // A conversation without a model (or with one that no longer exists) takes the first listed.
+  const modelIds = models.map((m) => m.id);
+  const currentModel =
+    conversation?.model && (modelIds.length === 0 || modelIds.includes(conversation.model))
+      ? conversation.model
+      : (modelIds[0] ?? conversation?.model ?? null);
+  const modelInfo = adminModels.find((m) => m.id === currentModel || m.name === currentModel);
+
+  // Keep the newest text in view while the reader is at the bottom.
+  useEffect(() => {
+    const el = listRef.current;
+    if (el && stick.current) el.scrollTop = el.scrollHeight;
+  });
+
+  const onScroll = () => {
+    const el = listRef.current;
+    if (el) stick.current = el.scrollHeight - el.scrollTop - el.clientHeight < 80;
+  };
+
+  // One generation at a time: `busy` while any runs, `generating` while this conversation's runs.
+  const busy = streaming != null;
+  const generating = busy && streaming?.conversationId === conversation?.id;
+
+  async function send() {
+    if (!conversation || busy) return;
+    const text = input.trim();
+    if (!text && attachments.length === 0) return;
+    const images = attachments.map((a) => a.url);
+    setInput('');
+    setAttachments([]);
+    if (inputRef.current) inputRef.current.style.height = '';
+    stick.current = true;
+    await chats.send(text, images, currentModel);
+  }
+
+  function regenerate() {
+    stick.current = true;
+    void chats.regenerate(currentModel);
+  }
+
+  function open(id: string) {
+    void chats.open(id);
+    setSettingsOpen(false);
+  }
+
+  function startNew() {
+    chats.startNew(currentModel);
+    setInput('');
+    setAttachments([]);
+    setSettingsOpen(false);
+    inputRef.current?.focus();
+  }
+
+  async function addFiles(files: Iterable<File>) {
+    const { attachments: added, rejected } = await attach(files);
+    if (added.length) setAttachments((a) => [...a, ...added]);
+    if (rejected.length) showError(`Not attached: ${rejected.join('; ')}`);
+  }
+
+  function onPaste(e: ClipboardEvent) {
+    const files = [...(e.clipboardData?.files ?? [])].filter((f) => f.type.startsWith('image/'));
+    if (files.length) {
+      e.preventDefault();
+      void addFiles(files);
+    }
+  }
+
+  function onDrop(e: DragEvent) {
+    e.preventDefault();
+    setDragging(false);
+    const files = [...(e.dataTransfer?.files ?? [])];
+    if (files.length) void addFiles(files);
+  }
+
+  function onKeyDown(e: KeyboardEvent) {
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      void send();
+    }
+  }
+
+  function autoGrow(el: HTMLTextAreaElement) {
+    el.style.height = 'auto';
+    el.style.height = `${Math.min(el.scrollHeight, 240)}px`;
+  }
+
+  const messages = conversation?.messages ?? [];
+  const lastIndex = messages.length - 1;
+  const hasImages = attachments.length > 0 || messages.some((m) => m.images?.length);
+
+  return (
+    <div class={`chat-layout ${showPanel ? 'with-panel' : ''}`}>
+      <nav class="conversations" aria-label="Conversations">
+        <button class="button button-primary new-chat" data-testid="new-chat" onClick={startNew}>
+          New chat
+        </button>
+        <ul data-testid="conversation-list">
+          {summaries.map((s) => (
+            <li
+              key={s.id}
+              class={`conversation-item ${s.id === conversation?.id ? 'active' : ''}`}
+              data-testid="conversation-item"
+              data-conversation-id={s.id}
+            >
+              <button class="conversation-open" onClick={() => open(s.id)} title={s.title}>
+                {s.title}
+              </button>
+              <button
+                class="icon-button conversation-delete"
+                data-testid="conversation-delete"
+                aria-label={`Delete ${s.title}`}
+                onClick={() => void chats.remove(s.id, currentModel)}
+              >
+                ×
+              </button>
+            </li>
+          ))}
+        </ul>
+      </nav>
+
+      <section
+        class={`chat ${dragging ? 'dragging' : ''}`}
+        onDragOver={(e) => {
+          if ([...(e.dataTransfer?.types ?? [])].includes('Files')) {
+            e.preventDefault();
+            setDragging(true);
+          }
+        }}
+        onDragLeave={(e) => {
+          if (e.currentTarget === e.target) setDragging(false);
+        }}
+        onDrop={onDrop}
+      >
+        <header class="chat-header">
+          <label class="model-picker">
+            <span class="sr-only">Model</span>
+            <select
+              data-testid="chat-model-picker"
+              value={currentModel ?? ''}
+              onChange={(e) => chats.changeModel((e.target as HTMLSelectElement).value)}
+              disabled={generating}
+            >
+              {modelIds.length === 0 && <option value="">{currentModel ?? 'No models'}</option>}
+              {modelIds.map((id) => (
+                <option key={id} value={id}>
+                  {id}
+                </option>
+              ))}
+            </select>
+          </label>
+          {modelInfo && (
+            <span class="dim small" data-testid="chat-model-status">
+              {modelInfo.loaded ? 'loaded' : 'loads on first message'}
+              {modelInfo.mtp.enabled && modelInfo.mtp.available ? ` · MTP depth ${modelInfo.mtp.depth}` : ' · MTP off'}
+            </span>
+          )}
+          <span class="spacer" />
+          <button
+            class={`button ${settingsOpen ? 'active' : ''}`}
+            data-testid="chat-settings-toggle"
+            onClick={() => setSettingsOpen((o) => !o)}
+            aria-expanded={settingsOpen}
+          >
+            Sampling
+          </button>
+          {settingsOpen && conversation && (
+            <SamplingSettings
+              conversation={conversation}
+              defaults={modelInfo?.sampling}
+              onChange={(sampling, system) => chats.changeSettings(sampling, system)}
+              onClose={() => setSettingsOpen(false)}
+            />
+          )}
+        </header>
+
+        <div class="message-list" data-testid="message-list" ref={listRef} onScroll={onScroll}>
+          {messages.length === 0 && (
+            <div class="empty-chat">
+              <h2>What shall we work on?</h2>
+              <p class="dim">
+                Type a message, or drop an image here. Replies stream with the model’s multi-token prediction; the panel
+                on the right shows how much of it is accepted.
+              </p>
+            </div>
+          )}
+          {messages.map((m, i) =>
+            m.role === 'assistant' ? (
+              <AssistantMessage
+                key={m.id}
+                m={m}
+                streaming={generating && streaming?.messageId === m.id}
+                last={i === lastIndex}
+                canRegenerate={!busy}
+                onRegenerate={regenerate}
+              />
+            ) : m.role === 'user' ? (
+              <UserMessage key={m.id} m={m} />
+            ) : null,
+          )}
+          {!busy && lastIndex >= 0 && messages[lastIndex]!.role === 'user' && (
+            <div class="message-meta retry">
+              <button class="link-button" data-testid="chat-regenerate" onClick={regenerate}>
+                Generate a reply
+              </button>
+            </div>
+          )}
+        </div>
+
+        <div class="composer">
+          {attachments.length > 0 && (
+            <div class="attachments" data-testid="attachment-previews">
+              {attachments.map((a, i) => (
+                <div class="attachment" key={i} data-testid="attachment-preview">
+                  <img src={a.url} alt={a.name} />
+                  <button
+                    class="attachment-remove"
+                    aria-label={`Remove ${a.name}`}
+                    data-testid="attachment-remove"
+                    onClick={() => setAttachments((list) => list.filter((_, j) => j !== i))}
+                  >
+                    ×
+                  </button>
+                </div>
+              ))}
+            </div>
+          )}
+          {hasImages && modelInfo && modelInfo.vision === false && (
+            <div class="notice notice-warn small">This model has no vision tower; it cannot see images.</div>
+          )}
+          <div class="composer-row">
+            <button
+              class="icon-button attach-button"
+              data-testid="chat-attach"
+              aria-label="Attach images"
+              title="Attach images"
+              onClick={() => fileRef.current?.click()}
+            >
+              <svg viewBox="0 0 24 24" width="18" height="18" aria-hidden="true">
+                <path
+                  fill="none"
+                  stroke="currentColor"
+                  stroke-width="1.8"
+                  stroke-linecap="round"
+                  stroke-linejoin="round"
+                  d="M21 12.5l-8.4 8.4a5.5 5.5 0 01-7.8-7.8l8.9-8.9a3.7 3.7 0 015.2 5.2l-8.9 8.9a1.8 1.8 0 01-2.6-2.6L15.6 7.5"
+                />
+              </svg>
+            </button>
+            <input
+              ref={fileRef}
+              type="file"
+              accept="image/png,image/jpeg,image/gif,image/webp"
+              multiple
+              hidden
+              data-testid="chat-file-input"
+              onChange={(e) => {
+                const el = e.target as HTMLInputElement;
+                if (el.files) void addFiles([...el.files]);
+                el.value = '';
+              }}
+            />
+            <textarea
+              ref={inputRef}
+              data-testid="chat-input"
+              rows={1}
+              placeholder="Message — Enter to send, Shift+Enter for a new line"
+              value={input}
+              onInput={(e) => {
+                const el = e.target as HTMLTextAreaElement;
+                setInput(el.value);
+                autoGrow(el);
+              }}
+              onKeyDown={onKeyDown}
+              onPaste={onPaste}
+            />
+            {busy ? (
+              <button
+                class="button button-stop"
+                data-testid="chat-stop"
+                onClick={() => chats.stop()}
+                title={generating ? 'Stop the reply' : 'Stop the reply streaming in another chat'}
+              >
+                Stop
+              </button>
+            ) : (
+              <button
+                class="button button-primary"
+                data-testid="chat-send"
+                onClick={() => void send()}
+                disabled={!input.trim() && attachments.length === 0}
+              >
+                Send
+              </button>
+            )}
+          </div>
+        </div>
+        {dragging && <div class="drop-overlay">Drop images to attach them</div>}
+      </section>
+
+      {showPanel && <LivePanel />}
+    </div>
+  );
+}

@@ -1,0 +1,52 @@
+import { describe, expect, it } from 'vitest';
+import { Api } from '../src/api';
+import { applyChunk, ChatStore, type ChatState } from '../src/chats';
+import type { StoredMessage } from '../src/conversation';
+import { LiveFeed } from '../src/live';
+import { MemoryStore } from '../src/storage';
+import { chunkOf, mockFetch, SAMPLE_STATS, sse } from './helpers';
+
+const data = (x: unknown) => `data: ${JSON.stringify(x)}\n\n`;
+
+describe('applyChunk', () => {
+  it('appends text and reasoning, takes the finish reason and stats, and leaves the message as it was', () => {
+    const m: StoredMessage = { id: 'a', role: 'assistant', content: 'Hel', created: 1 };
+    const frozen = structuredClone(m);
+    const { message, tokens } = applyChunk(m, chunkOf({ content: 'lo' }, { stats: SAMPLE_STATS }, 'stop'));
+    expect(message).toMatchObject({ content: 'Hello', finish_reason: 'stop', stats: SAMPLE_STATS });
+    expect(tokens).toBe(1);
+    expect(m).toEqual(frozen);
+  });
+});
+
+describe('ChatStore', () => {
+  it('replaces its state on every change and never mutates a state it has published', async () => {
+    const { fetch } = mockFetch({
+      'POST /v1/chat/completions': () =>
+        sse([data(chunkOf({ role: 'assistant', content: '' })), data(chunkOf({ content: 'Hi' })), data(chunkOf({ content: '!' }, { stats: SAMPLE_STATS }, 'stop')), 'data: [DONE]\n\n']),
+    });
+    const chats = new ChatStore(new MemoryStore(), new Api('', fetch, null), new LiveFeed(), (e) => {
+      throw e;
+    });
+    const seen: [ChatState, string][] = [];
+    chats.subscribe((s) => seen.push([s, JSON.stringify(s)]));
+    await chats.start();
+    await chats.send('Hello', [], 'tandem-tiny');
+
+    const last = chats.state;
+    expect(last.streaming).toBeNull();
+    expect(last.conversation!.title).toBe('Hello');
+    expect(last.conversation!.messages.map((m) => [m.role, m.content])).toEqual([
+      ['user', 'Hello'],
+      ['assistant', 'Hi!'],
+    ]);
+    expect(last.conversation!.messages[1]!.stats).toEqual(SAMPLE_STATS);
+    // Each published state still reads as it did when it was published.
+    for (const [state, json] of seen) expect(JSON.stringify(state)).toBe(json);
+    // The reply grew over several states, each a new object.
+    const replies = seen.map(([s]) => s.conversation?.messages[1]).filter((m) => m !== undefined);
+    expect(new Set(replies.map((m) => m.content))).toEqual(new Set(['', 'Hi', 'Hi!']));
+    expect(new Set(replies).size).toBeGreaterThanOrEqual(3);
+    expect(seen.some(([s]) => s.streaming?.messageId === last.conversation!.messages[1]!.id)).toBe(true);
+  });
+});
