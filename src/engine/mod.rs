@@ -102,6 +102,8 @@ pub struct EngineConfig {
     pub load_options: LoadOptions,
     /// How large, how many and how much memory the images of requests may be.
     pub images: ImageLimits,
+    /// Overrides every model's `mtp.adaptive` (`tandem serve --adaptive on|off`).
+    pub adaptive: Option<bool>,
 }
 
 impl Default for EngineConfig {
@@ -111,6 +113,7 @@ impl Default for EngineConfig {
             memory_check: true,
             load_options: LoadOptions::default(),
             images: ImageLimits::default(),
+            adaptive: None,
         }
     }
 }
@@ -309,6 +312,11 @@ pub struct MtpStatusView {
     pub reason: Option<String>,
     /// Set when the loader repaired the head's norm convention.
     pub repaired: Option<String>,
+    /// The setting (models.toml): whether the adaptive controller may park drafting.
+    pub adaptive: bool,
+    /// The head's health as measured: the load-time probe once loaded, else what the last
+    /// conversion recorded in config.json (None: never measured).
+    pub probe: Option<crate::model::mtp_head::probe::ProbeReport>,
 }
 
 /// A model as the admin API lists it.
@@ -457,9 +465,12 @@ impl Engine {
         } else {
             LoadState::Unloaded
         };
-        let (available, reason, repaired) = match &worker {
-            Some(w) => (w.info.mtp.loaded, w.info.mtp.reason.clone(), w.info.mtp.repaired.clone()),
-            None => (info.mtp_available, info.mtp_reason.clone(), None),
+        let (available, reason, repaired, probe) = match &worker {
+            Some(w) => {
+                let m = &w.info.mtp;
+                (m.loaded, m.reason.clone(), m.repaired.clone(), m.probe.clone())
+            }
+            None => (info.mtp_available, info.mtp_reason.clone(), None, info.mtp_probe.clone()),
         };
         ModelStatus {
             id: entry.name.clone(),
@@ -476,7 +487,15 @@ impl Engine {
             state,
             loaded: worker.is_some(),
             default: default == Some(entry.name.as_str()),
-            mtp: MtpStatusView { available, enabled: entry.mtp.enabled, depth: entry.mtp.depth, reason, repaired },
+            mtp: MtpStatusView {
+                available,
+                enabled: entry.mtp.enabled,
+                depth: entry.mtp.depth,
+                reason,
+                repaired,
+                adaptive: entry.mtp.adaptive,
+                probe,
+            },
             sampling: entry.sampling,
             error: info.error,
         }
@@ -691,7 +710,7 @@ impl WeakEngine {
 /// What a worker knows of its model, fixed at load time.
 #[derive(Debug, Clone)]
 pub(crate) struct ModelFacts {
-    pub mtp: crate::model::qwen3_5::MtpStatus,
+    pub mtp: crate::model::mtp_head::MtpStatus,
     /// The vision tower loaded.
     pub vision: bool,
     /// Why a vision tower that config.json declares did not load.
@@ -702,6 +721,8 @@ pub(crate) struct ModelFacts {
     pub context: Option<usize>,
     /// MLX computes on a GPU (else on the CPU).
     pub gpu: bool,
+    /// The engine's override of `mtp.adaptive` (see [`EngineConfig::adaptive`]).
+    pub adaptive: Option<bool>,
 }
 
 impl ModelFacts {
@@ -715,6 +736,7 @@ impl ModelFacts {
             vocab_size: model.config.text.vocab_size.max(0) as usize,
             context: model.config.text.max_position_embeddings.map(|c| c.max(0) as usize),
             gpu: mlx::device::default_device() == mlx::device::Device::Gpu,
+            adaptive: None,
         }
     }
 }
@@ -839,6 +861,7 @@ fn resolve_options(
     let mtp = MtpOptions {
         enabled: request.mtp.enabled.unwrap_or(entry.mtp.enabled),
         depth: request.mtp.depth.unwrap_or(entry.mtp.depth as usize),
+        adaptive: facts.adaptive.unwrap_or(entry.mtp.adaptive),
         ..MtpOptions::default()
     };
     if mtp.enabled && !(1..=8).contains(&mtp.depth) {

@@ -7,6 +7,7 @@ mod inspect;
 mod load_errors;
 mod load_layouts;
 mod mtp_decode;
+mod mtp_probe;
 mod mtp_regression;
 mod server_api;
 mod server_conversations;

@@ -3,7 +3,6 @@
 //! CPU in f32), plus image decoding limits and errors, a text-only model refusing images, and lossless MTP with
 //! an image in the prompt.
 
-
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
@@ -15,7 +14,8 @@ use tandem::model::vision_input::{expand_image_pads, ImageError, ImageInput, Ima
 use tandem::model::{self, LoadOptions, Qwen35};
 
 fn vlm() -> Qwen35 {
-    model::load(&fixture("tiny-vlm"), &LoadOptions { dtype: Some(Dtype::F32) }).expect("load tiny-vlm")
+    model::load(&fixture("tiny-vlm"), &LoadOptions { dtype: Some(Dtype::F32), ..Default::default() })
+        .expect("load tiny-vlm")
 }
 
 fn reference() -> PathBuf {
@@ -384,7 +384,8 @@ fn tandem_tiny_with_eyes(dir: &Path) -> Qwen35 {
         })
         .collect();
     std::fs::write(dir.join("visual.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
-    model::load(dir, &LoadOptions { dtype: Some(Dtype::F32) }).expect("load tandem-tiny with a vision tower")
+    model::load(dir, &LoadOptions { dtype: Some(Dtype::F32), ..Default::default() })
+        .expect("load tandem-tiny with a vision tower")
 }
 
 #[test]
@@ -476,7 +477,7 @@ fn edited_tiny_vlm(
         .map(|(n, d, s, r)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), r).unwrap()))
         .collect();
     std::fs::write(dir.join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
-    model::load(dir, &LoadOptions { dtype: Some(Dtype::F32) })
+    model::load(dir, &LoadOptions { dtype: Some(Dtype::F32), ..Default::default() })
 }
 
 /// The vision tower under MLX names (`vision_tower.*`), with the patch embedding in mlx-vlm's layout

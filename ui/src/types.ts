@@ -139,6 +139,25 @@ export interface MtpStatus {
   depth: number;
   /** Why MTP is unavailable or not running; null when it runs. */
   reason: string | null;
+  /** Set when the loader (or its probe) repaired the head's norm convention. */
+  repaired?: string | null;
+  /** Whether the adaptive controller may park drafting (models.toml `mtp.adaptive`). */
+  adaptive?: boolean;
+  /** The head's health as measured: the load-time probe, or what the conversion recorded. */
+  probe?: MtpProbe | null;
+}
+
+/** The MTP acceptance probe (src/model/mtp_head/probe.rs). */
+export interface MtpProbe {
+  /** The running head's teacher-forced top-1 agreement with its body; null when none runs. */
+  acceptance: number | null;
+  tried: { convention: string; acceptance: number }[];
+  chosen: string | null;
+  seconds: number;
+  tokens: number;
+  body_agreement: number;
+  /** The body does not read the probe text well enough to judge a head. */
+  inconclusive: boolean;
 }
 
 export interface Quantization {
@@ -166,7 +185,7 @@ export interface ModelInfo {
 }
 
 export interface ModelSettingsPatch {
-  mtp?: { enabled?: boolean; depth?: number };
+  mtp?: { enabled?: boolean; depth?: number; adaptive?: boolean };
   sampling?: Sampling;
 }
 

@@ -40,6 +40,10 @@ pub struct ChatArgs {
     /// Drafts per cycle (1 to 8). Default: the model's setting.
     #[arg(long)]
     depth: Option<usize>,
+    /// Whether the adaptive controller may park drafting (off: every cycle drafts `depth`
+    /// tokens). Default: the model's setting.
+    #[arg(long, value_parser = ["on", "off"])]
+    adaptive: Option<String>,
     /// Print one JSON object {model, text, token_ids, stats} at the end.
     #[arg(long)]
     json: bool,
@@ -70,6 +74,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         mtp: MtpOptions {
             enabled: a.mtp.as_deref().map_or(m.enabled, |v| v == "on"),
             depth: a.depth.unwrap_or(m.depth as usize),
+            adaptive: a.adaptive.as_deref().map_or(m.adaptive, |v| v == "on"),
             ..Default::default()
         },
         ..Default::default()

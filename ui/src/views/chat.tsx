@@ -4,6 +4,7 @@ import { useCallback, useEffect, useMemo, useRef, useState } from 'preact/hooks'
 import { api as defaultApi, type Api, ApiError, errorMessage, isAbort } from '../api';
 import { attach, toApiMessages, type Attachment } from '../attachments';
 import { showError } from '../components/banner';
+import { MtpHealth } from '../components/mtp_health';
 import * as fmt from '../format';
 import { live as defaultLive, type LiveFeed } from '../live';
 import { renderMarkdown, splitThinking } from '../markdown';
@@ -531,6 +532,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
               {modelInfo.mtp.enabled && modelInfo.mtp.available ? ` · MTP depth ${modelInfo.mtp.depth}` : ' · MTP off'}
             </span>
           )}
+          {modelInfo && (!modelInfo.mtp.available || modelInfo.mtp.probe != null) && <MtpHealth mtp={modelInfo.mtp} compact />}
           <span class="spacer" />
           <button
             class={`button ${settingsOpen ? 'active' : ''}`}
