@@ -62,11 +62,14 @@ pub struct MtpSettings {
     pub enabled: bool,
     /// Drafts per cycle, within [`MTP_DEPTHS`].
     pub depth: u32,
+    /// Whether the adaptive controller may park drafting that does not pay (off: every cycle drafts
+    /// `depth` tokens, so acceptance figures do not depend on timing).
+    pub adaptive: bool,
 }
 
 impl Default for MtpSettings {
     fn default() -> Self {
-        Self { enabled: true, depth: 3 }
+        Self { enabled: true, depth: 3, adaptive: true }
     }
 }
 
@@ -189,6 +192,7 @@ pub struct SettingsPatch {
 pub struct MtpPatch {
     pub enabled: Option<bool>,
     pub depth: Option<u32>,
+    pub adaptive: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, TS)]
@@ -220,6 +224,7 @@ impl SettingsPatch {
         [
             ("mtp", "enabled", m.enabled.map(toml_edit::Value::from)),
             ("mtp", "depth", m.depth.map(int)),
+            ("mtp", "adaptive", m.adaptive.map(toml_edit::Value::from)),
             ("sampling", "temperature", s.temperature.map(float)),
             ("sampling", "top_p", s.top_p.map(float)),
             ("sampling", "top_k", s.top_k.map(int)),
@@ -674,7 +679,7 @@ temperature = 1.0 # hot
         assert_eq!(tiny.name, "tandem-tiny");
         assert_eq!(tiny.path, root.join("assets/models/tandem-tiny"));
         assert_eq!(tiny.source, ModelSource::Configured);
-        assert_eq!(tiny.mtp, MtpSettings { enabled: true, depth: 3 });
+        assert_eq!(tiny.mtp, MtpSettings { enabled: true, depth: 3, adaptive: true });
         assert_eq!(tiny.sampling, SamplingSettings::default());
     }
 
@@ -686,7 +691,7 @@ temperature = 1.0 # hot
         assert_eq!(registry.models_dir(), home.join(".tandem/models"));
         assert_eq!(registry.conversations_dir(), home.join(".tandem/conversations"));
         let a = registry.default_model().unwrap();
-        assert_eq!(a.mtp, MtpSettings { enabled: true, depth: 3 });
+        assert_eq!(a.mtp, MtpSettings { enabled: true, depth: 3, adaptive: true });
         let expected = SamplingSettings {
             temperature: 0.7,
             top_p: 0.95,
@@ -913,7 +918,7 @@ temperature = 1.0 # hot
         let cases = [
             ("models_dirr = \"x\"\n".to_owned(), "models.toml:1: unknown field `models_dirr`, expected one of `models_dir`, `conversations_dir`, `default`, `model`"),
             (format!("{model}colour = 1\n"), "models.toml:4: model[0]: unknown field `colour`, expected one of `name`, `path`, `mtp`, `sampling`"),
-            (format!("{model}mtp = {{ depht = 2 }}\n"), "models.toml:4: model[0].mtp: unknown field `depht`, expected `enabled` or `depth`"),
+            (format!("{model}mtp = {{ depht = 2 }}\n"), "models.toml:4: model[0].mtp: unknown field `depht`, expected one of `enabled`, `depth`, `adaptive`"),
             (format!("{model}mtp = {{ depth = \"3\" }}\n"), "models.toml:4: model[0].mtp.depth: invalid type: string \"3\", expected u32"),
             (format!("{model}mtp = {{ depth = -1 }}\n"), "models.toml:4: model[0].mtp.depth: invalid value: integer `-1`, expected u32"),
             (format!("{model}sampling = {{ temperature = \"hot\" }}\n"), "models.toml:4: model[0].sampling.temperature: invalid type: string \"hot\", expected f32"),

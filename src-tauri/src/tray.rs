@@ -38,6 +38,15 @@ impl TrayView {
             (None, []) => "No model loaded".to_owned(),
             (None, loaded) => format!("Model: {}", loaded.join(", ")),
         };
+        // A loaded model whose MTP head does not run says so, and why (the load-time probe's figures).
+        let mtp_off: Vec<String> = snapshot
+            .models
+            .iter()
+            .filter(|m| !m.mtp_loaded)
+            .map(|m| format!("{}: MTP off ({})", m.id, m.mtp_reason.as_deref().unwrap_or("no MTP head")))
+            .collect();
+        let model =
+            if mtp_off.is_empty() || notice.is_some() { model } else { format!("{model} · {}", mtp_off.join("; ")) };
         let acceptance = |a: Option<f64>| a.map(|a| format!(" · MTP acceptance {:.0}%", a * 100.0)).unwrap_or_default();
         let speed = if snapshot.generating && snapshot.tok_s <= 0.0 {
             // The first token is still coming (prefill).
@@ -246,7 +255,7 @@ async fn follow_stats(items: Arc<Items>, engine: Engine) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tandem::engine::{LastGeneration, Memory, Totals};
+    use tandem::engine::{LastGeneration, LoadedModel, Memory, Totals};
     use tandem::generate::{FinishReason, SpecStats, Stats};
 
     fn idle() -> StatsSnapshot {
@@ -309,6 +318,23 @@ mod tests {
         assert_eq!(view.memory, "Memory: 1.2 GB (models 28 MB)");
         assert_eq!(view.title.as_deref(), Some("41 tok/s"));
         assert_eq!((view.unload.as_str(), view.can_load, view.can_unload), ("Unload tandem-tiny", false, true));
+    }
+
+    #[test]
+    fn a_loaded_model_whose_mtp_is_off_says_why() {
+        let snapshot = StatsSnapshot {
+            loaded_models: vec!["grafted".into()],
+            models: vec![LoadedModel {
+                id: "grafted".into(),
+                busy: false,
+                queued: 0,
+                mtp_loaded: false,
+                mtp_reason: Some("the MTP head probes at best 0.012".into()),
+            }],
+            ..idle()
+        };
+        let view = TrayView::of(&snapshot, Some("grafted"), None);
+        assert_eq!(view.model, "Model: grafted · grafted: MTP off (the MTP head probes at best 0.012)");
     }
 
     #[test]

@@ -6,7 +6,8 @@ use std::path::Path;
 use serde::Serialize;
 use ts_rs::TS;
 
-use crate::model::qwen3_5::MTP_TENSORS;
+use crate::model::mtp_head::HeadFiles;
+use crate::model::qwen3_5::{self, Config};
 use crate::model::weights::Checkpoint;
 use crate::model::Layout;
 
@@ -27,6 +28,9 @@ pub struct FolderInfo {
     /// Whether the files hold a complete MTP head, and if not, why.
     pub mtp_available: bool,
     pub mtp_reason: Option<String>,
+    /// What the conversion that wrote the folder measured of its head (config.json's
+    /// `tandem.mtp.probe`, see `quant::convert`).
+    pub mtp_probe: Option<crate::model::mtp_head::probe::ProbeReport>,
     /// The model's context length, when its config states one.
     pub context_length: Option<u64>,
     /// Why the folder could not be read (the other fields are then partial).
@@ -50,7 +54,7 @@ pub fn inspect_folder(dir: &Path) -> FolderInfo {
     info.dtype = ["torch_dtype", "dtype"].iter().find_map(|k| field(k).and_then(|v| v.as_str()).map(str::to_owned));
     info.vision = config.get("vision_config").is_some();
     info.context_length = field("max_position_embeddings").and_then(|v| v.as_u64());
-    let declared = field("mtp_num_hidden_layers").and_then(|v| v.as_u64()).unwrap_or(0);
+    info.mtp_probe = crate::model::mtp_head::probe::recorded(&config);
 
     let checkpoint = match Checkpoint::open(dir) {
         Ok(c) => c,
@@ -68,20 +72,12 @@ pub fn inspect_folder(dir: &Path) -> FolderInfo {
         }
     };
     let layout = info.format.unwrap_or(Layout::Hf);
-    let mtp_names: Vec<String> = checkpoint
-        .tensors
-        .keys()
-        .filter_map(|k| crate::model::store::canonical(k, layout).0.strip_prefix("mtp.").map(str::to_string))
-        .collect();
-    let missing = MTP_TENSORS.iter().filter(|n| !mtp_names.iter().any(|m| m == *n)).count();
-    info.mtp_reason = match declared {
-        0 => Some("the model has no MTP head".into()),
-        1 if missing == 0 => None,
-        1 => Some(format!(
-            "config declares 1 MTP layer but the checkpoint lacks {missing} of its {} tensors; MTP is off",
-            MTP_TENSORS.len()
-        )),
-        n => Some(format!("unsupported MTP head ({n} layers)")),
+    let names: std::collections::BTreeSet<String> =
+        checkpoint.tensors.keys().map(|k| qwen3_5::sanitize(k, layout).0).collect();
+    let present = names.iter().filter(|n| n.starts_with("mtp.")).count();
+    info.mtp_reason = match Config::from_json(&config) {
+        Ok(c) => HeadFiles::judge(&c.text, &|n| names.contains(n), present).reason,
+        Err(e) => Some(e.to_string()),
     };
     info.mtp_available = info.mtp_reason.is_none();
     info

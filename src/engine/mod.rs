@@ -139,6 +139,8 @@ pub struct EngineConfig {
     pub load_options: LoadOptions,
     /// How large, how many and how much memory the images of requests may be.
     pub images: ImageLimits,
+    /// Overrides every model's `mtp.adaptive` (`tandem serve --adaptive on|off`).
+    pub adaptive: Option<bool>,
 }
 
 impl Default for EngineConfig {
@@ -148,6 +150,7 @@ impl Default for EngineConfig {
             memory_check: true,
             load_options: LoadOptions::default(),
             images: ImageLimits::default(),
+            adaptive: None,
         }
     }
 }
@@ -328,6 +331,11 @@ pub struct MtpStatusView {
     pub reason: Option<String>,
     /// Set when the loader repaired the head's norm convention.
     pub repaired: Option<String>,
+    /// The setting (models.toml): whether the adaptive controller may park drafting.
+    pub adaptive: bool,
+    /// The head's health as measured: the load-time probe once loaded, else what the last
+    /// conversion recorded in config.json (None: never measured).
+    pub probe: Option<crate::model::mtp_head::probe::ProbeReport>,
 }
 
 /// A model as the admin API lists it (`GET /api/models/{id}`, and each of `GET /api/models`).
@@ -479,9 +487,12 @@ impl Engine {
         } else {
             LoadState::Unloaded
         };
-        let (available, reason, repaired) = match &worker {
-            Some(w) => (w.info.mtp.loaded, w.info.mtp.reason.clone(), w.info.mtp.repaired.clone()),
-            None => (info.mtp_available, info.mtp_reason.clone(), None),
+        let (available, reason, repaired, probe) = match &worker {
+            Some(w) => {
+                let m = &w.info.mtp;
+                (m.loaded, m.reason.clone(), m.repaired.clone(), m.probe.clone())
+            }
+            None => (info.mtp_available, info.mtp_reason.clone(), None, info.mtp_probe.clone()),
         };
         ModelStatus {
             id: entry.name.clone(),
@@ -498,7 +509,15 @@ impl Engine {
             state,
             loaded: worker.is_some(),
             default: default == Some(entry.name.as_str()),
-            mtp: MtpStatusView { available, enabled: entry.mtp.enabled, depth: entry.mtp.depth, reason, repaired },
+            mtp: MtpStatusView {
+                available,
+                enabled: entry.mtp.enabled,
+                depth: entry.mtp.depth,
+                reason,
+                repaired,
+                adaptive: entry.mtp.adaptive,
+                probe,
+            },
             sampling: entry.sampling,
             error: info.error,
         }
@@ -735,7 +754,7 @@ impl WeakEngine {
 /// What a worker knows of its model, fixed at load time.
 #[derive(Debug, Clone)]
 pub(crate) struct ModelFacts {
-    pub mtp: crate::model::qwen3_5::MtpStatus,
+    pub mtp: crate::model::mtp_head::MtpStatus,
     /// The vision tower loaded.
     pub vision: bool,
     /// Why a vision tower that config.json declares did not load.
@@ -746,6 +765,8 @@ pub(crate) struct ModelFacts {
     pub context: Option<usize>,
     /// MLX computes on a GPU (else on the CPU).
     pub gpu: bool,
+    /// The engine's override of `mtp.adaptive` (see [`EngineConfig::adaptive`]).
+    pub adaptive: Option<bool>,
 }
 
 impl ModelFacts {
@@ -759,6 +780,7 @@ impl ModelFacts {
             vocab_size: model.config.text.vocab_size.max(0) as usize,
             context: model.config.text.max_position_embeddings.map(|c| c.max(0) as usize),
             gpu: mlx::device::default_device() == mlx::device::Device::Gpu,
+            adaptive: None,
         }
     }
 }
@@ -868,8 +890,10 @@ fn resolve_options(
     request: &Request,
     prompt_len: usize,
 ) -> Result<crate::generate::GenerateOptions> {
-    let overrides =
-        Overrides { sampling: request.sampling.clone(), mtp: request.mtp.clone(), max_tokens: request.max_tokens };
+    // `tandem serve --adaptive` overrides the models' setting; a request's own choice overrides both.
+    let mut mtp = request.mtp.clone();
+    mtp.adaptive = mtp.adaptive.or(facts.adaptive);
+    let overrides = Overrides { sampling: request.sampling.clone(), mtp, max_tokens: request.max_tokens };
     let stop_ids = if request.ignore_eos { Vec::new() } else { tokenizer.stop_ids().to_vec() };
     generate_options(entry, &overrides, prompt_len, facts.context, stop_ids)
 }

@@ -22,6 +22,8 @@ pub struct SamplingOverrides {
 pub struct MtpOverrides {
     pub enabled: Option<bool>,
     pub depth: Option<usize>,
+    /// Whether the adaptive controller may park drafting (`mtp.adaptive`).
+    pub adaptive: Option<bool>,
 }
 
 /// What a caller asks of one generation beyond the prompt.
@@ -58,6 +60,7 @@ pub fn generate_options(
     let mtp = MtpOptions {
         enabled: overrides.mtp.enabled.unwrap_or(entry.mtp.enabled),
         depth: overrides.mtp.depth.unwrap_or(entry.mtp.depth as usize),
+        adaptive: overrides.mtp.adaptive.unwrap_or(entry.mtp.adaptive),
         ..MtpOptions::default()
     };
     if mtp.enabled {
@@ -92,7 +95,7 @@ mod tests {
             name: "m".into(),
             path: "m".into(),
             source: ModelSource::Path,
-            mtp: MtpSettings { enabled: true, depth: 3 },
+            mtp: MtpSettings { enabled: true, depth: 3, adaptive: true },
             sampling: SamplingSettings { temperature: 0.5, max_tokens: 100, ..SamplingSettings::default() },
         }
     }

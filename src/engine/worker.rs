@@ -84,6 +84,7 @@ impl Worker {
     /// Loads the model on a new thread, which then serves the queue. Returns once loading is done.
     pub fn spawn(entry: ModelEntry, config: &EngineConfig, engine: WeakEngine) -> Result<Worker> {
         let load_options = config.load_options.clone();
+        let adaptive = config.adaptive;
         let load_error = |source: Cause| EngineError::Load { model: entry.name.clone(), source };
         let tokenizer = Arc::new(Tokenizer::from_dir(&entry.path).map_err(|e| load_error(cause(e)))?);
         let shared = Arc::new(Shared::default());
@@ -98,7 +99,7 @@ impl Worker {
                         let _compute = super::compute_lock();
                         catch_unwind(AssertUnwindSafe(|| {
                             crate::model::load(&entry.path, &load_options).map(|model| {
-                                let facts = ModelFacts::of(&model);
+                                let facts = ModelFacts { adaptive, ..ModelFacts::of(&model) };
                                 (model, facts)
                             })
                         }))

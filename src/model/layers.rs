@@ -1,5 +1,9 @@
 //! Building blocks shared by architectures: linear layers that may be quantized, embeddings,
-//! RMSNorm with an explicit norm convention, and the SwiGLU MLP.
+//! RMSNorm with an explicit norm convention, the SwiGLU MLP, rotate-half and M-RoPE rotary
+//! embeddings, and the observer that shows calibration each linear layer's input.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use mlx::device::{backend, default_device, Backend, Device};
 use mlx::fast::{self, Mask};
@@ -107,6 +111,14 @@ impl RmsNorm {
         Ok(RmsNorm { scale, eps })
     }
 
+    /// The norm whose scale is the stored weight plus `add` (in f32): 1 for a zero-centred weight,
+    /// 0 for a shifted one, -1 to undo a second shift.
+    pub fn with_added(stored: &Array, add: f32, eps: f32) -> Result<RmsNorm> {
+        let w = stored.as_dtype(Dtype::F32)?;
+        let scale = if add == 0.0 { w } else { w.add(&Array::f32(add))? };
+        Ok(RmsNorm { scale, eps })
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let dt = x.dtype();
         fast::rms_norm(&x.as_dtype(Dtype::F32)?, Some(&self.scale), self.eps)?.as_dtype(dt)
@@ -119,12 +131,146 @@ pub struct Mlp {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
+    /// Shows calibration the projections' inputs (`{prefix}.gate_proj`, ...).
+    pub tap: Tap,
 }
 
 impl Mlp {
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let g = self.gate_proj.forward(x)?.silu()?;
-        self.down_proj.forward(&g.multiply(&self.up_proj.forward(x)?)?)
+        self.tap.see_all(&["gate_proj", "up_proj"], x);
+        let inner = self.gate_proj.forward(x)?.silu()?.multiply(&self.up_proj.forward(x)?)?;
+        self.tap.see("down_proj", &inner);
+        self.down_proj.forward(&inner)
+    }
+}
+
+/// Records the input of every linear layer of one model while recording is on (quantization
+/// calibration), named by canonical module name (`layers.3.mlp.down_proj`). The model's layers share
+/// it through their [`Tap`]s, so no forward pass takes an extra argument for it; while off it costs
+/// one atomic load per layer. It records every forward pass of the model while on: calibration
+/// runs on a model of its own.
+#[derive(Default)]
+pub struct Observer {
+    on: AtomicBool,
+    seen: parking_lot::Mutex<Vec<(String, Array)>>,
+}
+
+impl Observer {
+    /// Starts recording (forgetting anything recorded before).
+    pub fn start(&self) {
+        self.seen.lock().clear();
+        self.on.store(true, Ordering::SeqCst);
+    }
+
+    /// Stops recording and returns what was seen, in the order the forward passes saw it. The
+    /// arrays are lazy: evaluating one computes the model up to that layer.
+    pub fn finish(&self) -> Vec<(String, Array)> {
+        self.on.store(false, Ordering::SeqCst);
+        std::mem::take(&mut *self.seen.lock())
+    }
+
+    fn record(&self, name: String, x: &Array) {
+        self.seen.lock().push((name, x.clone()));
+    }
+}
+
+/// A component's view of its model's [`Observer`]: the component's canonical module prefix.
+#[derive(Clone, Default)]
+pub struct Tap {
+    prefix: String,
+    observer: Option<Arc<Observer>>,
+}
+
+impl Tap {
+    pub fn new(observer: &Arc<Observer>, prefix: &str) -> Tap {
+        Tap { prefix: prefix.to_string(), observer: Some(observer.clone()) }
+    }
+
+    /// Shows the observer the input `x` of the linear layer `{prefix}.{name}`, when it records.
+    pub fn see(&self, name: &str, x: &Array) {
+        if let Some(o) = self.observer.as_ref().filter(|o| o.on.load(Ordering::Relaxed)) {
+            o.record(format!("{}.{name}", self.prefix), x);
+        }
+    }
+
+    /// [`see`](Self::see) for several layers that read the same input.
+    pub fn see_all(&self, names: &[&str], x: &Array) {
+        for name in names {
+            self.see(name, x);
+        }
+    }
+}
+
+/// `[-x2, x1]` for the halves x1, x2 of the last axis: the rotate-half (NeoX) rotary pairing.
+pub fn rotate_half(x: &Array) -> Result<Array> {
+    let halves = x.split(2, -1)?;
+    concatenate(&[&halves[1].negative()?, &halves[0]], -1)
+}
+
+/// Explicit M-RoPE rotation for one pass (docs/MODEL.md §3.3): cos and sin `[T, dims]` built from position ids
+/// `[3, T]` (t, h, w), each of the `dims / 2` frequencies taking its position from the axis that
+/// `section` assigns it (interleaved as transformers does, or in consecutive blocks).
+pub struct MRope {
+    cos: Array,
+    sin: Array,
+    dims: i32,
+}
+
+impl MRope {
+    pub fn new(
+        dims: i32,
+        theta: f32,
+        section: &[i32],
+        interleaved: bool,
+        position_ids: &Array,
+        dtype: Dtype,
+    ) -> Result<MRope> {
+        let half = dims / 2;
+        let t = position_ids.dim(1);
+        if position_ids.shape() != [3, t] {
+            return Err(mlx::Error::Invalid(format!(
+                "M-RoPE position ids have shape {:?}, expected [3, T]",
+                position_ids.shape()
+            )));
+        }
+        let inv: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf((2 * i) as f32 / dims as f32)).collect();
+        let sec = |i: usize| section.get(i).copied().unwrap_or(0);
+        let axis: Vec<i32> = (0..half)
+            .map(|i| {
+                if interleaved {
+                    // transformers: all t, then h at 1, 4, .. < 3*sec[1], w at 2, 5, .. < 3*sec[2].
+                    match i % 3 {
+                        1 if i < 3 * sec(1) => 1,
+                        2 if i < 3 * sec(2) => 2,
+                        _ => 0,
+                    }
+                } else if i < sec(0) {
+                    0
+                } else if i < sec(0) + sec(1) {
+                    1
+                } else {
+                    2
+                }
+            })
+            .collect();
+        let freqs =
+            position_ids.as_dtype(Dtype::F32)?.expand_dims(&[2])?.multiply(&Array::from_slice(&inv, &[1, 1, half])?)?;
+        let pick = Array::from_slice(&axis, &[1, 1, half])?.broadcast_to(&[1, t, half])?;
+        let f = freqs.take_along_axis(&pick, 0)?.squeeze(&[0])?; // [T, half]
+        let emb = concatenate(&[&f, &f], -1)?;
+        Ok(MRope { cos: emb.cos()?.as_dtype(dtype)?, sin: emb.sin()?.as_dtype(dtype)?, dims })
+    }
+
+    /// Rotate-half rotation of the first `dims` features of x `[B, H, T, hd]`.
+    pub fn apply(&self, x: &Array) -> Result<Array> {
+        let hd = x.dim(-1);
+        let parts = x.split_at(&[self.dims], -1)?;
+        let y = parts[0].multiply(&self.cos)?.add(&rotate_half(&parts[0])?.multiply(&self.sin)?)?;
+        if self.dims == hd {
+            Ok(y)
+        } else {
+            concatenate(&[&y, &parts[1]], -1)
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! Models: checkpoint reading, strict loading, and one file per architecture.
 
-pub mod convention;
 pub mod layers;
+pub mod mtp_head;
 pub mod qwen3_5;
 pub mod store;
 pub mod vision;
@@ -59,10 +59,19 @@ impl LoadError {
 }
 
 /// How to load a model.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct LoadOptions {
     /// Cast floating weights to this dtype (None keeps the checkpoint's).
     pub dtype: Option<Dtype>,
+    /// Measure the MTP head before trusting it (`mtp_head::probe`): on by default; off only where
+    /// the head will not run (a strict check of a folder, calibration).
+    pub probe: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { dtype: None, probe: true }
+    }
 }
 
 /// Reads `config.json` of a model folder.

@@ -32,46 +32,18 @@ pub struct Store {
     pub dtype: Option<Dtype>,
 }
 
-/// Maps a stored name to (canonical name, provenance). Canonical names are the text model's names
-/// without prefix (`layers.0.mlp.up_proj.weight`), plus `lm_head.*`, `mtp.*` and `visual.*`.
-///
-/// Names that only one kind of writer uses decide the provenance themselves. The flat names of a
-/// text-only checkpoint (`model.layers.*`, `model.norm.weight`, `model.mtp.*`, `lm_head.weight`)
-/// are written both by transformers' `Qwen3_5ForCausalLM` (raw) and by MLX tools, so they take
-/// the checkpoint's `layout`, which [`Checkpoint::layout_evidence`] decides from facts. A
-/// top-level `mtp.*` is the raw head's own name, also when it was re-attached to an MLX conversion.
-pub fn canonical(key: &str, layout: Layout) -> (String, Provenance) {
-    const RULES: &[(&str, &str, Provenance)] = &[
-        ("model.language_model.", "", Provenance::Hf),
-        ("model.visual.", "visual.", Provenance::Hf),
-        ("language_model.model.", "", Provenance::Mlx),
-        ("language_model.lm_head.", "lm_head.", Provenance::Mlx),
-        ("language_model.mtp.", "mtp.", Provenance::Mlx),
-        ("vision_tower.", "visual.", Provenance::Mlx),
-    ];
-    for (prefix, repl, prov) in RULES {
-        if let Some(rest) = key.strip_prefix(prefix) {
-            return (format!("{repl}{rest}"), *prov);
-        }
-    }
-    let of_layout = match layout {
-        Layout::Hf => Provenance::Hf,
-        Layout::Mlx => Provenance::Mlx,
-    };
-    if let Some(rest) = key.strip_prefix("model.") {
-        return (rest.to_string(), of_layout);
-    }
-    let prov = if key.starts_with("mtp.") { Provenance::Hf } else { of_layout };
-    (key.to_string(), prov)
-}
+/// An architecture's name mapping (e.g. `qwen3_5::sanitize`): a stored key and the checkpoint's
+/// layout to (canonical name, provenance).
+pub type Sanitize = fn(&str, Layout) -> (String, Provenance);
 
 impl Store {
-    pub fn new(ckpt: Checkpoint, dtype: Option<Dtype>) -> Result<Store, LoadError> {
+    /// Every tensor of `ckpt` under the canonical name the architecture's `sanitize` gives it.
+    pub fn new(ckpt: Checkpoint, dtype: Option<Dtype>, sanitize: Sanitize) -> Result<Store, LoadError> {
         let evidence = ckpt.layout_evidence()?;
         let layout = evidence.layout;
         let mut tensors = BTreeMap::new();
         for (key, t) in ckpt.tensors {
-            let (name, prov) = canonical(&key, layout);
+            let (name, prov) = sanitize(&key, layout);
             if let Some((other, _, _)) = tensors.insert(name.clone(), (key.clone(), prov, t)) {
                 return Err(LoadError::Conflict { a: other, b: key });
             }
@@ -206,6 +178,12 @@ impl Store {
     pub fn norm_with(&self, name: &str, dim: i32, eps: f32, conv: NormConvention) -> Result<RmsNorm, LoadError> {
         let w = self.raw(name, &[dim])?;
         RmsNorm::new(&w, conv, eps).map_err(|e| LoadError::Mlx { context: name.to_string(), source: e })
+    }
+
+    /// An RMSNorm whose scale is the stored weight plus `add` (see [`RmsNorm::with_added`]).
+    pub fn norm_added(&self, name: &str, dim: i32, eps: f32, add: f32) -> Result<RmsNorm, LoadError> {
+        let w = self.raw(name, &[dim])?;
+        RmsNorm::with_added(&w, add, eps).map_err(|e| LoadError::Mlx { context: name.to_string(), source: e })
     }
 
     /// The mean of a stored 1-D tensor (for norm-convention checks).

@@ -8,7 +8,7 @@ use mlx::fast::{self, Mask};
 use mlx::{concatenate, Array, Dtype};
 use serde::Deserialize;
 
-use super::layers::{Embedding, Linear, Result};
+use super::layers::{rotate_half, Embedding, Linear, Result};
 use super::store::{Provenance, Store};
 use super::LoadError;
 
@@ -325,8 +325,7 @@ impl VisionTower {
 fn rotate(x: &Array, cos: &Array, sin: &Array) -> Result<Array> {
     let dt = x.dtype();
     let xf = x.as_dtype(Dtype::F32)?;
-    let halves = xf.split(2, -1)?;
-    let rotated = concatenate(&[&halves[1].negative()?, &halves[0]], -1)?;
+    let rotated = rotate_half(&xf)?;
     let (cos, sin) = (cos.expand_dims(&[1])?, sin.expand_dims(&[1])?);
     xf.multiply(&cos)?.add(&rotated.multiply(&sin)?)?.as_dtype(dt)
 }

@@ -90,71 +90,11 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Opens `model.safetensors`, or the shards listed by `model.safetensors.index.json`, or every
-    /// `*.safetensors` in the folder, plus `mtp.safetensors` when present. With an index, every
-    /// tensor it lists must be in the shard it names (an incomplete download fails here, naming
-    /// the shard and the tensor).
+    /// Opens the files [`list_files`] lists. With an index, every tensor it lists must be in the
+    /// shard it names (an incomplete download fails here, naming the shard and the tensor).
     pub fn open(dir: &Path) -> Result<Checkpoint, LoadError> {
-        let index = dir.join("model.safetensors.index.json");
-        let mut weight_map: Vec<(String, String)> = Vec::new();
-        let mut files: Vec<PathBuf> = if index.exists() {
-            let text = std::fs::read_to_string(&index).map_err(|e| LoadError::io(&index, e))?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| LoadError::Json { path: index.clone(), message: e.to_string() })?;
-            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| LoadError::Json {
-                path: index.clone(),
-                message: "missing object `weight_map`".into(),
-            })?;
-            for (tensor, file) in map {
-                let file = file.as_str().ok_or_else(|| LoadError::Json {
-                    path: index.clone(),
-                    message: format!("weight_map: tensor `{tensor}` maps to {file}, not a file name"),
-                })?;
-                // Shards are plain file names inside the model folder.
-                let plain = Path::new(file).components().count() == 1
-                    && matches!(Path::new(file).components().next(), Some(std::path::Component::Normal(_)));
-                if !plain {
-                    return Err(LoadError::Json {
-                        path: index.clone(),
-                        message: format!(
-                            "weight_map: tensor `{tensor}` maps to `{file}`, which is not a file in the model folder"
-                        ),
-                    });
-                }
-                weight_map.push((tensor.clone(), file.to_string()));
-            }
-            let mut names: Vec<&str> = weight_map.iter().map(|(_, f)| f.as_str()).collect();
-            names.sort();
-            names.dedup();
-            for name in &names {
-                if !dir.join(name).is_file() {
-                    let example = weight_map.iter().find(|(_, f)| f == name).map(|(t, _)| t.as_str()).unwrap_or("?");
-                    let count = weight_map.iter().filter(|(_, f)| f == name).count();
-                    return Err(LoadError::MissingShard {
-                        index: index.clone(),
-                        shard: name.to_string(),
-                        message: format!("the file is missing (it should hold {count} tensor(s), e.g. `{example}`)"),
-                    });
-                }
-            }
-            names.into_iter().map(|n| dir.join(n)).collect()
-        } else {
-            let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-                .map_err(|e| LoadError::io(dir, e))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-                .collect();
-            found.sort();
-            found
-        };
-        let sidecar = dir.join(MTP_SIDECAR);
-        let sidecar_mtp = sidecar.exists();
-        if sidecar_mtp && !files.contains(&sidecar) {
-            files.push(sidecar);
-        }
-        if files.is_empty() {
-            return Err(LoadError::NoWeights(dir.to_path_buf()));
-        }
+        let Listing { files, weight_map, sidecar_mtp } = list_files(dir)?;
+        let index = dir.join(INDEX);
         let mut tensors = BTreeMap::new();
         for path in files {
             let shard = Arc::new(open_shard(&path)?);
@@ -289,6 +229,91 @@ impl Checkpoint {
             self.dir.display()
         )))
     }
+}
+
+/// The index file of a sharded checkpoint.
+pub const INDEX: &str = "model.safetensors.index.json";
+
+/// The files a checkpoint folder's tensors are read from, and what its index claims.
+pub struct Listing {
+    pub files: Vec<PathBuf>,
+    /// The index's (tensor, file) pairs (empty without an index).
+    pub weight_map: Vec<(String, String)>,
+    /// An `mtp.safetensors` sidecar is among the files.
+    pub sidecar_mtp: bool,
+}
+
+/// Lists `model.safetensors`, or the shards listed by `model.safetensors.index.json` (each a plain
+/// file that exists in the folder), or every `*.safetensors` in the folder; plus `mtp.safetensors`
+/// when present. The one listing of a checkpoint's files: the loader, the converter and `inspect`
+/// read the same files.
+pub fn list_files(dir: &Path) -> Result<Listing, LoadError> {
+    let index = dir.join(INDEX);
+    let mut weight_map: Vec<(String, String)> = Vec::new();
+    let mut files: Vec<PathBuf> = if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(|e| LoadError::io(&index, e))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| LoadError::Json { path: index.clone(), message: e.to_string() })?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| LoadError::Json { path: index.clone(), message: "missing object `weight_map`".into() })?;
+        for (tensor, file) in map {
+            let file = file.as_str().ok_or_else(|| LoadError::Json {
+                path: index.clone(),
+                message: format!("weight_map: tensor `{tensor}` maps to {file}, not a file name"),
+            })?;
+            // Shards are plain file names inside the model folder.
+            let plain = Path::new(file).components().count() == 1
+                && matches!(Path::new(file).components().next(), Some(std::path::Component::Normal(_)));
+            if !plain {
+                return Err(LoadError::Json {
+                    path: index.clone(),
+                    message: format!(
+                        "weight_map: tensor `{tensor}` maps to `{file}`, which is not a file in the model folder"
+                    ),
+                });
+            }
+            weight_map.push((tensor.clone(), file.to_string()));
+        }
+        let mut names: Vec<&str> = weight_map.iter().map(|(_, f)| f.as_str()).collect();
+        names.sort();
+        names.dedup();
+        for name in &names {
+            if !dir.join(name).is_file() {
+                let example = weight_map.iter().find(|(_, f)| f == name).map(|(t, _)| t.as_str()).unwrap_or("?");
+                let count = weight_map.iter().filter(|(_, f)| f == name).count();
+                return Err(LoadError::MissingShard {
+                    index: index.clone(),
+                    shard: name.to_string(),
+                    message: format!("the file is missing (it should hold {count} tensor(s), e.g. `{example}`)"),
+                });
+            }
+        }
+        names.into_iter().map(|n| dir.join(n)).collect()
+    } else {
+        let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| LoadError::io(dir, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        found.sort();
+        found
+    };
+    let sidecar = dir.join(MTP_SIDECAR);
+    let sidecar_mtp = sidecar.exists();
+    if sidecar_mtp && !files.contains(&sidecar) {
+        files.push(sidecar);
+    }
+    if files.is_empty() {
+        return Err(LoadError::NoWeights(dir.to_path_buf()));
+    }
+    Ok(Listing { files, weight_map, sidecar_mtp })
+}
+
+/// The files of [`list_files`].
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    list_files(dir).map(|l| l.files)
 }
 
 /// A key of the text body: not the MTP head, not the vision tower (under any of the prefixes

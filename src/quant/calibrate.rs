@@ -1,7 +1,7 @@
 //! Sensitivity of each linear layer to quantization, for the `auto` recipe: the calibration text is
 //! run through the source model, and for every linear layer the relative output error
 //! `||x W^T - x Ŵ^T|| / ||x W^T||` is measured on its actual inputs `x`, at each bit width. The
-//! inputs come from the model's own forward pass (`Qwen35::forward_observed`); each layer's errors are
+//! inputs come from the model's own forward pass (recorded by `Qwen35::observer`); each layer's errors are
 //! computed as soon as its input is seen, so only one layer's activations are held at a time.
 
 use std::collections::BTreeMap;
@@ -11,9 +11,9 @@ use mlx::{Array, Dtype, QuantMode};
 
 use super::options::{ConvertOptions, SUPPORTED_BITS};
 use super::recipe::{Module, Sensitivity};
-use super::role::LinearKind;
 use super::source::Source;
 use super::ConvertError;
+use crate::model::qwen3_5::LinearKind;
 use crate::model::{self, LoadOptions};
 
 /// Rows of activations used per layer (a random-free, evenly spaced subset when there are more).
@@ -62,7 +62,7 @@ pub fn measure(
     let mut hold = opts.gate.hold();
     let dtype = opts.dtype.dtype();
     let group = opts.group_size as i32;
-    let model = model::load(&src.dir, &LoadOptions::default())?;
+    let model = model::load(&src.dir, &LoadOptions { probe: false, ..Default::default() })?;
     let vocab = model.config.text.vocab_size;
     let tied = model.config.tie_word_embeddings;
     let ids = calibration_tokens(&src.dir, opts, vocab)?;
@@ -95,9 +95,16 @@ pub fn measure(
                 Err(e) => failure = Some(e),
             }
         };
+        // The model's observer records each linear layer's (lazy) input; each is evaluated and
+        // measured in turn, so the gate is let go between modules.
         let mut cache = model.make_cache();
-        let hidden =
-            model.forward_observed(&tokens, &mut cache, &mut observe).map_err(|e| mlx_err("calibration forward", e))?;
+        model.observer().start();
+        let hidden = model.forward(&tokens, &mut cache);
+        let seen = model.observer().finish();
+        let hidden = hidden.map_err(|e| mlx_err("calibration forward", e))?;
+        for (name, x) in &seen {
+            observe(name, x);
+        }
         let heads: Vec<(&str, Array)> = wanted
             .values()
             .filter(|m| m.kind == LinearKind::LmHead || (m.kind == LinearKind::Embedding && tied))
@@ -112,9 +119,13 @@ pub fn measure(
             let h = hidden.slice_axis(1, 0, t - 1).map_err(|e| mlx_err("calibration", e))?;
             let next = tokens.slice_axis(1, 1, t).map_err(|e| mlx_err("calibration", e))?;
             if let Some(mut mc) = model.make_mtp_cache() {
-                model
-                    .mtp_forward_observed(&h, &next, &mut mc, &mut observe)
-                    .map_err(|e| mlx_err("calibration MTP forward", e))?;
+                model.observer().start();
+                let out = model.mtp_forward(&h, &next, &mut mc);
+                let seen = model.observer().finish();
+                out.map_err(|e| mlx_err("calibration MTP forward", e))?;
+                for (name, x) in &seen {
+                    observe(name, x);
+                }
             }
         }
     }

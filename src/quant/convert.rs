@@ -13,10 +13,11 @@ use super::head::{self, HeadAnalysis};
 use super::options::{ConvertOptions, MtpMode, Recipe, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
 use super::plan::{self, Op, Plan, Unit};
 use super::recipe::{self, Module, QuantParams, Sensitivity};
-use super::role::{self, LinearKind, Role};
 use super::source::{self, Source};
 use super::writer::{self, PartialDir, UnitSource};
 use super::{calibrate, inspect, ComputeGate, Control, ConvertError, ConvertEvent};
+use crate::model::mtp_head::probe::{self, ProbeReport};
+use crate::model::qwen3_5::{self as arch, LinearKind, Role};
 use crate::model::store::Provenance;
 use crate::model::Layout;
 
@@ -29,6 +30,8 @@ pub struct MtpOutcome {
     /// Head linears quantized (of 8; `mtp.fc` never is).
     pub quantized_linears: usize,
     pub message: String,
+    /// What the probe measured of the written head (also in its config.json, `tandem.mtp`).
+    pub probe: Option<ProbeReport>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -150,14 +153,14 @@ fn modules(src: &Source, keep_mtp: bool) -> Vec<Module> {
     let tied = src.model.tie_word_embeddings;
     src.tensors
         .iter()
-        .filter_map(|t| match role::role(&t.name) {
+        .filter_map(|t| match arch::role(&t.name) {
             Role::Linear { module, kind } if t.tensor.shape.len() == 2 => {
                 let is_mtp = module.starts_with("mtp.");
                 if (is_mtp && !keep_mtp) || (kind == LinearKind::LmHead && tied) {
                     return None;
                 }
                 Some(Module {
-                    layer: role::layer_index(&t.name),
+                    layer: arch::layer_index(&t.name),
                     name: module,
                     kind,
                     out: t.tensor.shape[0],
@@ -187,8 +190,9 @@ fn units(
         if (is_mtp && !keep_mtp) || (tied && name.starts_with("lm_head.")) {
             continue;
         }
-        let op = match role::role(name) {
-            Role::Linear { module, .. } => match assignment.get(&module).copied().flatten() {
+        let role = arch::role(name);
+        let op = match role {
+            Role::Linear { ref module, .. } => match assignment.get(module).copied().flatten() {
                 Some(q) => Op::Quantize { dtype: dt, bits: q.bits, group_size: q.group_size },
                 None => Op::Cast(dt),
             },
@@ -209,8 +213,7 @@ fn units(
                 }
             }
             Role::Conv1d if t.tensor.shape.len() == 3 && t.tensor.shape[2] != 1 => Op::ConvLayout(dt),
-            Role::ALog => Op::Cast(Dtype::F32),
-            _ => Op::Cast(dt),
+            ref r => Op::Cast(arch::cast_predicate(r).unwrap_or(dt)),
         };
         let op = match op {
             Op::Cast(d) if t.tensor.dtype == d || !t.tensor.dtype.is_float() => Op::Copy,
@@ -225,7 +228,7 @@ fn units(
             }
         }
         let params = t.tensor.shape.iter().map(|&d| d as u64).product();
-        let parts = plan::parts(&role::mlx_key(name), op, t.tensor.dtype, &t.tensor.shape);
+        let parts = plan::parts(&arch::mlx_key(name), op, t.tensor.dtype, &t.tensor.shape);
         out.push(Unit { src: i, name: name.clone(), op, parts, params });
     }
     Ok(out)
@@ -329,6 +332,8 @@ fn out_config(
     let mut config = src.config.clone();
     if let Some(obj) = config.as_object_mut() {
         obj.remove("quantization");
+        // What an earlier conversion verified of its head is rewritten for this output.
+        obj.remove("tandem");
         obj.remove("quantization_config");
         for key in ["torch_dtype", "dtype"] {
             if obj.contains_key(key) {
@@ -386,7 +391,7 @@ fn out_config(
     q.insert("bits".into(), default_bits.into());
     q.insert("mode".into(), "affine".into());
     for m in modules {
-        let path = role::mlx_module_path(&m.name);
+        let path = arch::mlx_key(&m.name);
         match assignment.get(&m.name).copied().flatten() {
             Some(p) if p.bits != default_bits || p.group_size != g => {
                 q.insert(path, serde_json::json!({ "group_size": p.group_size, "bits": p.bits, "mode": "affine" }));
@@ -452,7 +457,12 @@ pub fn convert(
             example: example.clone(),
         });
     }
-    let head = gate.run(|| head::analyse(&source))?;
+    let mut head = gate.run(|| head::analyse(&source))?;
+    if opts.mtp == MtpMode::Keep {
+        // Names and statistics are claims: what the probe measures of the source's head decides
+        // which convention is written (with `repair`) or whether conversion stops.
+        gate.run(|| head::probe(&source, &mut head))?;
+    }
     let mut notes = Vec::new();
     let keep_mtp = opts.mtp == MtpMode::Keep && head.complete;
     if opts.mtp == MtpMode::Keep && head.declared_layers > 0 && !head.complete {
@@ -533,9 +543,34 @@ pub fn convert(
         Computer { src: &source, gate, on_event, total: plan.units.len(), bytes_total: plan.tensor_bytes() };
     writer::write(&plan, &partial.path, &mut computer)?;
     let on_event = computer.on_event;
-    let config = out_config(&source, opts, &mods, &assignment, keep_mtp);
+    let mut config = out_config(&source, opts, &mods, &assignment, keep_mtp);
     writer::write_json(&partial.path.join("config.json"), &config)?;
     copy_side_files(src, &partial.path)?;
+    // The written head is measured before the output is put in place; the verified convention
+    // and figure go into its config.json.
+    let mut written_probe = None;
+    if keep_mtp {
+        let status = gate.run(|| crate::model::load(&partial.path, &crate::model::LoadOptions::default()))?.mtp_status;
+        if let Some(report) = &status.probe {
+            if status.loaded {
+                probe::record(&mut config, report);
+                writer::write_json(&partial.path.join("config.json"), &config)?;
+            } else if !report.inconclusive {
+                let why = status.reason.clone().unwrap_or_default();
+                if !opts.force {
+                    return Err(ConvertError::Mtp {
+                        path: dst.to_path_buf(),
+                        message: format!(
+                            "the written head does not pass the probe: {why}; pass force to write it anyway, repair to fix the source's convention, or drop the head"
+                        ),
+                    });
+                }
+                tracing::warn!("{}: {why}", dst.display());
+                notes.push(format!("written anyway (force): {why}"));
+            }
+        }
+        written_probe = status.probe;
+    }
     // What was written must read back: every header against its file.
     let mut bytes = 0;
     for s in &plan.shards {
@@ -554,6 +589,7 @@ pub fn convert(
         kept: keep_mtp,
         tensors: mtp_parts.iter().map(|u| u.parts.len()).sum(),
         quantized_linears: mtp_parts.iter().filter(|u| matches!(u.op, Op::Quantize { .. })).count(),
+        probe: written_probe,
         message: if keep_mtp {
             "MTP head kept as language_model.mtp.* (norms shifted, mtp.fc in full precision)".into()
         } else if opts.mtp == MtpMode::Drop && head.declared_layers > 0 {

@@ -1,6 +1,6 @@
 //! The MTP head of a checkpoint: is it complete, and which convention do its seven norms follow?
 //!
-//! The decision is the loader's own (`model::convention`): a head written with its body follows
+//! The decision is the loader's own (`model::mtp_head::convention`): a head written with its body follows
 //! its names; a re-attached head's names are checked against the statistics, for the head as a
 //! whole; a head shifted twice (`2 + w`) fits neither convention and does not run.
 
@@ -8,12 +8,14 @@ use serde::Serialize;
 
 use super::source::Source;
 use super::ConvertError;
-use crate::model::convention::{self, NormStat, Reference};
-use crate::model::qwen3_5::{MTP_NORMS, MTP_TENSORS};
+use crate::model::mtp_head::convention::NormStat;
+use crate::model::mtp_head::probe::ProbeReport;
+use crate::model::mtp_head::{self, HeadFiles};
 use crate::model::store::Provenance;
 use crate::model::Layout;
+use crate::model::{self, LoadOptions};
 
-pub use crate::model::convention::Stored;
+pub use crate::model::mtp_head::convention::Stored;
 
 /// One MTP norm as found.
 #[derive(Debug, Clone, Serialize)]
@@ -25,8 +27,11 @@ pub struct HeadNorm {
     pub mean: f32,
     /// What the key's provenance declares.
     pub declared: Stored,
-    /// What the values are, after the statistics check.
+    /// What the values are, after the statistics check (and the probe, see [`probe`]).
     pub stored: Stored,
+    /// What this norm's statistics say alone.
+    #[serde(skip)]
+    pub vote: Stored,
 }
 
 /// The verdict `inspect` reports.
@@ -55,6 +60,8 @@ pub struct HeadAnalysis {
     pub head_provenance: Option<Provenance>,
     pub verdict: Verdict,
     pub message: String,
+    /// What the load-time probe measured (set by [`probe`]).
+    pub probe: Option<ProbeReport>,
 }
 
 impl HeadAnalysis {
@@ -70,45 +77,22 @@ impl HeadAnalysis {
 }
 
 pub fn analyse(src: &Source) -> Result<HeadAnalysis, ConvertError> {
-    let declared_layers = src.model.text.mtp_num_hidden_layers;
-    let present: Vec<&str> =
-        src.tensors.iter().filter(|t| t.name.starts_with("mtp.")).map(|t| t.name.as_str()).collect();
-    let tensors_found = MTP_TENSORS.iter().filter(|n| src.has(&format!("mtp.{n}"))).count();
-    let complete = declared_layers == 1 && tensors_found == MTP_TENSORS.len();
+    let present = src.tensors.iter().filter(|t| t.name.starts_with("mtp.")).count();
+    let files = HeadFiles::judge(&src.model.text, &|n| src.has(n), present);
     let head_provenance = src.get("mtp.fc.weight").or_else(|| src.get("mtp.norm.weight")).map(|t| t.provenance);
     let mut a = HeadAnalysis {
-        declared_layers,
-        tensors_found,
-        complete,
+        declared_layers: files.declared_layers,
+        tensors_found: files.tensors_found,
+        complete: files.complete(),
         norms: Vec::new(),
         head_provenance,
         verdict: Verdict::Missing,
-        message: String::new(),
+        message: files.reason.clone().unwrap_or_default(),
+        probe: None,
     };
-    if declared_layers == 0 {
-        a.message = if present.is_empty() {
-            "the model has no MTP head (mtp_num_hidden_layers is 0)".into()
-        } else {
-            format!("config declares no MTP layers; {} mtp.* tensors are ignored", present.len())
-        };
+    if !files.complete() {
         return Ok(a);
     }
-    if declared_layers > 1 || src.model.text.mtp_use_dedicated_embeddings {
-        a.message = format!(
-            "unsupported MTP head ({declared_layers} layers, dedicated embeddings {})",
-            src.model.text.mtp_use_dedicated_embeddings
-        );
-        return Ok(a);
-    }
-    if !complete {
-        let missing: Vec<&str> = MTP_TENSORS.iter().filter(|n| !src.has(&format!("mtp.{n}"))).copied().collect();
-        a.message = format!(
-            "config declares {declared_layers} MTP layer(s) but the files hold {tensors_found} of its 15 tensors (missing e.g. mtp.{}); MTP is off",
-            missing.first().copied().unwrap_or("?")
-        );
-        return Ok(a);
-    }
-
     let stat = |name: &str| -> Result<NormStat, ConvertError> {
         let t = src.get(name).ok_or_else(|| ConvertError::Source {
             path: src.dir.clone(),
@@ -122,15 +106,8 @@ pub fn analyse(src: &Source) -> Result<HeadAnalysis, ConvertError> {
             mean: src.mean(name)?,
         })
     };
-    let body = stat("norm.weight")?;
-    let scale = body.mean + 1.0 - Stored::declared_by(body.provenance).offset();
-    let reference = Reference { key: body.key, file: body.file, scale };
-    let norms = MTP_NORMS.iter().map(|n| stat(&format!("mtp.{n}"))).collect::<Result<Vec<_>, _>>()?;
-    let origin = convention::head_origin(
-        src.layout,
-        src.tensors.iter().map(|t| (t.name.as_str(), t.provenance, t.tensor.file.as_ref())),
-    );
-    let decision = convention::decide(origin, norms, &reference);
+    let entries = src.tensors.iter().map(|t| (t.name.as_str(), t.provenance, t.tensor.file.as_ref()));
+    let decision = mtp_head::norm_decision(src.layout, entries, &stat)?;
     a.norms = decision
         .norms
         .iter()
@@ -140,6 +117,7 @@ pub fn analyse(src: &Source) -> Result<HeadAnalysis, ConvertError> {
             mean: n.stat.mean,
             declared: n.declared,
             stored: n.stored,
+            vote: n.vote,
         })
         .collect();
 
@@ -178,4 +156,41 @@ pub fn analyse(src: &Source) -> Result<HeadAnalysis, ConvertError> {
     a.verdict = verdict;
     a.message = message;
     Ok(a)
+}
+
+/// Runs the loader's acceptance probe on the folder of `a` (a complete head only) and folds what it
+/// found into the analysis: the convention it chose becomes the norms' `stored` (so `repair` and
+/// `convert --repair` write that fix), a head it refuses is `inconsistent`, and `a.probe` holds the
+/// figures. A folder that does not load keeps the analysis and gets no figures.
+pub fn probe(src: &Source, a: &mut HeadAnalysis) -> Result<(), ConvertError> {
+    if !a.complete {
+        return Ok(());
+    }
+    let status = match model::load(&src.dir, &LoadOptions::default()) {
+        Ok(m) => m.mtp_status,
+        Err(e) => {
+            tracing::warn!("{}: MTP probe skipped: the model does not load: {e}", src.dir.display());
+            return Ok(());
+        }
+    };
+    a.probe = status.probe.clone();
+    let Some(report) = &status.probe else { return Ok(()) };
+    if report.inconclusive {
+        return Ok(());
+    }
+    if let Some(plan) = &status.plan {
+        for n in a.norms.iter_mut() {
+            if let Some(s) = plan.get(&n.name) {
+                n.stored = *s;
+            }
+        }
+    }
+    if !status.loaded {
+        a.verdict = Verdict::Inconsistent;
+        a.message = status.reason.unwrap_or_default();
+    } else if let (Some(fix), Verdict::Ok) = (&status.repaired, a.verdict) {
+        a.verdict = Verdict::Repaired;
+        a.message = format!("{fix}: the loader repairs it at load time; `repair` writes a consistent copy");
+    }
+    Ok(())
 }

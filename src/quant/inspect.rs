@@ -8,10 +8,11 @@ use serde::Serialize;
 
 use super::head::{self, Verdict};
 use super::recipe::QuantParams;
-use super::role::{self, LinearKind, Role};
-use super::source::{self, Source};
+use super::source::Source;
 use super::ConvertError;
 use crate::model::layers::NormConvention;
+use crate::model::mtp_head::probe::ProbeReport;
+use crate::model::qwen3_5::{self as arch, LinearKind, Role};
 use crate::model::Layout;
 
 #[derive(Debug, Clone, Serialize)]
@@ -53,6 +54,9 @@ pub struct MtpReport {
     pub norms: Vec<NormReport>,
     pub verdict: Verdict,
     pub message: String,
+    /// The acceptance probe: `{acceptance, tried: [{convention, acceptance}], chosen, seconds, ...}`
+    /// (null without a complete head).
+    pub probe: Option<ProbeReport>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -95,7 +99,8 @@ fn config_default(config: &serde_json::Value) -> Option<QuantParams> {
     Some(QuantParams { bits: u8::try_from(bits).ok()?, group_size: u32::try_from(group_size).ok()? })
 }
 
-/// Reports on the model in `path` without loading it (headers and the seven MTP norms are read).
+/// Reports on the model in `path`: headers and the seven MTP norms are read, and a complete head is
+/// loaded and probed (one forward pass of the body over the probe text).
 pub fn inspect(path: &Path) -> Result<InspectReport, ConvertError> {
     let src = Source::open(path, false)?;
     let architecture = src
@@ -116,8 +121,8 @@ pub fn inspect(path: &Path) -> Result<InspectReport, ConvertError> {
         if packed_aux {
             continue;
         }
-        if let Role::Linear { module, kind } = role::role(&t.name) {
-            let inp = src.linear_in(kind);
+        if let Role::Linear { module, kind } = arch::role(&t.name) {
+            let inp = src.model.linear_in(kind);
             let q = src.get(&format!("{module}.scales")).and_then(|s| {
                 let (packed, groups) = (*shape.get(1)?, *s.tensor.shape.get(1)?);
                 (groups > 0 && inp > 0)
@@ -133,14 +138,15 @@ pub fn inspect(path: &Path) -> Result<InspectReport, ConvertError> {
         }
     }
     let mut bytes = 0;
-    for f in source::weight_files(path)? {
+    for f in crate::model::weights::weight_files(path)? {
         bytes += std::fs::metadata(&f).map_err(|e| ConvertError::io(&f, e))?.len();
     }
     let mut quantization = summarise(modules.iter().map(|(n, k, q)| (n.as_str(), *k, *q)));
     if let Some(q) = quantization.as_mut() {
         q.default = config_default(&src.config);
     }
-    let head = head::analyse(&src)?;
+    let mut head = head::analyse(&src)?;
+    head::probe(&src, &mut head)?;
     let mtp = MtpReport {
         declared_layers: head.declared_layers,
         tensors_found: head.tensors_found,
@@ -152,6 +158,7 @@ pub fn inspect(path: &Path) -> Result<InspectReport, ConvertError> {
             .collect(),
         verdict: head.verdict,
         message: head.message,
+        probe: head.probe,
     };
     Ok(InspectReport { format: src.layout, architecture, params, bytes, quantization, mtp })
 }

@@ -31,7 +31,6 @@ pub mod options;
 pub mod plan;
 pub mod recipe;
 mod repair;
-pub mod role;
 pub mod source;
 pub mod writer;
 

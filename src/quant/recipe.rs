@@ -12,12 +12,14 @@
 //! - `auto`: widths chosen from measured sensitivity (`calibrate.rs`) by [`allocate`].
 //!
 //! A layer is quantizable, as in mlx-lm, when it is a linear or embedding whose input width is
-//! divisible by the group size. `mtp.fc` always stays in full precision (oMLX's MTP-aware rule).
+//! divisible by the group size and the architecture's `quant_predicate` allows it (Qwen3.5 keeps
+//! `mtp.fc` in full precision, oMLX's MTP-aware rule); the predicate also says which modules are
+//! the sensitive ones of the mixed recipes.
 
 use std::collections::BTreeMap;
 
 use super::options::{ConvertOptions, MtpBits, Recipe, SUPPORTED_BITS};
-use super::role::LinearKind;
+use crate::model::qwen3_5::{quant_predicate, LinearKind, QuantClass};
 
 /// How one module is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -45,7 +47,7 @@ impl Module {
     }
     /// Whether MLX can quantize it with this group size (mlx-lm's rule).
     pub fn quantizable(&self, group_size: u32) -> bool {
-        self.kind != LinearKind::MtpFc && self.inp > 0 && self.inp as u32 % group_size == 0
+        quant_predicate(self.kind) != QuantClass::Never && self.inp > 0 && self.inp as u32 % group_size == 0
     }
 }
 
@@ -71,11 +73,11 @@ fn recipe_bits(m: &Module, opts: &ConvertOptions, n_layers: usize, tied: bool) -
         Recipe::Mixed36 | Recipe::Mixed46 => {
             let (low, high) = mixed_bits(opts.recipe)?;
             let more = m.is_mtp || m.layer.is_some_and(|i| use_more_bits(i, n_layers));
-            let high_here = match m.kind {
-                LinearKind::LmHead => true,
-                LinearKind::Embedding => tied,
-                LinearKind::AttnV | LinearKind::MlpDown | LinearKind::GdnQkv => more,
-                _ => false,
+            let high_here = match quant_predicate(m.kind) {
+                QuantClass::OutputHead => true,
+                QuantClass::Embedding => tied,
+                QuantClass::Sensitive => more,
+                QuantClass::Never | QuantClass::Plain => false,
             };
             Some(if high_here { high } else { low })
         }

@@ -12,10 +12,10 @@ use serde::Serialize;
 use super::convert::{check_paths, check_space, copy_side_files, emit, Computer};
 use super::head::{self, Verdict};
 use super::plan::{self, Op, Plan, Unit};
-use super::role::{self, Role};
 use super::source::{self, Source};
 use super::writer::{self, PartialDir};
 use super::{Control, ConvertError, ConvertEvent};
+use crate::model::qwen3_5::{self as arch, Role};
 use crate::model::Layout;
 
 #[derive(Debug, Clone, Serialize)]
@@ -48,7 +48,8 @@ pub fn repair_with(
     let t0 = Instant::now();
     check_paths(src, dst, force)?;
     let source = Source::open(src, false)?;
-    let head = head::analyse(&source)?;
+    let mut head = head::analyse(&source)?;
+    head::probe(&source, &mut head)?;
     if !matches!(head.verdict, Verdict::Repaired | Verdict::Inconsistent) {
         return Err(ConvertError::NothingToRepair {
             path: src.to_path_buf(),
@@ -73,11 +74,11 @@ pub fn repair_with(
         let is_head = t.name.starts_with("mtp.");
         let key = match (is_head, source.layout) {
             (false, _) => t.key.clone(),
-            (true, Layout::Mlx) => role::mlx_key(&t.name),
+            (true, Layout::Mlx) => arch::mlx_key(&t.name),
             (true, Layout::Hf) => t.name.clone(),
         };
         let mut op = Op::Copy;
-        if is_head && role::role(&t.name) == Role::ZeroCentredNorm {
+        if is_head && arch::role(&t.name) == Role::ZeroCentredNorm {
             if let Some(stored) = head.stored(&t.name) {
                 let add = target - stored.offset();
                 if add != 0.0 {
@@ -87,7 +88,7 @@ pub fn repair_with(
                 }
             }
         }
-        if is_head && key != t.key && op == Op::Copy && role::role(&t.name) == Role::ZeroCentredNorm {
+        if is_head && key != t.key && op == Op::Copy && arch::role(&t.name) == Role::ZeroCentredNorm {
             fixed.push(format!("{} -> {key}: renamed", t.key));
         }
         let params = t.tensor.shape.iter().map(|&d| d as u64).product();
@@ -122,7 +123,9 @@ pub fn repair_with(
         bytes += std::fs::metadata(&p).map_err(|e| ConvertError::io(&p, e))?.len();
     }
     // The copy must come out consistent before it replaces anything.
-    let after = head::analyse(&Source::open(&partial.path, false)?)?;
+    let copy = Source::open(&partial.path, false)?;
+    let mut after = head::analyse(&copy)?;
+    head::probe(&copy, &mut after)?;
     if after.verdict != Verdict::Ok {
         return Err(ConvertError::Mtp {
             path: src.to_path_buf(),

@@ -8,11 +8,10 @@ use std::path::{Path, PathBuf};
 
 use mlx::Dtype;
 
-use super::role;
 use super::ConvertError;
-use crate::model::qwen3_5::Config;
+use crate::model::qwen3_5::{self, Config};
 use crate::model::store::Provenance;
-use crate::model::weights::{Checkpoint, TensorRef};
+use crate::model::weights::{self, Checkpoint, TensorRef};
 use crate::model::{self, Layout, LoadOptions};
 
 /// One stored tensor.
@@ -61,7 +60,7 @@ impl Source {
         }
         let mut model = Config::from_json(&config)
             .map_err(|e| ConvertError::Source { path: dir.join("config.json"), message: e.to_string() })?;
-        for file in weight_files(dir)? {
+        for file in weights::weight_files(dir)? {
             check_header(&file)?;
         }
         let ckpt = Checkpoint::open(dir)?;
@@ -70,7 +69,7 @@ impl Source {
             .tensors
             .into_iter()
             .map(|(key, tensor)| {
-                let (name, provenance) = role::canonical(&key, layout);
+                let (name, provenance) = qwen3_5::sanitize(&key, layout);
                 SourceTensor { key, name, provenance, tensor }
             })
             .collect();
@@ -88,7 +87,7 @@ impl Source {
         if strict {
             // The loader's strictness: a missing, unexpected or mis-shaped tensor names itself. Loading
             // is lazy (memory-mapped), so this reads little more than the headers.
-            model::load(dir, &LoadOptions::default())?;
+            model::load(dir, &LoadOptions { probe: false, ..Default::default() })?;
         }
         Ok(Source { dir: dir.to_path_buf(), config, model, layout, tensors, by_name })
     }
@@ -122,59 +121,6 @@ impl Source {
             ConvertError::Mlx { context: format!("{}: tensor `{}`", t.file().display(), t.key), source: e }
         })
     }
-
-    /// The model's input width of a linear module (for parameter counts of packed weights).
-    pub fn linear_in(&self, kind: role::LinearKind) -> i32 {
-        use role::LinearKind::*;
-        let t = &self.model.text;
-        match kind {
-            AttnO => t.num_attention_heads * t.head_dim,
-            GdnOut => t.linear_num_value_heads * t.linear_value_head_dim,
-            MlpDown => t.intermediate_size,
-            MtpFc => 2 * t.hidden_size,
-            _ => t.hidden_size,
-        }
-    }
-}
-
-/// The safetensors files a folder's checkpoint is made of (the index's files, or every
-/// `*.safetensors`, plus an `mtp.safetensors` sidecar), as the loader reads them.
-pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, ConvertError> {
-    let index = dir.join("model.safetensors.index.json");
-    let mut files: Vec<PathBuf> = if index.exists() {
-        let text = std::fs::read_to_string(&index).map_err(|e| ConvertError::io(&index, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| ConvertError::Source { path: index.clone(), message: format!("invalid JSON: {e}") })?;
-        let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ConvertError::Source {
-            path: index.clone(),
-            message: "missing object `weight_map`".into(),
-        })?;
-        let mut names: Vec<&str> = map.values().filter_map(|f| f.as_str()).collect();
-        names.sort();
-        names.dedup();
-        names.into_iter().map(|n| dir.join(n)).collect()
-    } else {
-        let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| ConvertError::io(dir, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        found.sort();
-        found
-    };
-    let sidecar = dir.join("mtp.safetensors");
-    if sidecar.exists() && !files.contains(&sidecar) {
-        files.push(sidecar);
-    }
-    for f in &files {
-        if !f.is_file() {
-            return Err(ConvertError::Source {
-                path: f.clone(),
-                message: "listed in model.safetensors.index.json but missing".into(),
-            });
-        }
-    }
-    Ok(files)
 }
 
 /// Checks a safetensors file's header against its length, naming the first tensor that does not fit

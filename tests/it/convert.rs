@@ -204,7 +204,7 @@ fn quantized_tensors_are_bit_identical_to_mx_quantize() {
         let want = safetensors::SafeTensors::deserialize(&want_file).unwrap();
         for key in &quantizable {
             let canonical = key.trim_start_matches("model.language_model.");
-            let module = tandem::quant::role::mlx_key(canonical);
+            let module = tandem::model::qwen3_5::mlx_key(canonical);
             let module = module.trim_end_matches(".weight");
             for (ours, theirs) in [("weight", "q"), ("scales", "scales"), ("biases", "biases")] {
                 let (got, shape, _) = tensor_bytes(&dst, &format!("{module}.{ours}"));
@@ -372,7 +372,7 @@ fn the_converted_mtp_head_loads_and_matches_the_source() {
     assert!(!keys.iter().any(|k| k.starts_with("mtp.")));
 
     // Both in bf16 weights: the only difference left is the converted norms' 1 + w rounded to bf16.
-    let opts = LoadOptions { dtype: Some(mlx::Dtype::BF16) };
+    let opts = LoadOptions { dtype: Some(mlx::Dtype::BF16), ..Default::default() };
     let a = model::load(src.path(), &opts).unwrap();
     let b = model::load(&dst, &LoadOptions::default()).unwrap();
     assert!(b.has_mtp(), "{:?}", b.mtp_status);

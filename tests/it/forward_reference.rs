@@ -12,7 +12,7 @@ fn tokens(ids: &[i32]) -> Array {
 const IDS: [i32; 12] = [1, 5, 9, 200, 3, 7, 42, 42, 17, 250, 0, 128];
 
 fn rust_logits(dir: &std::path::Path, ids: &[i32], dtype: Option<Dtype>) -> Vec<f32> {
-    let m = model::load(dir, &LoadOptions { dtype }).unwrap();
+    let m = model::load(dir, &LoadOptions { dtype, ..Default::default() }).unwrap();
     let mut cache = m.make_cache();
     let h = m.forward(&tokens(ids), &mut cache).unwrap();
     m.logits(&h).unwrap().to_f32_vec().unwrap()

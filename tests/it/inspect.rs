@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::common::*;
 use mlx::Array;
-use tandem::model::qwen3_5::MTP_NORMS;
+use tandem::model::mtp_head::MTP_NORMS;
 use tandem::model::{self, LoadOptions, Qwen35};
 use tandem::quant::{self, Control, ConvertError, ConvertOptions, MtpMode, Recipe, Verdict};
 
@@ -219,7 +219,7 @@ fn inspect_json_has_design_md_shape_and_counts_quantized_modules() {
     assert_eq!(keys, ["architecture", "bytes", "format", "mtp", "params", "quantization"]);
     assert_eq!(v["format"], "mlx");
     let mtp: Vec<&str> = v["mtp"].as_object().unwrap().keys().map(|k| k.as_str()).collect();
-    assert_eq!(mtp, ["complete", "declared_layers", "message", "norms", "tensors_found", "verdict"]);
+    assert_eq!(mtp, ["complete", "declared_layers", "message", "norms", "probe", "tensors_found", "verdict"]);
     assert_eq!(v["mtp"]["verdict"], "ok");
     let norm: Vec<&str> = v["mtp"]["norms"][0].as_object().unwrap().keys().map(|k| k.as_str()).collect();
     assert_eq!(norm, ["convention", "mean", "name"]);

@@ -8,6 +8,7 @@ mod kernels;
 mod load_errors;
 mod load_layouts;
 mod mtp_decode;
+mod mtp_probe;
 mod mtp_regression;
 mod relocate;
 mod server_api;

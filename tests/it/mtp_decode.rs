@@ -83,7 +83,8 @@ fn rollback_restores_the_caches_of_a_run_without_the_drafts() {
 /// same outputs at every position, same next draft.
 #[test]
 fn head_catch_up_in_one_pass_equals_step_by_step() {
-    let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32) }).unwrap();
+    let m =
+        model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32), ..Default::default() }).unwrap();
     let prompt: Vec<i32> = (0..40).map(|i| 20 + (i * 37) % 400).collect();
     let mut cache = m.make_cache();
     let hidden = m.forward(&Array::from_slice(&prompt, &[1, prompt.len() as i32]).unwrap(), &mut cache).unwrap();

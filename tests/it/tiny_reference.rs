@@ -10,7 +10,7 @@ use tandem::model::{self, LoadOptions, Qwen35};
 const PROMPTS: [&str; 3] = ["chat", "moby", "sotu"];
 
 fn load(dtype: Option<Dtype>) -> Qwen35 {
-    model::load(&tiny_model_dir(), &LoadOptions { dtype }).unwrap()
+    model::load(&tiny_model_dir(), &LoadOptions { dtype, ..Default::default() }).unwrap()
 }
 
 fn ids_array(ids: &[u32]) -> Array {

@@ -14,7 +14,8 @@ use tandem::model::vision_input::{expand_image_pads, ImageError, ImageInput, Ima
 use tandem::model::{self, LoadOptions, Qwen35};
 
 fn vlm() -> Qwen35 {
-    model::load(&fixture("tiny-vlm"), &LoadOptions { dtype: Some(Dtype::F32) }).expect("load tiny-vlm")
+    model::load(&fixture("tiny-vlm"), &LoadOptions { dtype: Some(Dtype::F32), ..Default::default() })
+        .expect("load tiny-vlm")
 }
 
 fn reference() -> PathBuf {
@@ -383,7 +384,8 @@ fn tandem_tiny_with_eyes(dir: &Path) -> Qwen35 {
         })
         .collect();
     std::fs::write(dir.join("visual.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
-    model::load(dir, &LoadOptions { dtype: Some(Dtype::F32) }).expect("load tandem-tiny with a vision tower")
+    model::load(dir, &LoadOptions { dtype: Some(Dtype::F32), ..Default::default() })
+        .expect("load tandem-tiny with a vision tower")
 }
 
 #[test]
@@ -468,7 +470,7 @@ fn edited_tiny_vlm(
         .map(|(n, d, s, r)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), r).unwrap()))
         .collect();
     std::fs::write(dir.join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
-    model::load(dir, &LoadOptions { dtype: Some(Dtype::F32) })
+    model::load(dir, &LoadOptions { dtype: Some(Dtype::F32), ..Default::default() })
 }
 
 /// The vision tower under MLX names (`vision_tower.*`), with the patch embedding in mlx-vlm's layout

@@ -41,6 +41,10 @@ pub struct ChatArgs {
     /// Drafts per cycle (1 to 8). Default: the model's setting.
     #[arg(long)]
     depth: Option<usize>,
+    /// Whether the adaptive controller may park drafting (off: every cycle drafts `depth`
+    /// tokens). Default: the model's setting.
+    #[arg(long, value_parser = ["on", "off"])]
+    adaptive: Option<String>,
     /// Print one JSON object {model, text, token_ids, stats} at the end.
     #[arg(long)]
     json: bool,
@@ -58,7 +62,11 @@ pub fn run(a: ChatArgs) -> Result<()> {
     // The model's settings (models.toml), then the flags: resolved as the engine resolves a request's.
     let overrides = Overrides {
         sampling: SamplingOverrides { temperature: a.temp, top_p: a.top_p, seed: a.seed, ..Default::default() },
-        mtp: MtpOverrides { enabled: a.mtp.as_deref().map(|v| v == "on"), depth: a.depth },
+        mtp: MtpOverrides {
+            enabled: a.mtp.as_deref().map(|v| v == "on"),
+            depth: a.depth,
+            adaptive: a.adaptive.as_deref().map(|v| v == "on"),
+        },
         max_tokens: a.max_tokens,
     };
     let opts = generate_options(&loaded.entry, &overrides, 0, None, loaded.tokenizer.stop_ids().to_vec())?;

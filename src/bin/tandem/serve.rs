@@ -15,6 +15,10 @@ pub struct ServeArgs {
     /// Required as a Bearer token when binding beyond loopback (default: $TANDEM_API_KEY).
     #[arg(long)]
     api_key: Option<String>,
+    /// Whether the adaptive controller may park MTP drafting, for every model. Default: each
+    /// model's `mtp.adaptive` in models.toml.
+    #[arg(long, value_parser = ["on", "off"])]
+    adaptive: Option<String>,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -23,6 +27,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let mut cfg = ServeConfig::new(registry);
     cfg.host = a.host;
     cfg.port = a.port;
+    cfg.engine.adaptive = a.adaptive.as_deref().map(|v| v == "on");
     if a.api_key.is_some() {
         cfg.api_key = a.api_key;
     }

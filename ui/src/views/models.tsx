@@ -3,6 +3,7 @@
 import { useState } from 'preact/hooks';
 import { api as defaultApi, type Api } from '../api';
 import { showError } from '../components/banner';
+import { MtpHealth } from '../components/mtp_health';
 import * as fmt from '../format';
 import type { ModelStatus } from '../generated';
 
@@ -80,6 +81,12 @@ function ModelRow({ m, client, reload }: { m: ModelStatus; client: Api; reload: 
               {mtpLabel(m)}
             </dd>
           </div>
+          <div>
+            <dt>MTP head</dt>
+            <dd>
+              <MtpHealth mtp={m.mtp} />
+            </dd>
+          </div>
         </dl>
         {m.error && (
           <div class="notice notice-warn small" data-testid="model-error">
@@ -112,6 +119,21 @@ function ModelRow({ m, client, reload }: { m: ModelStatus; client: Api; reload: 
           />
           <span class="switch-track" aria-hidden="true" />
           <span>MTP</span>
+        </label>
+        <label class="switch" title="Let the adaptive controller park drafting that does not pay (off: every cycle drafts at full depth)">
+          <input
+            type="checkbox"
+            data-testid="model-mtp-adaptive"
+            checked={m.mtp.adaptive ?? true}
+            disabled={!m.mtp.available || !m.mtp.enabled || pending != null}
+            onChange={(e) =>
+              void act('adaptive', () =>
+                client.updateModelSettings(m.id, { mtp: { adaptive: (e.target as HTMLInputElement).checked } }),
+              )
+            }
+          />
+          <span class="switch-track" aria-hidden="true" />
+          <span>adaptive</span>
         </label>
         <label class="depth">
           <span class="dim small">depth</span>

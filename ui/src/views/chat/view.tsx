@@ -6,6 +6,7 @@ import { api as defaultApi, type Api } from '../../api';
 import { attach, type Attachment } from '../../attachments';
 import { ChatStore, type ChatState } from '../../chats';
 import { showError } from '../../components/banner';
+import { MtpHealth } from '../../components/mtp_health';
 import type { ModelStatus, OpenAIModel } from '../../generated';
 import { live as defaultLive, type LiveFeed } from '../../live';
 import type { ConversationStore } from '../../storage';
@@ -204,6 +205,9 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
               {modelInfo.loaded ? 'loaded' : 'loads on first message'}
               {modelInfo.mtp.enabled && modelInfo.mtp.available ? ` · MTP depth ${modelInfo.mtp.depth}` : ' · MTP off'}
             </span>
+          )}
+          {modelInfo && (!modelInfo.mtp.available || modelInfo.mtp.probe != null) && (
+            <MtpHealth mtp={modelInfo.mtp} compact />
           )}
           <span class="spacer" />
           <button

@@ -21,9 +21,9 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::layers::NormConvention;
-use super::store::Provenance;
-use super::weights::{Layout, Shard};
+use crate::model::layers::NormConvention;
+use crate::model::store::Provenance;
+use crate::model::weights::{Layout, Shard};
 
 /// How a head norm's values are actually stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -88,10 +88,14 @@ pub fn head_origin<'a>(
         Layout::Mlx => Provenance::Mlx,
     };
     let (mut foreign, mut sidecar) = (None, None);
+    let mut body_files = std::collections::BTreeSet::new();
+    let mut head_files = std::collections::BTreeSet::new();
     for (name, prov, shard) in entries {
         if !name.starts_with("mtp.") {
+            body_files.insert(shard.path.clone());
             continue;
         }
+        head_files.insert(shard.path.clone());
         if prov != body && foreign.is_none() {
             foreign = Some(shard.name());
         }
@@ -99,6 +103,11 @@ pub fn head_origin<'a>(
             sidecar = Some(shard.name());
         }
     }
+    // A shard that holds the head and nothing else (listed in the index or not): the head was
+    // added to the folder after the body was written (converters mix the head into their shards).
+    let own_shard = head_files.iter().find(|f| !body_files.contains(*f)).cloned();
+    let sidecar = sidecar
+        .or_else(|| own_shard.map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()));
     match (layout, foreign, sidecar) {
         (Layout::Mlx, Some(file), _) => {
             HeadOrigin::Grafted(format!("raw `mtp.*` names (in {file}) on an MLX conversion: a raw head re-attached to a converted body"))
@@ -109,7 +118,7 @@ pub fn head_origin<'a>(
         // Nothing shifts a raw head and keeps its raw names; official releases ship it in a sidecar.
         (Layout::Hf, None, _) => HeadOrigin::WithBody,
         (Layout::Mlx, None, Some(file)) => {
-            HeadOrigin::Grafted(format!("MLX names in {file}, a file kept beside the conversion rather than written with it"))
+            HeadOrigin::Grafted(format!("MLX names in {file}, a file of the head alone beside the conversion rather than written with it"))
         }
         (Layout::Mlx, None, None) => HeadOrigin::WithBody,
     }
@@ -145,6 +154,9 @@ pub struct NormVerdict {
     pub declared: Stored,
     /// How its values are taken to be stored.
     pub stored: Stored,
+    /// What its own statistics say alone (its name's claim unless another offset is clearly
+    /// nearer the body's final norm).
+    pub vote: Stored,
 }
 
 #[derive(Debug, Clone)]
@@ -260,9 +272,9 @@ pub fn decide(origin: HeadOrigin, norms: Vec<NormStat>, reference: &Reference) -
     }
     d.norms = votes
         .into_iter()
-        .map(|(stat, declared, _)| {
+        .map(|(stat, declared, vote)| {
             let stored = if n > 0 && act { alt } else { declared };
-            NormVerdict { stat, declared, stored }
+            NormVerdict { stat, declared, stored, vote }
         })
         .collect();
     d

@@ -1,0 +1,287 @@
+//! The MTP head's acceptance probe: names are claims, measurements are facts.
+//!
+//! The body runs once over a short built-in text (`assets/probe/mtp-probe.txt`, at most
+//! [`MAX_TOKENS`] tokens of the model's own tokenizer, or a fixed token sequence without one). The
+//! head is then fed, teacher-forced, each position's post-norm hidden `h_t` with the next token
+//! `x_{t+1}`, and its top-1 prediction is compared with the body's own top-1 at `t + 1`: the
+//! acceptance a depth-1 greedy draft would get on that text. Where the head's provenance is not a
+//! fact (a re-attached head, a sidecar, norms the statistics flag) or the head as decided probes
+//! poorly, each candidate convention of its seven norms is measured and the best is taken.
+//!
+//! The figure only means something where the body itself reads the text: its own top-1 agreement
+//! with the text (`body_agreement`) must reach [`MIN_BODY_AGREEMENT`]. A random test model (or a
+//! fixed token sequence) cannot judge a head, and the loader's decision then stands unmeasured.
+//! A body that can judge turns MTP off when even the best head is below [`FLOOR`], or below
+//! [`RELATIVE_FLOOR`] times the body's own agreement: a sound head agrees with its body more often
+//! than the body guesses the text.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use mlx::Array;
+use serde::{Deserialize, Serialize};
+
+use super::convention::{HeadDecision, Stored};
+use super::{plan_of, provenance_is_fact, MtpHead, NormPlan, MTP_NORMS};
+use crate::cache::KvCache;
+use crate::model::layers::Observer;
+use crate::model::qwen3_5::{Config, Qwen35};
+use crate::model::store::Store;
+use crate::model::LoadError;
+
+/// The probe text shipped with Tandem (public-domain prose).
+pub const PROBE_TEXT: &str = include_str!("../../../assets/probe/mtp-probe.txt");
+/// At most this many tokens are probed.
+pub const MAX_TOKENS: usize = 256;
+/// Below this, the body does not read the text well enough to judge a head.
+pub const MIN_BODY_AGREEMENT: f64 = 0.1;
+/// A head below this acceptance does not run (where the body can judge).
+pub const FLOOR: f64 = 0.1;
+/// ... nor one below this fraction of the body's own agreement with the text.
+pub const RELATIVE_FLOOR: f64 = 0.5;
+/// Another convention replaces the decided one only when it probes better by this much.
+pub const MARGIN: f64 = 0.05;
+
+/// One convention measured.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ts_rs::TS)]
+pub struct Tried {
+    /// `shifted` (the stored values are the scales), `zero_centred` (+1), `shifted_twice` (-1) or
+    /// `per_norm` (each norm as its own statistics say).
+    pub convention: String,
+    pub acceptance: f64,
+}
+
+/// What the probe measured (`inspect --json`'s `mtp.probe`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ts_rs::TS)]
+pub struct ProbeReport {
+    /// The chosen head's teacher-forced top-1 agreement with the body (None when no head ran).
+    pub acceptance: Option<f64>,
+    pub tried: Vec<Tried>,
+    /// The convention the head runs with (None when MTP is off).
+    pub chosen: Option<String>,
+    pub seconds: f64,
+    /// Tokens probed.
+    pub tokens: usize,
+    /// The body's own top-1 agreement with the probe text: whether the probe can judge a head.
+    pub body_agreement: f64,
+    /// The probe could not judge (the body does not read the text): the decision stands unmeasured.
+    pub inconclusive: bool,
+}
+
+/// The probe's verdict on a head.
+pub struct Judgement {
+    /// The head to run (None: MTP off).
+    pub head: Option<MtpHead>,
+    pub report: ProbeReport,
+    /// Why MTP is off (names the file and the figures).
+    pub refused: Option<String>,
+    /// Set when the probe chose another convention than the names and statistics decided.
+    pub repaired: Option<String>,
+    /// How the chosen head's norms are read.
+    pub plan: Option<NormPlan>,
+}
+
+/// The probe's tokens: the built-in text through the model's tokenizer, or without a usable one a
+/// fixed pseudo-random sequence over the vocabulary.
+pub fn probe_tokens(dir: &Path, vocab: i32) -> Vec<i32> {
+    let mut ids: Vec<i32> = Vec::new();
+    if dir.join("tokenizer.json").exists() {
+        match crate::chat::Tokenizer::from_dir(dir).and_then(|t| t.encode(PROBE_TEXT, false)) {
+            Ok(enc) => ids = enc.into_iter().filter(|&t| (t as i64) < vocab as i64).map(|t| t as i32).collect(),
+            Err(e) => {
+                tracing::warn!("{}: MTP probe: tokenizer unusable ({e}); probing a fixed sequence", dir.display())
+            }
+        }
+    }
+    if ids.len() < 16 {
+        let mut state: u64 = 0x2545F4914F6CDD1D;
+        ids = (0..MAX_TOKENS)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 33) % vocab.max(1) as u64) as i32
+            })
+            .collect();
+    }
+    ids.truncate(MAX_TOKENS);
+    ids
+}
+
+/// The body's pass over the probe text.
+pub struct BodyRun {
+    /// Post-norm hidden states `[1, T, D]`.
+    hidden: Array,
+    tokens: Array,
+    /// The body's top-1 at each position (its prediction of the next token).
+    body_next: Vec<u32>,
+    pub body_agreement: f64,
+}
+
+fn top1(logits: &Array) -> mlx::Result<Vec<u32>> {
+    logits.argmax(-1, false)?.reshape(&[-1])?.to_vec::<u32>()
+}
+
+/// Runs the body once over `ids`.
+pub fn run_body(model: &Qwen35, ids: &[i32]) -> mlx::Result<BodyRun> {
+    let t = ids.len() as i32;
+    let tokens = Array::from_slice(ids, &[1, t])?;
+    let hidden = model.forward(&tokens, &mut model.make_cache())?;
+    let body_next = top1(&model.logits(&hidden)?)?;
+    let hits = ids[1..].iter().zip(&body_next).filter(|(x, p)| **x as u32 == **p).count();
+    let body_agreement = hits as f64 / (ids.len() - 1).max(1) as f64;
+    Ok(BodyRun { hidden, tokens, body_next, body_agreement })
+}
+
+/// The head's teacher-forced top-1 agreement with the body: `argmax head(h_t, x_{t+1})` against the
+/// body's top-1 at `t + 1`, over every position with both.
+pub fn agreement(model: &Qwen35, head: &MtpHead, run: &BodyRun) -> mlx::Result<f64> {
+    let t = run.tokens.dim(1);
+    if t < 3 {
+        return Ok(0.0);
+    }
+    let h = run.hidden.slice_axis(1, 0, t - 1)?;
+    let next = run.tokens.slice_axis(1, 1, t)?;
+    let out = head.forward(&model.embed(&next)?, &h, &mut KvCache::default())?;
+    let draft = top1(&model.logits(&out)?)?;
+    let hits = draft.iter().zip(&run.body_next[1..]).filter(|(d, b)| d == b).count();
+    Ok(hits as f64 / draft.len().max(1) as f64)
+}
+
+fn uniform(stored: Stored) -> NormPlan {
+    MTP_NORMS.iter().map(|n| (format!("mtp.{n}"), stored)).collect()
+}
+
+fn label(plan: &NormPlan) -> String {
+    let mut kinds: Vec<Stored> = plan.values().copied().collect();
+    kinds.dedup();
+    match kinds[..] {
+        [Stored::Shifted] => "shifted".into(),
+        [Stored::ZeroCentred] => "zero_centred".into(),
+        [Stored::ShiftedTwice] => "shifted_twice".into(),
+        _ => "per_norm".into(),
+    }
+}
+
+/// The candidate plans: the decided one first, then the uniform conventions and the per-norm votes.
+fn candidates(decision: &HeadDecision) -> Vec<NormPlan> {
+    let mut out = vec![plan_of(decision)];
+    let votes: NormPlan = decision.norms.iter().map(|n| (n.stat.name.clone(), n.vote)).collect();
+    for plan in [uniform(Stored::Shifted), uniform(Stored::ZeroCentred), uniform(Stored::ShiftedTwice), votes] {
+        if !out.contains(&plan) {
+            out.push(plan);
+        }
+    }
+    out
+}
+
+fn mlx_err(e: mlx::Error) -> LoadError {
+    LoadError::Mlx { context: "MTP probe".into(), source: e }
+}
+
+/// Probes the head the loader decided (`current`, None when the decision refused it) and, where
+/// provenance is not a fact or it probes poorly, the other candidate conventions; decides which
+/// head runs. `file` names the head's file for messages.
+pub fn judge(
+    model: &Qwen35,
+    current: Option<MtpHead>,
+    store: &Store,
+    config: &Config,
+    decision: &HeadDecision,
+    dir: &Path,
+) -> Result<Judgement, LoadError> {
+    let t0 = Instant::now();
+    let ids = probe_tokens(dir, config.text.vocab_size);
+    let run = run_body(model, &ids).map_err(mlx_err)?;
+    let plans = candidates(decision);
+    let can_judge = run.body_agreement >= MIN_BODY_AGREEMENT;
+    let floor = FLOOR.max(RELATIVE_FLOOR * run.body_agreement);
+    // Candidate heads need no separate observer: they never run under calibration.
+    let observer = Arc::new(Observer::default());
+    let mut tried = Vec::new();
+    let mut heads: Vec<Option<MtpHead>> = Vec::new();
+    let mut current = current;
+    for (i, plan) in plans.iter().enumerate() {
+        let head = match (i, current.take()) {
+            (0, Some(h)) => h,
+            _ => MtpHead::load(store, config, plan, &observer)?,
+        };
+        let acceptance = agreement(model, &head, &run).map_err(mlx_err)?;
+        tried.push(Tried { convention: label(plan), acceptance });
+        heads.push(Some(head));
+        // The decided head of a head whose provenance is a fact, probing well: nothing to compare.
+        let settled = decision.refused.is_none() && provenance_is_fact(decision) && acceptance >= floor;
+        if i == 0 && (settled || !can_judge) {
+            break;
+        }
+    }
+    let decided_runs = decision.refused.is_none();
+    let best = (0..tried.len()).max_by(|&a, &b| tried[a].acceptance.total_cmp(&tried[b].acceptance)).unwrap_or(0);
+    // The decided head stays unless another is clearly better; a refused decision has no head.
+    let pick = if decided_runs && tried[best].acceptance < tried[0].acceptance + MARGIN { 0 } else { best };
+    let pick = if !can_judge { 0 } else { pick };
+    let where_ = decision
+        .norms
+        .first()
+        .map(|n| format!("{}: `{}`", n.stat.file.display(), n.stat.key))
+        .unwrap_or_else(|| dir.display().to_string());
+    let figures = tried.iter().map(|t| format!("{} {:.3}", t.convention, t.acceptance)).collect::<Vec<_>>().join(", ");
+    let mut report = ProbeReport {
+        acceptance: None,
+        tried: tried.clone(),
+        chosen: None,
+        seconds: 0.0,
+        tokens: ids.len(),
+        body_agreement: run.body_agreement,
+        inconclusive: !can_judge,
+    };
+    let mut j = Judgement { head: None, report: report.clone(), refused: None, repaired: None, plan: None };
+    let accepted = tried[pick].acceptance;
+    if !can_judge {
+        if decided_runs {
+            j.head = heads[0].take();
+            j.plan = Some(plans[0].clone());
+            report.acceptance = Some(accepted);
+            report.chosen = Some(tried[0].convention.clone());
+        }
+    } else if accepted < floor {
+        j.refused = Some(format!(
+            "the MTP head ({where_}) probes at best {accepted:.3} top-1 agreement with its body on {} tokens \
+             (tried: {figures}), below the floor {floor:.3} (the body itself agrees {:.3} with the text); MTP is off",
+            ids.len(),
+            run.body_agreement
+        ));
+    } else {
+        j.head = heads[pick].take();
+        j.plan = Some(plans[pick].clone());
+        report.acceptance = Some(accepted);
+        report.chosen = Some(tried[pick].convention.clone());
+        if pick != 0 || !decided_runs {
+            j.repaired = Some(format!(
+                "MTP norm convention chosen by the probe: {} ({accepted:.3} top-1 agreement on {} tokens; tried: {figures}) \
+                 for the head in {where_}",
+                tried[pick].convention,
+                ids.len()
+            ));
+        }
+    }
+    report.seconds = t0.elapsed().as_secs_f64();
+    j.report = report;
+    Ok(j)
+}
+
+/// Writes `report` into a config.json as `{"tandem": {"mtp": {"convention", "probe"}}}`: what the
+/// conversion that wrote the folder verified of its head (other readers ignore the key).
+pub fn record(config: &mut serde_json::Value, report: &ProbeReport) {
+    if let Some(obj) = config.as_object_mut() {
+        let entry = serde_json::json!({ "convention": report.chosen, "probe": report });
+        let tandem = obj.entry("tandem").or_insert_with(|| serde_json::json!({}));
+        if let Some(t) = tandem.as_object_mut() {
+            t.insert("mtp".into(), entry);
+        }
+    }
+}
+
+/// The probe a config.json records (see [`record`]), if any.
+pub fn recorded(config: &serde_json::Value) -> Option<ProbeReport> {
+    serde_json::from_value(config.get("tandem")?.get("mtp")?.get("probe")?.clone()).ok()
+}

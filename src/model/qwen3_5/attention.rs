@@ -1,0 +1,87 @@
+//! Gated full attention of Qwen3.5 (docs/MODEL.md §3.3): per-head interleaved query and gate, q/k
+//! norms, partial RoPE (or explicit M-RoPE after images), GQA.
+
+use mlx::fast;
+use mlx::Array;
+
+use super::{mlx_err, Config};
+use crate::cache::KvCache;
+use crate::model::layers::{causal_attention, Fused, Linear, MRope, Result, RmsNorm, Tap};
+use crate::model::store::Store;
+use crate::model::LoadError;
+
+/// Gated full attention: per-head interleaved query and gate, q/k norms, partial RoPE, GQA.
+pub struct Attention {
+    /// q_proj (query and gate), k_proj, v_proj over the same input.
+    qkv: Fused,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    hq: i32,
+    hkv: i32,
+    hd: i32,
+    rope_dims: i32,
+    rope_theta: f32,
+    /// Shows calibration the projections' inputs (`layers.3.self_attn.*`).
+    tap: Tap,
+}
+
+impl Attention {
+    pub(super) fn load(
+        s: &Store,
+        p: &str,
+        c: &Config,
+        norms: &dyn Fn(&str, i32) -> std::result::Result<RmsNorm, LoadError>,
+        tap: Tap,
+    ) -> std::result::Result<Self, LoadError> {
+        let (d, hq, hkv, hd) =
+            (c.text.hidden_size, c.text.num_attention_heads, c.text.num_key_value_heads, c.text.head_dim);
+        Ok(Attention {
+            qkv: Fused::new(vec![
+                s.linear(&format!("{p}.q_proj"), 2 * hq * hd, d, false)?,
+                s.linear(&format!("{p}.k_proj"), hkv * hd, d, false)?,
+                s.linear(&format!("{p}.v_proj"), hkv * hd, d, false)?,
+            ])
+            .map_err(|e| mlx_err(p, e))?,
+            o_proj: s.linear(&format!("{p}.o_proj"), d, hq * hd, false)?,
+            q_norm: norms(&format!("{p}.q_norm.weight"), hd)?,
+            k_norm: norms(&format!("{p}.k_norm.weight"), hd)?,
+            hq,
+            hkv,
+            hd,
+            rope_dims: c.rope_dims,
+            rope_theta: c.rope_theta,
+            tap,
+        })
+    }
+
+    pub(super) fn forward(&self, x: &Array, cache: &mut KvCache, rope: Option<&MRope>) -> Result<Array> {
+        let (b, t) = (x.dim(0), x.dim(1));
+        self.tap.see_all(&["q_proj", "k_proj", "v_proj"], x);
+        let mut proj = self.qkv.forward(x)?.into_iter();
+        let mut next =
+            || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
+        let (qg, k, v) = (next()?, next()?, next()?);
+        let halves = qg.reshape(&[b, t, self.hq, 2 * self.hd])?.split(2, 3)?;
+        let gate = halves[1].reshape(&[b, t, self.hq * self.hd])?;
+        let q = self.q_norm.forward(&halves[0])?.swapaxes(1, 2)?;
+        let k = self.k_norm.forward(&k.reshape(&[b, t, self.hkv, self.hd])?)?.swapaxes(1, 2)?;
+        let v = v.reshape(&[b, t, self.hkv, self.hd])?.swapaxes(1, 2)?;
+        let (q, k) = match rope {
+            Some(r) => (r.apply(&q)?, r.apply(&k)?),
+            None => {
+                // After images, text positions run `rope_delta` behind (or ahead of) the token count.
+                let pos = cache.offset + cache.rope_delta;
+                (
+                    fast::rope(&q, self.rope_dims, false, self.rope_theta, 1.0, pos)?,
+                    fast::rope(&k, self.rope_dims, false, self.rope_theta, 1.0, pos)?,
+                )
+            }
+        };
+        let (keys, values) = cache.update(&k, &v)?;
+        let o = causal_attention(&q, &keys, &values, 1.0 / (self.hd as f32).sqrt())?;
+        let o = o.swapaxes(1, 2)?.reshape(&[b, t, self.hq * self.hd])?.multiply(&gate.sigmoid()?)?;
+        self.tap.see("o_proj", &o);
+        self.o_proj.forward(&o)
+    }
+}

@@ -1,0 +1,71 @@
+//! One Qwen3.5 decoder layer: a mixer (Gated DeltaNet or gated attention) and the SwiGLU MLP, each
+//! behind its RMSNorm with a residual. The MTP head's layer is one of these (full attention).
+
+use std::sync::Arc;
+
+use mlx::Array;
+
+use super::attention::Attention;
+use super::gated_deltanet::GatedDeltaNet;
+use super::Config;
+use crate::cache::LayerCache;
+use crate::model::layers::{MRope, Mlp, Observer, Result, RmsNorm, Tap};
+use crate::model::store::Store;
+use crate::model::LoadError;
+
+enum Mixer {
+    Linear(GatedDeltaNet),
+    Attention(Attention),
+}
+
+pub struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+    mixer: Mixer,
+    mlp: Mlp,
+}
+
+impl DecoderLayer {
+    /// Loads layer `p` (`layers.3`, `mtp.layers.0`); `norms` loads its RMSNorms in the convention
+    /// the caller decided, and `observer` sees its linear layers' inputs.
+    pub fn load(
+        s: &Store,
+        p: &str,
+        c: &Config,
+        full: bool,
+        norms: &dyn Fn(&str, i32) -> std::result::Result<RmsNorm, LoadError>,
+        observer: &Arc<Observer>,
+    ) -> std::result::Result<Self, LoadError> {
+        let (d, i) = (c.text.hidden_size, c.text.intermediate_size);
+        let mixer = if full {
+            let p = format!("{p}.self_attn");
+            Mixer::Attention(Attention::load(s, &p, c, norms, Tap::new(observer, &p))?)
+        } else {
+            let p = format!("{p}.linear_attn");
+            Mixer::Linear(GatedDeltaNet::load(s, &p, c, Tap::new(observer, &p))?)
+        };
+        Ok(DecoderLayer {
+            input_layernorm: norms(&format!("{p}.input_layernorm.weight"), d)?,
+            post_attention_layernorm: norms(&format!("{p}.post_attention_layernorm.weight"), d)?,
+            mixer,
+            mlp: Mlp {
+                gate_proj: s.linear(&format!("{p}.mlp.gate_proj"), i, d, false)?,
+                up_proj: s.linear(&format!("{p}.mlp.up_proj"), i, d, false)?,
+                down_proj: s.linear(&format!("{p}.mlp.down_proj"), d, i, false)?,
+                tap: Tap::new(observer, &format!("{p}.mlp")),
+            },
+        })
+    }
+
+    pub fn forward(&self, h: &Array, cache: &mut LayerCache, rope: Option<&MRope>) -> Result<Array> {
+        let x = self.input_layernorm.forward(h)?;
+        let mixed = match (&self.mixer, cache) {
+            (Mixer::Attention(a), LayerCache::Kv(c)) => a.forward(&x, c, rope)?,
+            (Mixer::Linear(l), LayerCache::Linear(s)) => l.forward(&x, s)?,
+            _ => return Err(mlx::Error::Invalid("cache kind does not match the layer kind".into())),
+        };
+        let h = h.add(&mixed)?;
+        let x = self.post_attention_layernorm.forward(&h)?;
+        h.add(&self.mlp.forward(&x)?)
+    }
+}

@@ -1,0 +1,127 @@
+//! Gated DeltaNet (linear attention) mixer of Qwen3.5 (docs/MODEL.md §3.2).
+
+use mlx::fast;
+use mlx::{concatenate, Array, Dtype};
+
+use super::{mlx_err, Config};
+use crate::cache::{LinearState, Recording};
+use crate::model::layers::{Fused, Linear, Result, Tap};
+use crate::model::store::Store;
+use crate::model::LoadError;
+
+/// Gated DeltaNet (linear attention) mixer.
+pub struct GatedDeltaNet {
+    /// in_proj_qkv, in_proj_z, in_proj_b, in_proj_a over the same input.
+    in_proj: Fused,
+    /// Depthwise conv weight in MLX layout `[C, K, 1]`.
+    conv_weight: Array,
+    dt_bias: Array,
+    /// `-exp(A_log)` in f32.
+    neg_a: Array,
+    norm_weight: Array,
+    out_proj: Linear,
+    hk: i32,
+    hv: i32,
+    dk: i32,
+    dv: i32,
+    kernel: i32,
+    eps: f32,
+    /// Shows calibration the projections' inputs (`layers.0.linear_attn.*`).
+    tap: Tap,
+}
+
+impl GatedDeltaNet {
+    pub(super) fn load(s: &Store, p: &str, c: &Config, tap: Tap) -> std::result::Result<Self, LoadError> {
+        let d = c.text.hidden_size;
+        let (hk, hv) = (c.text.linear_num_key_heads, c.text.linear_num_value_heads);
+        let (dk, dv, k) = (c.text.linear_key_head_dim, c.text.linear_value_head_dim, c.text.linear_conv_kernel_dim);
+        let conv_name = format!("{p}.conv1d.weight");
+        // Raw HF stores PyTorch's `[C, 1, K]`; MLX conversions store `[C, K, 1]`. The shape itself
+        // says which (the checkpoint's layout was decided from these same shapes).
+        let conv_weight = if k != 1 && s.shape(&conv_name) == Some(&[c.conv_dim(), 1, k][..]) {
+            s.tensor(&conv_name, &[c.conv_dim(), 1, k])?.swapaxes(1, 2).map_err(|e| mlx_err(&conv_name, e))?
+        } else {
+            s.tensor(&conv_name, &[c.conv_dim(), k, 1])?
+        };
+        let a_log = s.raw(&format!("{p}.A_log"), &[hv])?;
+        let neg_a =
+            a_log.as_dtype(Dtype::F32).and_then(|a| a.exp()).and_then(|a| a.negative()).map_err(|e| mlx_err(p, e))?;
+        Ok(GatedDeltaNet {
+            in_proj: Fused::new(vec![
+                s.linear(&format!("{p}.in_proj_qkv"), c.conv_dim(), d, false)?,
+                s.linear(&format!("{p}.in_proj_z"), c.value_dim(), d, false)?,
+                s.linear(&format!("{p}.in_proj_b"), hv, d, false)?,
+                s.linear(&format!("{p}.in_proj_a"), hv, d, false)?,
+            ])
+            .map_err(|e| mlx_err(p, e))?,
+            conv_weight,
+            dt_bias: s.tensor(&format!("{p}.dt_bias"), &[hv])?,
+            neg_a,
+            // The gated norm uses a standard (never shifted) weight.
+            norm_weight: s.tensor(&format!("{p}.norm.weight"), &[dv])?,
+            out_proj: s.linear(&format!("{p}.out_proj"), d, c.value_dim(), false)?,
+            hk,
+            hv,
+            dk,
+            dv,
+            kernel: k,
+            eps: c.text.rms_norm_eps,
+            tap,
+        })
+    }
+
+    pub(super) fn forward(&self, x: &Array, st: &mut LinearState) -> Result<Array> {
+        let (b, t) = (x.dim(0), x.dim(1));
+        let dt = x.dtype();
+        self.tap.see_all(&["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"], x);
+        let mut proj = self.in_proj.forward(x)?.into_iter();
+        let mut next =
+            || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
+        let (qkv, z, b_in, a_in) = (next()?, next()?, next()?, next()?);
+        let z = z.reshape(&[b, t, self.hv, self.dv])?;
+        let beta = b_in.as_dtype(Dtype::F32)?.sigmoid()?;
+        let a = a_in.as_dtype(Dtype::F32)?;
+        let g = a.add(&self.dt_bias.as_dtype(Dtype::F32)?)?.softplus()?.multiply(&self.neg_a)?;
+        let decay = g.exp()?;
+
+        // Causal depthwise conv over [window ++ new rows]; the window keeps the last K-1 rows.
+        let c = qkv.dim(2);
+        let prev = match st.conv.take() {
+            Some(p) => p,
+            None => Array::zeros(&[b, self.kernel - 1, c], qkv.dtype())?,
+        };
+        let conv_input = concatenate(&[&prev, &qkv], 1)?;
+        let conv = mlx::ops::conv1d(&conv_input, &self.conv_weight, 1, 0, 1, c)?.silu()?;
+        st.conv = Some(conv_input.slice_axis(1, t, t + self.kernel - 1)?);
+
+        let (kd, _) = (self.hk * self.dk, 0);
+        let parts = conv.split_at(&[kd, 2 * kd], 2)?;
+        let q = parts[0].reshape(&[b, t, self.hk, self.dk])?.as_dtype(Dtype::F32)?;
+        let k = parts[1].reshape(&[b, t, self.hk, self.dk])?.as_dtype(Dtype::F32)?;
+        let v = parts[2].reshape(&[b, t, self.hv, self.dv])?.as_dtype(Dtype::F32)?;
+        // L2 normalisation x / sqrt(sum x^2 + eps) == rms_norm(x, eps / D) / sqrt(D); q also takes 1/sqrt(Dk).
+        let dkf = self.dk as f32;
+        let q = fast::rms_norm(&q, None, 1e-6 / dkf)?.multiply(&Array::f32(1.0 / dkf))?;
+        let k = fast::rms_norm(&k, None, 1e-6 / dkf)?.multiply(&Array::f32(1.0 / dkf.sqrt()))?;
+        // The recurrence (docs/MODEL.md §3.2) with MLX's fused kernel; its state is [B, Hv, Dv, Dk] and
+        // it maps value heads to key heads itself. A verify pass records what a rollback needs to
+        // recompute the state of a shorter prefix (cache::Recording).
+        let initial = match st.ssm.take() {
+            Some(s) => s,
+            None => Array::zeros(&[b, self.hv, self.dv, self.dk], Dtype::F32)?,
+        };
+        let (o, state) = fast::gated_delta_update(&q, &k, &v, &decay, &beta, Some(&initial))?;
+        if st.verifying() {
+            st.record(Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state: state.clone() });
+        }
+        st.ssm = Some(state);
+        let o = o.as_dtype(dt)?; // [B,T,Hv,Dv]
+
+        // Gated RMSNorm per head: (w * rmsnorm(o)) * silu(z), as transformers orders the casts.
+        let n = fast::rms_norm(&o.as_dtype(Dtype::F32)?, None, self.eps)?.as_dtype(dt)?.multiply(&self.norm_weight)?;
+        let gated = n.as_dtype(Dtype::F32)?.multiply(&z.as_dtype(Dtype::F32)?.silu()?)?.as_dtype(dt)?;
+        let gated = gated.reshape(&[b, t, self.hv * self.dv])?;
+        self.tap.see("out_proj", &gated);
+        self.out_proj.forward(&gated)
+    }
+}
