@@ -4,7 +4,6 @@
 //! dropping it, `auto`, and the safety rules (cancel, existing destination, corrupt input, the
 //! source never touched).
 
-
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};

@@ -1,7 +1,6 @@
 //! The Qwen3.5 forward pass against mlx-lm (an independent implementation, run from the test venv on
 //! the same random checkpoint), and incremental decoding against one full pass.
 
-
 use crate::common::*;
 use mlx::{Array, Dtype};
 use tandem::model::{self, LoadOptions};

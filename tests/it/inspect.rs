@@ -3,7 +3,6 @@
 //! under MLX names, and a head shifted twice. Each is reported as it is, the loader repairs or
 //! refuses it with a reason, and `repair` writes a copy that inspects `ok` and runs the same head.
 
-
 use std::path::Path;
 
 use crate::common::*;

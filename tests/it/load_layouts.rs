@@ -8,7 +8,6 @@
 //! logits (the same arrays enter the same computation, so the tolerance is 0) and identical MTP
 //! drafting. A wrong norm convention moves logits by O(1) and MTP acceptance to about 0.
 
-
 use std::path::Path;
 use std::process::Command;
 

@@ -1,7 +1,6 @@
 //! MTP speculative decoding on a random checkpoint: greedy output identical to plain decoding at
 //! every depth, and caches after rollback equal to those of a run that never saw the drafts.
 
-
 use crate::common::*;
 use mlx::Array;
 use tandem::generate::MtpOptions;

@@ -1,7 +1,6 @@
 //! The bundled model against transformers' reference fixtures (tests/fixtures, made by
 //! tools/fixtures/make_fixtures.py) and the MTP head against an independent PyTorch implementation.
 
-
 use crate::common::*;
 use mlx::{Array, Dtype};
 use tandem::chat::{Message, Tokenizer};

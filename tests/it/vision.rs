@@ -3,7 +3,6 @@
 //! CPU in f32), plus image decoding limits and errors, a text-only model refusing images, and lossless MTP with
 //! an image in the prompt.
 
-
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
