@@ -47,6 +47,8 @@ pub enum OutDtype {
     #[default]
     Bf16,
     F16,
+    /// Full precision, to check a doubtful bf16 output against (twice the size of bf16).
+    F32,
 }
 
 impl OutDtype {
@@ -54,6 +56,7 @@ impl OutDtype {
         match self {
             OutDtype::Bf16 => mlx::Dtype::BF16,
             OutDtype::F16 => mlx::Dtype::F16,
+            OutDtype::F32 => mlx::Dtype::F32,
         }
     }
     /// The name `config.json` uses (`torch_dtype`).
@@ -61,6 +64,7 @@ impl OutDtype {
         match self {
             OutDtype::Bf16 => "bfloat16",
             OutDtype::F16 => "float16",
+            OutDtype::F32 => "float32",
         }
     }
 }
@@ -168,7 +172,8 @@ impl FromStr for OutDtype {
         match s {
             "bf16" | "bfloat16" => Ok(OutDtype::Bf16),
             "f16" | "float16" | "fp16" => Ok(OutDtype::F16),
-            _ => Err(parse_err("dtype", s, "bf16 or f16")),
+            "f32" | "float32" | "fp32" => Ok(OutDtype::F32),
+            _ => Err(parse_err("dtype", s, "bf16, f16 or f32")),
         }
     }
 }

@@ -2,6 +2,7 @@
 
 mod common;
 mod convert;
+mod family;
 mod forward_reference;
 mod inspect;
 mod kernels;

@@ -8,6 +8,10 @@
       float32 logits of the token ids.
   generate DIR OUT.json N IDS...
       Greedy continuation of N tokens with mlx-lm's generate_step.
+  family DIR FIXTURE.safetensors OUT.safetensors
+      mlx-lm in bf16 (`set_dtype(bfloat16)`) on a family fixture's prompt (tests/it/family.rs): the float32
+      logits of its bf16 forward at the fixture's `logit_rows`, and its greedy continuation of as many tokens
+      as the fixture's `greedy_ids` (generate_step).
 """
 import json
 import sys
@@ -137,6 +141,20 @@ def generate(path, out, n, ids):
     Path(out).write_text(json.dumps(toks))
 
 
+def family(path, fixture, out):
+    from mlx_lm.generate import generate_step
+    fx = mx.load(fixture)
+    ids = fx["input_ids"].astype(mx.int32)
+    model = load(path)
+    model.set_dtype(mx.bfloat16)
+    y = model(ids[None])[0]
+    rows = y[fx["logit_rows"].astype(mx.int32)].astype(mx.float32)
+    toks = []
+    for tok, _ in generate_step(ids, model, max_tokens=fx["greedy_ids"].size):
+        toks.append(int(tok))
+    mx.save_safetensors(out, {"logits": rows, "greedy_ids": mx.array(toks, dtype=mx.int32)})
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "make-hf":
@@ -150,5 +168,7 @@ if __name__ == "__main__":
         logits(args[0], args[1], [int(x) for x in args[2:]], dtype)
     elif cmd == "generate":
         generate(args[0], args[1], int(args[2]), [int(x) for x in args[3:]])
+    elif cmd == "family":
+        family(args[0], args[1], args[2])
     else:
         sys.exit(f"unknown command {cmd}")

@@ -29,7 +29,7 @@ pub struct ConvertArgs {
     /// Calibration text for `auto` (default: text shipped with Tandem).
     #[arg(long)]
     calibration: Option<PathBuf>,
-    /// bf16 or f16.
+    /// bf16, f16, or f32 (full precision, to check a doubtful output against).
     #[arg(long, default_value = "bf16")]
     dtype: quant::OutDtype,
     /// keep or drop the MTP head.

@@ -18,6 +18,7 @@ pub struct GatedDeltaNet {
     dt_bias: Array,
     /// `-exp(A_log)` in f32.
     neg_a: Array,
+    /// The gated norm's weight in f32 (applied in f32, see `forward`).
     norm_weight: Array,
     out_proj: Linear,
     hk: i32,
@@ -58,7 +59,7 @@ impl GatedDeltaNet {
             dt_bias: s.tensor(&format!("{p}.dt_bias"), &[hv])?,
             neg_a,
             // The gated norm uses a standard (never shifted) weight.
-            norm_weight: s.tensor(&format!("{p}.norm.weight"), &[dv])?,
+            norm_weight: s.raw(&format!("{p}.norm.weight"), &[dv])?.as_dtype(Dtype::F32).map_err(|e| mlx_err(p, e))?,
             out_proj: s.linear(&format!("{p}.out_proj"), d, c.value_dim(), false)?,
             hk,
             hv,
@@ -91,7 +92,10 @@ impl GatedDeltaNet {
             None => Array::zeros(&[b, self.kernel - 1, c], qkv.dtype())?,
         };
         let conv_input = concatenate(&[&prev, &qkv], 1)?;
-        let conv = mlx::ops::conv1d(&conv_input, &self.conv_weight, 1, 0, 1, c)?.silu()?;
+        // In f32: q and k are L2-normalised next; rounding the conv output to bf16 first was the largest
+        // bf16 drift found op by op against mlx-lm (it cost a third to a half of the layer's accuracy).
+        let conv_f32 = conv_input.as_dtype(Dtype::F32)?;
+        let conv = mlx::ops::conv1d(&conv_f32, &self.conv_weight.as_dtype(Dtype::F32)?, 1, 0, 1, c)?.silu()?;
         st.conv = Some(conv_input.slice_axis(1, t, t + self.kernel - 1)?);
 
         let (kd, _) = (self.hk * self.dk, 0);
@@ -115,11 +119,12 @@ impl GatedDeltaNet {
             st.record(Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state: state.clone() });
         }
         st.ssm = Some(state);
-        let o = o.as_dtype(dt)?; // [B,T,Hv,Dv]
 
-        // Gated RMSNorm per head: (w * rmsnorm(o)) * silu(z), as transformers orders the casts.
-        let n = fast::rms_norm(&o.as_dtype(Dtype::F32)?, None, self.eps)?.as_dtype(dt)?.multiply(&self.norm_weight)?;
-        let gated = n.as_dtype(Dtype::F32)?.multiply(&z.as_dtype(Dtype::F32)?.silu()?)?.as_dtype(dt)?;
+        // Gated RMSNorm per head, w * rmsnorm(o) * silu(z), in f32 from the recurrence's f32 output
+        // [B,T,Hv,Dv] and rounded once. Rounding o and then w * rmsnorm(o) to bf16 first (transformers'
+        // order of casts) amplified the error of positions whose output nearly cancels (small rms).
+        let n = fast::rms_norm(&o, Some(&self.norm_weight), self.eps)?;
+        let gated = n.multiply(&z.as_dtype(Dtype::F32)?.silu()?)?.as_dtype(dt)?;
         let gated = gated.reshape(&[b, t, self.hv * self.dv])?;
         self.tap.see("out_proj", &gated);
         self.out_proj.forward(&gated)
