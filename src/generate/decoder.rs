@@ -14,7 +14,8 @@ use crate::model::Qwen35;
 
 pub enum Decoder<'m> {
     Plain(Plain<'m>),
-    Mtp(MtpDecoder<'m>),
+    /// Boxed: the MTP decoder holds the head's state besides the caches.
+    Mtp(Box<MtpDecoder<'m>>),
 }
 
 /// Plain decoding: the newest sampled token is fed, the next one sampled.
@@ -46,7 +47,7 @@ impl<'m> Decoder<'m> {
             if let Some(oracle) = &opts.oracle {
                 mtp = mtp.with_oracle(oracle);
             }
-            return Ok(Decoder::Mtp(mtp));
+            return Ok(Decoder::Mtp(Box::new(mtp)));
         }
         if opts.mtp.enabled {
             let why = model.mtp_status.reason.clone().unwrap_or_else(|| "the model has no MTP head".into());

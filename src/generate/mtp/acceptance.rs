@@ -26,28 +26,28 @@ pub fn accept(sampler: &mut Sampler, logits: &Array, drafts: &[u32], history: &[
         let a = (0..k).take_while(|&j| targets[j] == drafts[j]).count();
         return Ok((a, targets[a]));
     }
-    for j in 0..k {
+    for (j, &d) in drafts.iter().enumerate() {
         let l = row(sampler, j, &history)?;
         if sampler.is_greedy() {
             let t = l.argmax(-1, false)?.item::<u32>()?;
-            if t != drafts[j] {
+            if t != d {
                 return Ok((j, t));
             }
         } else {
             let lp = sampler.logprobs(&l)?;
             let p = lp.exp()?;
-            let pd = p.take(&Array::from_slice(&[drafts[j] as i32], &[1])?, 0)?.item::<f32>()?;
+            let pd = p.take(&Array::from_slice(&[d as i32], &[1])?, 0)?.item::<f32>()?;
             let u = random::uniform(&[1], Dtype::F32, &sampler.next_key()?)?.item::<f32>()?;
             if u >= pd {
                 // Residual max(0, p - q) with q one-hot at d_j: p without d_j, renormalised.
-                let mask = Array::arange(0.0, p.dim(0) as f64, 1.0, Dtype::I32)?
-                    .equal(&Array::scalar(drafts[j], Dtype::I32)?)?;
+                let mask =
+                    Array::arange(0.0, p.dim(0) as f64, 1.0, Dtype::I32)?.equal(&Array::scalar(d, Dtype::I32)?)?;
                 let resid = mlx::where_(&mask, &Array::f32(f32::NEG_INFINITY), &lp)?;
                 let t = random::categorical(&resid, -1, &sampler.next_key()?)?.item::<u32>()?;
                 return Ok((j, t));
             }
         }
-        history.push(drafts[j]);
+        history.push(d);
     }
     let l = row(sampler, k, &history)?;
     let t = sampler.sample(&l)?.item::<u32>()?;

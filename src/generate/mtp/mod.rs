@@ -76,7 +76,7 @@ impl<'m> MtpDecoder<'m> {
             drafter: Drafter::new(model, hidden, prompt, first),
             opts: opts.clone(),
             last: first,
-            ctl: Controller::new(opts.adaptive),
+            ctl: Controller::new(opts.adaptive, opts.depth),
             emitted_in_cycles: 0,
             emitted: 1,
             oracle: None,
@@ -102,7 +102,7 @@ impl<'m> MtpDecoder<'m> {
     ) -> Result<Vec<u32>> {
         let t0 = Instant::now();
         let since = self.returned.unwrap_or(t0);
-        let k = self.opts.depth.min(remaining.saturating_sub(1));
+        let k = self.ctl.depth().min(remaining.saturating_sub(1));
         if k == 0 || self.ctl.parked() || self.ahead.is_some() {
             stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth)).parked_cycles += 1;
             let (hidden, next) = self.plain_step(sampler, history, remaining)?;
@@ -146,7 +146,7 @@ impl<'m> MtpDecoder<'m> {
         spec.ms.rollback += v.ms[2];
         self.emitted_in_cycles += a + 1;
         self.emitted += a + 1;
-        self.ctl.after_spec(cycle_ms - self.drafter.catch_up_ms(), a + 1);
+        self.ctl.after_spec(cycle_ms - self.drafter.catch_up_ms(), k, a);
         Ok(out)
     }
 
