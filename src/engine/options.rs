@@ -75,7 +75,8 @@ pub fn generate_options(
     };
     let max_tokens = match (overrides.max_tokens, context) {
         (Some(0), _) => return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into())),
-        (Some(n), Some(context)) if prompt_len + n > context => return Err(too_long(n)),
+        // Compared without adding: a client's `max_tokens` near usize::MAX must not wrap past the check.
+        (Some(n), Some(context)) if n > context.saturating_sub(prompt_len) => return Err(too_long(n)),
         (Some(n), _) => n,
         (None, Some(context)) if prompt_len >= context => return Err(too_long(1)),
         // The model's default shortened to what fits.
@@ -134,5 +135,11 @@ mod tests {
         assert!(matches!(e, EngineError::ContextLength { max_tokens: 31, context: 120, prompt: 90, .. }), "{e}");
         let e = generate_options(&entry(), &Overrides::default(), 120, Some(120), vec![]).unwrap_err();
         assert!(matches!(e, EngineError::ContextLength { max_tokens: 1, .. }), "{e}");
+        // Numbers that would wrap a sum are refused, not let through.
+        for huge in [usize::MAX, usize::MAX - 89, usize::MAX / 2 + 1] {
+            let asked = Overrides { max_tokens: Some(huge), ..Default::default() };
+            let e = generate_options(&entry(), &asked, 90, Some(120), vec![]).unwrap_err();
+            assert!(matches!(e, EngineError::ContextLength { .. }), "{huge}: {e}");
+        }
     }
 }

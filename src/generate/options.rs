@@ -60,7 +60,8 @@ impl GenerateOptions {
         }
         if let Some(context) = model.config.text.max_position_embeddings {
             let context = context as usize;
-            if prompt.len() + self.max_tokens > context {
+            // Compared without adding, so a huge `max_tokens` cannot wrap past the check.
+            if self.max_tokens > context.saturating_sub(prompt.len()) {
                 return Err(GenerateError::ContextExceeded {
                     prompt: prompt.len(),
                     max_tokens: self.max_tokens,

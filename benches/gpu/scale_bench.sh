@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Tandem at the size people run, on an NVIDIA GPU (MLX's CUDA backend): a random-weight slice of the
+# Qwen3.5-27B shape (benches/gpu/random_qwen35.py --preset 27b-slice: 16 of 64 layers, 6.5B parameters),
+# in bf16 and converted to 4-bit by `tandem convert`; `tandem bench` at fixed depths, with oracle acceptance
+# (0.8 and 0.0 with the adaptive controller), with and without kernels/, and mlx-lm on the same files
+# (benches/vs_mlx_lm.py). Carrying: as benches/gpu/cuda_bench.sh says (.devcarry/: the mlx-cuda-13 wheel in
+# two parts, the mlx and mlx-lm wheels, tandem.xz). TANDEM_BIN names the binary inside the carry if it is
+# not target/release/tandem. Results go to $OUT (or /tmp/out): gpu.txt and bench-json.tgz (tee the output too).
+set -euo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p /tmp/site "$OUT" target/release
+mkdir -p /tmp/keep && cp -n .devcarry/mlxcuda.tar.xz.part* /tmp/keep/ 2>/dev/null || true
+cat /tmp/keep/mlxcuda.tar.xz.part* | xz -d | tar x -C /tmp/site
+for w in .devcarry/*.whl; do python3 -m zipfile -e "$w" /tmp/site; done
+export PYTHONPATH=/tmp/site
+NV=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))')/nvidia
+export LD_LIBRARY_PATH=/tmp/site/mlx/lib:$(find "$NV" -name 'lib*.so*' -printf '%h\n' | sort -u | paste -sd:)
+xz -dc .devcarry/tandem.xz > target/release/tandem && chmod +x target/release/tandem
+B=target/release/tandem
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c 'import mlx.core as mx; print("mlx", mx.__version__, mx.default_device())' | tee -a "$OUT/gpu.txt"
+git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/gpu.txt" || true
+
+M=/tmp/s27
+python3 benches/gpu/random_qwen35.py $M --preset 27b-slice
+$B convert $M --out $M-4bit --bits 4 --group-size 64
+BENCH="--prompt-tokens 512 --gen-tokens 128"
+for model in $M-4bit $M; do
+  tag=$(basename $model)
+  echo "== $tag: fixed depths; oracle acceptance 0.8; 0.0 with the adaptive controller"
+  $B bench --model $model $BENCH --depths 0,1,3 --json > "$OUT/$tag-depths.json"
+  $B bench --model $model $BENCH --depths 0,1,3 --oracle-acceptance 0.8 --json > "$OUT/$tag-oracle08.json"
+  $B bench --model $model $BENCH --depths 0,3 --oracle-acceptance 0.0 --adaptive --json > "$OUT/$tag-oracle00.json"
+  python3 benches/gpu/summarize_bench.py "$OUT/$tag-depths.json" "$OUT/$tag-oracle08.json" "$OUT/$tag-oracle00.json"
+  echo "== $tag: mlx-lm on the same files"
+  python3 benches/vs_mlx_lm.py $model --prompt-tokens 512 --gen-tokens 128 | tee "$OUT/$tag-vs-mlx-lm.txt"
+done
+echo "== 4-bit without kernels/ (TANDEM_KERNELS=off)"
+TANDEM_KERNELS=off $B bench --model $M-4bit $BENCH --depths 0,3 --oracle-acceptance 0.8 --json > "$OUT/kernels-off.json"
+python3 benches/gpu/summarize_bench.py "$OUT/kernels-off.json"
+tar czf "$OUT/bench-json.tgz" -C "$OUT" $(cd "$OUT" && ls *.json)
