@@ -23,7 +23,12 @@ git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/gpu.txt" || true
 
 M=/tmp/s27
 python3 benches/gpu/random_qwen35.py $M --preset 27b-slice
-$B convert $M --out $M-4bit --bits 4 --group-size 64
+time $B convert $M --out $M-4bit --bits 4 --group-size 64
+echo "== the MTP head's acceptance probe: its figures and cost (inspect --json's mtp.probe)"
+for model in $M $M-4bit; do
+  $B inspect $model --json > "$OUT/inspect-$(basename $model).json" || true
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d.get("mtp", {}).get("probe")))' "$OUT/inspect-$(basename $model).json" || true
+done
 BENCH="--prompt-tokens 512 --gen-tokens 128"
 for model in $M-4bit $M; do
   tag=$(basename $model)

@@ -108,7 +108,7 @@ mod tests {
         assert_eq!(o.stop_ids, vec![7]);
         let overrides = Overrides {
             sampling: SamplingOverrides { temperature: Some(0.0), seed: Some(4), ..Default::default() },
-            mtp: MtpOverrides { enabled: Some(false), depth: Some(99) },
+            mtp: MtpOverrides { enabled: Some(false), depth: Some(99), adaptive: None },
             max_tokens: Some(5),
         };
         let o = generate_options(&entry(), &overrides, 10, Some(20), vec![]).unwrap();

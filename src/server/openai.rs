@@ -205,7 +205,7 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
     }
     let max_tokens = req.max_completion_tokens.or(req.max_tokens).map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     let thinking = req.chat_template_kwargs.and_then(|k| k.enable_thinking).or(req.enable_thinking);
-    let mtp = req.mtp.map(|m| MtpOverrides { enabled: m.enabled, depth: m.depth }).unwrap_or_default();
+    let mtp = req.mtp.map(|m| MtpOverrides { enabled: m.enabled, depth: m.depth, adaptive: None }).unwrap_or_default();
     let request = Request {
         model,
         input: Input::Chat(messages),
