@@ -1,7 +1,6 @@
 //! Bad inputs to loading and generation, each a clear error naming the problem; and quantized
 //! models' logits against their bf16 source, with a bound per bit width.
 
-
 use std::process::Command;
 
 use crate::common::*;

@@ -3,7 +3,6 @@
 //! 4-bit conversion, and an MLX conversion whose dropped head was re-attached from the raw
 //! checkpoint must all be far from zero and close to each other, through the same code path.
 
-
 use std::process::Command;
 
 use crate::common::*;

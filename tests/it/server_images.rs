@@ -11,8 +11,8 @@ use crate::common;
 
 use std::path::PathBuf;
 
-use base64::Engine as _;
 use crate::common::http::{post_json, Reply};
+use base64::Engine as _;
 use serde_json::{json, Value};
 use tandem::chat::{ChatOptions, ContentPart, Message, Tokenizer};
 use tandem::engine::{ChatMessage, Engine, EngineConfig, Image, Input, MtpOverrides, Part, Request};
