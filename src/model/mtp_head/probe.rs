@@ -40,6 +40,8 @@ pub const MIN_BODY_AGREEMENT: f64 = 0.1;
 pub const FLOOR: f64 = 0.1;
 /// ... nor one below this fraction of the body's own agreement with the text.
 pub const RELATIVE_FLOOR: f64 = 0.5;
+/// Fewer positions than this where the text follows the body's greedy choice: all are measured.
+pub const MIN_GREEDY_POSITIONS: usize = 32;
 /// Another convention replaces the decided one only when it probes better by this much.
 pub const MARGIN: f64 = 0.05;
 
@@ -112,6 +114,7 @@ pub struct BodyRun {
     /// Post-norm hidden states `[1, T, D]`.
     hidden: Array,
     tokens: Array,
+    ids: Vec<i32>,
     /// The body's top-1 at each position (its prediction of the next token).
     body_next: Vec<u32>,
     pub body_agreement: f64,
@@ -129,11 +132,12 @@ pub fn run_body(model: &Qwen35, ids: &[i32]) -> mlx::Result<BodyRun> {
     let body_next = top1(&model.logits(&hidden)?)?;
     let hits = ids[1..].iter().zip(&body_next).filter(|(x, p)| **x as u32 == **p).count();
     let body_agreement = hits as f64 / (ids.len() - 1).max(1) as f64;
-    Ok(BodyRun { hidden, tokens, body_next, body_agreement })
+    Ok(BodyRun { hidden, tokens, ids: ids.to_vec(), body_next, body_agreement })
 }
 
 /// The head's teacher-forced top-1 agreement with the body: `argmax head(h_t, x_{t+1})` against the
-/// body's top-1 at `t + 1`, over every position with both.
+/// body's top-1 at `t + 1`, over the positions where `x_{t+1}` is the body's own top-1 at `t` (as
+/// in greedy decoding), or over every position when fewer than [`MIN_GREEDY_POSITIONS`] are.
 pub fn agreement(model: &Qwen35, head: &MtpHead, run: &BodyRun) -> mlx::Result<f64> {
     let t = run.tokens.dim(1);
     if t < 3 {
@@ -143,8 +147,18 @@ pub fn agreement(model: &Qwen35, head: &MtpHead, run: &BodyRun) -> mlx::Result<f
     let next = run.tokens.slice_axis(1, 1, t)?;
     let out = head.forward(&model.embed(&next)?, &h, &mut KvCache::default())?;
     let draft = top1(&model.logits(&out)?)?;
-    let hits = draft.iter().zip(&run.body_next[1..]).filter(|(d, b)| d == b).count();
-    Ok(hits as f64 / draft.len().max(1) as f64)
+    // Positions where the text's next token is the body's own greedy choice are the ones a greedy
+    // decode meets (the head is fed the body's token there); they are measured when there are
+    // enough of them, every position otherwise.
+    let pairs: Vec<(u32, u32, bool)> =
+        (0..draft.len()).map(|t| (draft[t], run.body_next[t + 1], run.body_next[t] == run.ids[t + 1] as u32)).collect();
+    let greedy: Vec<&(u32, u32, bool)> = pairs.iter().filter(|p| p.2).collect();
+    let rate = |ps: &[&(u32, u32, bool)]| ps.iter().filter(|p| p.0 == p.1).count() as f64 / ps.len().max(1) as f64;
+    if greedy.len() >= MIN_GREEDY_POSITIONS {
+        Ok(rate(&greedy))
+    } else {
+        Ok(rate(&pairs.iter().collect::<Vec<_>>()))
+    }
 }
 
 fn uniform(stored: Stored) -> NormPlan {
