@@ -19,7 +19,7 @@ fn fixture_file(variant: &str) -> PathBuf {
 }
 
 fn load(variant: &str, dtype: Dtype) -> Qwen35 {
-    model::load(&dir(variant), &LoadOptions { dtype: Some(dtype) })
+    model::load(&dir(variant), &LoadOptions { dtype: Some(dtype), ..Default::default() })
         .unwrap_or_else(|e| panic!("{variant}: load as {dtype:?}: {e}"))
 }
 

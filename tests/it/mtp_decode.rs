@@ -119,7 +119,8 @@ fn head_catch_up_in_one_pass_equals_step_by_step() {
 /// error that says so, not a silently wrong cache.
 #[test]
 fn verify_commit_refuses_what_the_pass_did_not_hold() {
-    let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32) }).unwrap();
+    let m =
+        model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32), ..Default::default() }).unwrap();
     let mut cache = m.make_cache();
     m.forward(&Array::from_slice(&[5i32, 6, 7], &[1, 3]).unwrap(), &mut cache).unwrap();
     let mut tx = Verify::begin(&mut cache, 2);
@@ -136,7 +137,8 @@ fn verify_commit_refuses_what_the_pass_did_not_hold() {
 #[test]
 fn oracle_drafts_are_accepted_as_asked_and_leave_the_output_plain() {
     use tandem::generate::{generate, Control, GenerateOptions, Oracle, SamplingParams};
-    let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32) }).unwrap();
+    let m =
+        model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32), ..Default::default() }).unwrap();
     let prompt: Vec<u32> = (0..24).map(|i| 20 + (i * 37) % 400).collect();
     let (plain, _) = greedy(&m, &prompt, 48, None);
     assert_eq!(plain.len(), 48);
@@ -178,7 +180,8 @@ fn oracle_drafts_are_accepted_as_asked_and_leave_the_output_plain() {
 fn pipelined_decoding_gives_the_tokens_of_synchronous_steps() {
     use tandem::generate::step::{sample_last, step};
     use tandem::generate::{generate, prefill, Control, GenerateOptions, Sampler, SamplingParams};
-    let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32) }).unwrap();
+    let m =
+        model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32), ..Default::default() }).unwrap();
     let prompt: Vec<u32> = (0..16).map(|i| 30 + (i * 53) % 300).collect();
     let n = 40;
     let cases = [

@@ -216,7 +216,7 @@ async fn images_end_to_end() {
         );
         r.max_tokens = Some(N);
         r.ignore_eos = true;
-        r.mtp = MtpOverrides { enabled: Some(mtp), depth: None };
+        r.mtp = MtpOverrides { enabled: Some(mtp), depth: None, adaptive: None };
         if seed.is_some() {
             (r.sampling.temperature, r.sampling.seed) = (Some(TEMPERATURE), seed);
         }
