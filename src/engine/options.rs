@@ -60,7 +60,11 @@ pub fn generate_options(
     let mtp = MtpOptions {
         enabled: overrides.mtp.enabled.unwrap_or(entry.mtp.enabled),
         depth: overrides.mtp.depth.unwrap_or(entry.mtp.depth as usize),
-        adaptive: overrides.mtp.adaptive.unwrap_or(entry.mtp.adaptive),
+        // A seed pins the output: the adaptive controller picks depths from wall-clock costs, and with
+        // sampling the depth decides which random draws a token uses, so a seeded sampled generation
+        // runs at a fixed depth.
+        adaptive: overrides.mtp.adaptive.unwrap_or(entry.mtp.adaptive)
+            && !(sampling.seed.is_some() && sampling.temperature > 0.0),
         ..MtpOptions::default()
     };
     if mtp.enabled {
@@ -124,6 +128,18 @@ mod tests {
         }
         let e = generate_options(&entry(), &Overrides { max_tokens: Some(0), ..Default::default() }, 1, None, vec![]);
         assert!(matches!(e, Err(EngineError::InvalidRequest(_))));
+    }
+
+    #[test]
+    fn a_seeded_sampled_generation_runs_at_a_fixed_depth() {
+        let sampled = |seed| Overrides {
+            sampling: SamplingOverrides { temperature: Some(0.8), seed, ..Default::default() },
+            ..Default::default()
+        };
+        let o = generate_options(&entry(), &sampled(Some(7)), 1, None, vec![]).unwrap();
+        assert!(o.mtp.enabled && !o.mtp.adaptive, "{:?}", o.mtp);
+        let o = generate_options(&entry(), &sampled(None), 1, None, vec![]).unwrap();
+        assert!(o.mtp.adaptive, "unseeded sampling keeps the model's setting");
     }
 
     #[test]

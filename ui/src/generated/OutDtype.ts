@@ -3,4 +3,4 @@
 /**
  * The floating dtype of the written model.
  */
-export type OutDtype = "bf16" | "f16";
+export type OutDtype = "bf16" | "f16" | "f32";
