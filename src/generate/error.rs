@@ -12,7 +12,7 @@ pub enum GenerateError {
     BadToken { id: u32, vocab: i32 },
     #[error("invalid sampling settings: {0}")]
     Sampling(String),
-    #[error("MTP depth {0} is outside 1..=8")]
+    #[error("MTP depth {0} is outside {range}", range = super::options::MTP_DEPTHS_TEXT)]
     Depth(usize),
     #[error("model `{model}` has no vision tower: it cannot read images{} (send text only, or choose a vision model)", .reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default())]
     NoVision { model: String, reason: Option<String> },

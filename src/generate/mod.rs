@@ -15,7 +15,7 @@ pub use decode::{generate, generate_prompt, Control, FinishReason, Output, Progr
 pub use decoder::Decoder;
 pub use error::GenerateError;
 pub use mtp::oracle::Oracle;
-pub use options::{GenerateOptions, MtpOptions};
+pub use options::{GenerateOptions, MtpOptions, MTP_DEPTHS, MTP_DEPTHS_TEXT};
 pub use prefill::{prefill, prefill_images};
 pub use sampler::{Sampler, SamplingParams};
 pub use stats::{SpecStats, Stats};

@@ -5,10 +5,15 @@ use super::mtp::oracle::Oracle;
 use super::sampler::SamplingParams;
 use crate::model::Qwen35;
 
+/// Valid MTP draft depths: the one definition (models.toml, the CLI and requests check against it).
+pub const MTP_DEPTHS: std::ops::RangeInclusive<usize> = 1..=8;
+/// [`MTP_DEPTHS`] as messages write it.
+pub const MTP_DEPTHS_TEXT: &str = "1..=8";
+
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MtpOptions {
     pub enabled: bool,
-    /// Drafts per cycle, 1..=8.
+    /// Drafts per cycle, within [`MTP_DEPTHS`].
     pub depth: usize,
     /// Park at depth 0 when drafting does not pay.
     pub adaptive: bool,
@@ -70,7 +75,7 @@ impl GenerateOptions {
             }
         }
         self.sampling.validate().map_err(GenerateError::Sampling)?;
-        if self.mtp.enabled && !(1..=8).contains(&self.mtp.depth) {
+        if self.mtp.enabled && !MTP_DEPTHS.contains(&self.mtp.depth) {
             return Err(GenerateError::Depth(self.mtp.depth));
         }
         if let Some(o) = &self.oracle {
@@ -82,5 +87,15 @@ impl GenerateOptions {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_depth_range_reads_as_it_is() {
+        assert_eq!(MTP_DEPTHS_TEXT, format!("{}..={}", MTP_DEPTHS.start(), MTP_DEPTHS.end()));
     }
 }

@@ -1,6 +1,11 @@
 //! Turning logits into tokens: repetition penalty, temperature, top-k, top-p and min-p filters,
 //! then greedy or seeded categorical sampling. The processed distribution is exposed too, because
 //! speculative sampling must accept and resample against exactly the distribution it would sample.
+//!
+//! Random draws are keyed by the position of the token they pick (the n-th generated token always
+//! uses the n-th key), not by how many draws came before. Speculative sampling draws each verified
+//! position with that position's key, so a seeded generation gives the same tokens with MTP or
+//! without, at any depth, whatever the adaptive controller chooses (docs/MODEL.md §4.3).
 
 use mlx::{random, where_, Array, Dtype};
 
@@ -67,7 +72,9 @@ impl SamplingParams {
 /// A sampler with its own random stream (seeded for reproducible runs).
 pub struct Sampler {
     pub params: SamplingParams,
-    key: Array,
+    seed: u64,
+    /// Tokens drawn so far: the position of the next one.
+    drawn: u64,
 }
 
 impl Sampler {
@@ -75,24 +82,22 @@ impl Sampler {
         let seed = params.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
         });
-        Ok(Sampler { params, key: random::key(seed)? })
+        Ok(Sampler { params, seed, drawn: 0 })
     }
 
     pub fn is_greedy(&self) -> bool {
         self.params.is_greedy()
     }
 
-    /// A fresh subkey; advances the stream.
-    pub fn next_key(&mut self) -> Result<Array> {
-        let mut keys = random::split(&self.key, 2)?.into_iter();
-        let (next, sub) = (keys.next(), keys.next());
-        match (next, sub) {
-            (Some(n), Some(s)) => {
-                self.key = n;
-                Ok(s)
-            }
-            _ => Err(mlx::Error::Invalid("random split returned fewer than two keys".into())),
-        }
+    /// The key of the draw `ahead` positions after the next token's. Every emitted token has exactly
+    /// one position, whether plain decoding or a verify picked it.
+    fn key_at(&self, ahead: u64) -> Result<Array> {
+        random::key(mix(self.seed, self.drawn + ahead))
+    }
+
+    /// Moves past `n` emitted tokens.
+    pub fn advance(&mut self, n: usize) {
+        self.drawn += n as u64;
     }
 
     /// Applies the repetition penalty for `history` to one row of logits `[V]` (f32).
@@ -147,13 +152,33 @@ impl Sampler {
         lp.subtract(&lp.logsumexp(&[-1], true)?)
     }
 
-    /// Picks tokens from logits `[.., V]`: argmax when greedy, else a draw from [`Self::logprobs`].
+    /// Picks the next token from logits `[V]`: argmax when greedy, else a draw from
+    /// [`Self::logprobs`] with the next position's key. Advances one position either way.
     pub fn sample(&mut self, logits: &Array) -> Result<Array> {
+        let token = self.sample_rows(&logits.reshape(&[1, -1])?)?.reshape(&[])?;
+        self.advance(1);
+        Ok(token)
+    }
+
+    /// Picks one token per row of `[n, V]`, row i with the key of the position i ahead, without
+    /// advancing: the caller advances by as many as it keeps. Lazy: one wait reads them all.
+    pub fn sample_rows(&self, logits: &Array) -> Result<Array> {
         if self.is_greedy() {
             return logits.argmax(-1, false);
         }
         let lp = self.logprobs(logits)?;
-        let key = self.next_key()?;
-        random::categorical(&lp, -1, &key)
+        let rows = (0..lp.dim(0))
+            .map(|i| random::categorical(&lp.slice_axis(0, i, i + 1)?.reshape(&[-1])?, -1, &self.key_at(i as u64)?))
+            .collect::<Result<Vec<_>>>()?;
+        mlx::stack(&rows.iter().collect::<Vec<_>>(), 0)
     }
+}
+
+/// A 64-bit seed for the draw at `position` (SplitMix64's finalizer over seed and position), so
+/// that neighbouring positions and seeds get unrelated keys.
+fn mix(seed: u64, position: u64) -> u64 {
+    let mut z = seed ^ position.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }

@@ -78,10 +78,27 @@ impl SpecStats {
         if let Some(h) = self.accepted_hist.get_mut(accepted) {
             *h += 1;
         }
-    }
-
-    pub fn finish(&mut self, emitted_in_cycles: usize) {
+        // Kept current after every cycle: streamed snapshots are read mid-generation. A cycle emits
+        // its accepted drafts and one more token.
         self.acceptance = if self.drafted > 0 { self.accepted as f64 / self.drafted as f64 } else { 0.0 };
-        self.tok_per_cycle = if self.cycles > 0 { emitted_in_cycles as f64 / self.cycles as f64 } else { 0.0 };
+        self.tok_per_cycle = (self.accepted + self.cycles) as f64 / self.cycles as f64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The derived figures are right after every cycle, not only at the end (streamed interim stats
+    /// used to say 0.0 while `accepted` and `drafted` were not).
+    #[test]
+    fn acceptance_and_tokens_per_cycle_hold_after_each_cycle() {
+        let mut s = SpecStats::new(3);
+        s.record_cycle(3, 2);
+        assert_eq!((s.acceptance, s.tok_per_cycle), (2.0 / 3.0, 3.0));
+        s.record_cycle(3, 0);
+        assert_eq!((s.acceptance, s.tok_per_cycle), (2.0 / 6.0, 2.0));
+        s.record_cycle(1, 1);
+        assert_eq!((s.acceptance, s.tok_per_cycle, s.accepted_hist.clone()), (3.0 / 7.0, 6.0 / 3.0, vec![1, 1, 1, 0]));
     }
 }

@@ -351,6 +351,14 @@ impl Fused {
 /// Queries per pass up to which attention on CUDA is computed query by query (see [`causal_attention`]).
 const SHORT_QUERIES: i32 = 16;
 
+/// The most queries a pass should carry when its shape changes from call to call (a pass over a
+/// varying number of positions at a growing key length): on CUDA a longer one builds a cuDNN graph
+/// for its exact shape, seconds on an H200, while up to [`SHORT_QUERIES`] run query by query. None
+/// where any length is cheap (Metal, CPU).
+pub fn queries_per_varying_pass() -> Option<usize> {
+    (backend() == Backend::Cuda && default_device() == Device::Gpu).then_some(SHORT_QUERIES as usize)
+}
+
 /// Causal attention of the last `T` positions (q `[B, Hq, T, D]`) over all `L` keys (`[B, Hkv, L, D]`,
 /// the cache included): query `i` sees keys `0..=L-T+i`.
 ///

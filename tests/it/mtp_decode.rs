@@ -210,3 +210,67 @@ fn pipelined_decoding_gives_the_tokens_of_synchronous_steps() {
         assert_eq!(got, want, "{params:?}");
     }
 }
+
+/// A seed pins the tokens, not only their distribution: each position draws with its own key, and
+/// a verify draws each verified position with the key plain decoding uses there. So a seeded
+/// sampled generation gives plain decoding's tokens with MTP at any depth, adaptive or not, with
+/// or without the repetition penalty (the f32 model: verify logits match plain ones to rounding).
+#[test]
+fn a_seed_gives_the_same_tokens_with_mtp_at_any_depth() {
+    use tandem::generate::{generate, Control, GenerateOptions, SamplingParams};
+    let m =
+        model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32), ..Default::default() }).unwrap();
+    let prompt: Vec<u32> = (0..16).map(|i| 30 + (i * 53) % 300).collect();
+    let cases = [
+        SamplingParams { temperature: 0.8, seed: Some(3), ..Default::default() },
+        SamplingParams { temperature: 0.6, top_k: 20, seed: Some(12), ..Default::default() },
+        SamplingParams { temperature: 0.7, repetition_penalty: 1.2, seed: Some(21), ..Default::default() },
+    ];
+    let run = |sampling: &SamplingParams, mtp: MtpOptions| {
+        let opts = GenerateOptions { max_tokens: 40, sampling: sampling.clone(), mtp, ..Default::default() };
+        let out = generate(&m, &prompt, &opts, &mut |_| Control::Continue).unwrap();
+        (out.tokens, out.stats.spec.map(|s| s.accepted).unwrap_or(0))
+    };
+    for sampling in &cases {
+        let (plain, _) = run(sampling, MtpOptions { enabled: false, ..Default::default() });
+        let (other_seed, _) =
+            run(&SamplingParams { seed: sampling.seed.map(|s| s + 1), ..sampling.clone() }, MtpOptions::default());
+        assert_ne!(plain, other_seed, "the seed decides the tokens: {sampling:?}");
+        for (depth, adaptive) in [(1, false), (3, false), (5, false), (3, true)] {
+            let mtp = MtpOptions { enabled: true, depth, adaptive, ..Default::default() };
+            let (tokens, accepted) = run(sampling, mtp);
+            assert_eq!(tokens, plain, "depth {depth}, adaptive {adaptive}: {sampling:?}");
+            assert!(accepted > 0, "drafts were accepted, so the verify's draws were used: {sampling:?}");
+        }
+    }
+}
+
+/// Catching the head up in chunks (what CUDA does after a long park, so that the attention's shape
+/// repeats) drafts exactly what one pass over all pending pairs drafts.
+#[test]
+fn a_chunked_catch_up_drafts_what_one_pass_drafts() {
+    use tandem::generate::mtp::drafter::Drafter;
+    use tandem::generate::prefill;
+    let m =
+        model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32), ..Default::default() }).unwrap();
+    let prompt: Vec<u32> = (0..48).map(|i| 30 + (i * 37) % 300).collect();
+    let mut cache = m.make_cache();
+    let hidden = prefill(&m, &prompt[..8], &mut cache, 512).unwrap();
+    // The rest of the prompt as if decoded while parked: one position at a time, queued.
+    let decoded = prefill(&m, &prompt[8..], &mut cache, 512).unwrap();
+    let drafts = |chunk: Option<usize>| {
+        let mut d = Drafter::new(&m, &hidden, &prompt[..8], prompt[8]);
+        if let Some(n) = chunk {
+            d = d.with_catch_up_chunk(n);
+        }
+        let queued: Vec<Array> = (0..40).map(|i| decoded.slice_axis(1, i, i + 1).unwrap()).collect();
+        let mut next: Vec<u32> = prompt[9..].to_vec();
+        next.push(7);
+        d.queue(queued, &next);
+        d.draft(&m, 3, 3).unwrap().to_vec::<u32>().unwrap()
+    };
+    let whole = drafts(None);
+    for n in [1, 5, 16] {
+        assert_eq!(drafts(Some(n)), whole, "catch-up in chunks of {n}");
+    }
+}

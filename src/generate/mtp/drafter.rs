@@ -12,6 +12,7 @@ use mlx::{concatenate, Array};
 
 use crate::cache::KvCache;
 use crate::generate::error::Result;
+use crate::model::layers::queries_per_varying_pass;
 use crate::model::Qwen35;
 
 pub struct Drafter {
@@ -22,6 +23,8 @@ pub struct Drafter {
     /// Time the latest draft spent catching the head up on positions decoded while parked: a
     /// one-off cost of having parked, kept out of the controller's judgement of drafting.
     catch_up_ms: f64,
+    /// Pairs per head pass when catching up (see [`Drafter::flush`]).
+    chunk: usize,
 }
 
 impl Drafter {
@@ -35,7 +38,14 @@ impl Drafter {
             pending_hidden: vec![hidden.clone()],
             pending_tokens: tokens,
             catch_up_ms: 0.0,
+            chunk: queries_per_varying_pass().unwrap_or(usize::MAX),
         }
+    }
+
+    /// Catches up at most `n` pairs per head pass (the backend decides by default).
+    pub fn with_catch_up_chunk(mut self, n: usize) -> Drafter {
+        self.chunk = n.max(1);
+        self
     }
 
     /// Queues committed pairs: hidden states (`[1, T, D]` each, T in all) and the T tokens after them.
@@ -76,14 +86,28 @@ impl Drafter {
         Ok(all)
     }
 
-    /// Runs the pending pairs through the head; returns its normed output at the last pair.
+    /// Runs the pending pairs through the head; returns its normed output at the last pair. After a
+    /// long park the pairs are many and their number differs each time: where such passes are costly
+    /// (CUDA builds an attention graph per shape) they run in chunks of a length that stays cheap.
     fn flush(&mut self, model: &Qwen35) -> Result<Array> {
+        let chunk = self.chunk;
         let hidden = concatenate(&self.pending_hidden.iter().collect::<Vec<_>>(), 1)?;
         let ids: Vec<i32> = self.pending_tokens.iter().map(|&t| t as i32).collect();
         debug_assert_eq!(hidden.dim(1) as usize, ids.len());
-        let out = model.mtp_forward(&hidden, &Array::from_slice(&ids, &[1, ids.len() as i32])?, &mut self.cache)?;
         self.pending_hidden.clear();
         self.pending_tokens.clear();
+        let mut out = None;
+        for (i, ids) in ids.chunks(chunk).enumerate() {
+            let start = (i * chunk) as i32;
+            let h = if ids.len() == hidden.dim(1) as usize {
+                hidden.clone()
+            } else {
+                hidden.slice_axis(1, start, start + ids.len() as i32)?
+            };
+            let x = Array::from_slice(ids, &[1, ids.len() as i32])?;
+            out = Some(model.mtp_forward(&h, &x, &mut self.cache)?);
+        }
+        let out = out.ok_or_else(|| mlx::Error::Invalid("the MTP head has no pending pair to draft from".into()))?;
         let t = out.dim(1);
         Ok(out.slice_axis(1, t - 1, t)?)
     }

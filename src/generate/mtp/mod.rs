@@ -35,7 +35,6 @@ pub struct MtpDecoder<'m> {
     /// The newest sampled token, not yet fed to the main model.
     last: u32,
     ctl: Controller,
-    emitted_in_cycles: usize,
     /// Tokens emitted so far, the first one included.
     emitted: usize,
     /// When set, the drafts sent to verify come from here (benchmarks).
@@ -77,7 +76,6 @@ impl<'m> MtpDecoder<'m> {
             opts: opts.clone(),
             last: first,
             ctl: Controller::new(opts.adaptive, opts.depth),
-            emitted_in_cycles: 0,
             emitted: 1,
             oracle: None,
             ahead: None,
@@ -111,6 +109,7 @@ impl<'m> MtpDecoder<'m> {
             self.last = next;
             self.emitted += 1;
             let now = Instant::now();
+            tracing::trace!(ms = ms(since, now), "mtp: parked step");
             self.ctl.after_plain(ms(since, now));
             self.returned = Some(now);
             return Ok(vec![next]);
@@ -138,13 +137,21 @@ impl<'m> MtpDecoder<'m> {
         self.drafter.queue(v.hidden, &out);
         self.last = v.next;
 
+        tracing::trace!(
+            k,
+            accepted = a,
+            ms = cycle_ms,
+            draft_ms = ms(t0, t1),
+            catch_up_ms = self.drafter.catch_up_ms(),
+            verify_ms = v.ms[0],
+            "mtp: cycle"
+        );
         let spec = stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth));
         spec.record_cycle(k, a);
         spec.ms.draft += ms(t0, t1);
         spec.ms.verify += v.ms[0];
         spec.ms.sample += v.ms[1];
         spec.ms.rollback += v.ms[2];
-        self.emitted_in_cycles += a + 1;
         self.emitted += a + 1;
         self.ctl.after_spec(cycle_ms - self.drafter.catch_up_ms(), k, a);
         Ok(out)
@@ -153,7 +160,6 @@ impl<'m> MtpDecoder<'m> {
     /// Fills in the final statistics.
     pub fn finish(&self, stats: &mut Stats) {
         if let Some(spec) = stats.spec.as_mut() {
-            spec.finish(self.emitted_in_cycles);
             if self.ctl.parked() && spec.cycles == 0 {
                 spec.fallback = self.ctl.reason.clone();
             }

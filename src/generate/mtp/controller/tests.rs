@@ -1,0 +1,125 @@
+use super::*;
+
+/// What a simulated run did: tokens in all, tokens by cycles at each depth (index k - 1), and
+/// the time it took.
+struct Run {
+    by_depth: Vec<usize>,
+    ms: f64,
+}
+
+/// Drives the controller for `tokens` tokens: a plain step costs `plain` ms, a cycle at depth
+/// k `cycle(k)` ms and accepts `accepted(k)` drafts.
+fn simulate(
+    c: &mut Controller,
+    tokens: usize,
+    plain: f64,
+    cycle: impl Fn(usize) -> f64,
+    mut accepted: impl FnMut(usize) -> usize,
+) -> Run {
+    let mut run = Run { by_depth: vec![0; c.max_depth], ms: 0.0 };
+    let mut done = 0;
+    while done < tokens {
+        if c.parked() {
+            c.after_plain(plain);
+            run.ms += plain;
+            done += 1;
+        } else {
+            let k = c.depth();
+            let (ms, a) = (cycle(k), accepted(k));
+            c.after_spec(ms, k, a);
+            run.ms += ms;
+            done += a + 1;
+            run.by_depth[k - 1] += a + 1;
+        }
+    }
+    run
+}
+
+/// Each draft is accepted with probability `p` given the one before it was (splitmix64 stream).
+fn chain(p: f64, seed: u64) -> impl FnMut(usize) -> usize {
+    let mut state = seed;
+    move |k| {
+        let mut uniform = || {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+        };
+        (0..k).take_while(|_| uniform() < p).count()
+    }
+}
+
+#[test]
+fn controller_backs_off_when_drafting_loses_and_returns_when_it_wins() {
+    // Drafts never accepted and a cycle costs 1.8 steps (the GPU measurement in docs/PERF.md).
+    let mut c = Controller::new(true, 3);
+    let r = simulate(&mut c, 2000, 10.0, |_| 18.0, |_| 0);
+    let spec_tokens: usize = r.by_depth.iter().sum();
+    // With a fixed 16-step park, 3 of every 19 tokens would come from losing cycles (~16%).
+    assert!(spec_tokens * 100 < 2000 * 3, "{spec_tokens} of 2000 tokens from losing cycles");
+    assert!(c.reason.as_deref().is_some_and(|r| r.contains("parked")), "{:?}", c.reason);
+    // Drafting that pays (every draft accepted, 15 ms a cycle against 10 ms a step) takes over.
+    let won = simulate(&mut c, 4000, 10.0, |_| 15.0, |k| k);
+    let won: usize = won.by_depth.iter().sum();
+    assert!(won * 10 > 4000 * 8, "only {won} of 4000 tokens from cycles once drafting pays");
+}
+
+/// Drafting that wins by 12% on average keeps running although one cycle in ten takes twice as
+/// long (GPU timings); an average that one slow cycle can swing parked it again and again.
+#[test]
+fn controller_keeps_drafting_that_wins_through_noisy_cycles() {
+    let mut c = Controller::new(true, 3);
+    let n = std::cell::Cell::new(0usize);
+    // 3 tokens per cycle; 24 ms, or 48 ms every tenth cycle: 8.8 ms a token on average.
+    let cost = |_| {
+        n.set(n.get() + 1);
+        if n.get() % 10 == 0 {
+            48.0
+        } else {
+            24.0
+        }
+    };
+    let r = simulate(&mut c, 3000, 10.0, cost, |k| (k.min(3)).saturating_sub(1));
+    let by_spec: usize = r.by_depth.iter().sum();
+    assert!(by_spec * 100 > 3000 * 95, "only {by_spec} of 3000 tokens from cycles");
+}
+
+#[test]
+fn controller_off_never_parks_nor_changes_depth() {
+    let mut c = Controller::new(false, 3);
+    let r = simulate(&mut c, 500, 10.0, |_| 40.0, |_| 0);
+    assert_eq!(r.by_depth, vec![0, 0, 500]);
+}
+
+/// Depth 3 loses to plain decoding but depth 1 wins: a cycle costs a step plus 6 ms a draft,
+/// each draft is right 70% of the time. Expected ms per token: plain 10, depth 1 16/1.7 = 9.4,
+/// depth 3 28/2.53 = 11.1. The old rule judged only the configured depth and parked; the
+/// controller drafts at depth 1 and beats plain decoding.
+#[test]
+fn controller_picks_the_depth_that_pays_when_the_deepest_loses() {
+    let mut c = Controller::new(true, 3);
+    let r = simulate(&mut c, 4000, 10.0, |k| 10.0 + 6.0 * k as f64, chain(0.7, 1));
+    let total: usize = r.by_depth.iter().sum::<usize>();
+    assert!(r.by_depth[0] * 10 > 4000 * 7, "depth 1 made only {:?} of 4000 tokens", r.by_depth);
+    assert!(r.ms < 4000.0 * 10.0 * 0.98, "{:.0} ms against {:.0} plain ({total} by cycles)", r.ms, 40000.0);
+    assert_eq!(c.depth(), 1);
+}
+
+/// Where no depth pays (drafts right half the time, a depth-1 cycle 1.74 steps: the H200
+/// figures of issue 16, where drafting ran at 0.70x), MTP on is never much slower than off.
+#[test]
+fn controller_is_never_much_slower_than_plain_when_no_depth_pays() {
+    let mut c = Controller::new(true, 3);
+    let plain = 8.4;
+    let r = simulate(&mut c, 4000, plain, |k| 13.1 + 1.5 * k as f64 + 3.9 * (k as f64 - 1.0), chain(0.5, 2));
+    assert!(r.ms < 4000.0 * plain * 1.03, "{:.0} ms against {:.0} plain", r.ms, 4000.0 * plain);
+}
+
+/// A deep drafter that pays most at depth 3 keeps depth 3 (2 ms a draft, 95% right).
+#[test]
+fn controller_keeps_the_deepest_depth_when_it_pays_most() {
+    let mut c = Controller::new(true, 3);
+    let r = simulate(&mut c, 3000, 10.0, |k| 12.0 + 2.0 * k as f64, chain(0.95, 3));
+    assert!(r.by_depth[2] * 10 > 3000 * 8, "{:?}", r.by_depth);
+}
