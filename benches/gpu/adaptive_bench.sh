@@ -32,6 +32,7 @@ python3 - "$OUT/trace.log" <<'PY'
 import re, sys, statistics as st
 parked, cycles = [], []
 for line in open(sys.argv[1]):
+    line = re.sub(r'\x1b\[[0-9;]*m', '', line)  # tracing's colours
     m = dict(re.findall(r'(\w+)=([0-9.]+)', line))
     if 'parked step' in line: parked.append(float(m['ms']))
     elif 'mtp: cycle' in line: cycles.append(m)
