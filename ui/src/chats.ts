@@ -42,7 +42,22 @@ export function applyChunk(m: StoredMessage, chunk: ChatCompletionChunk): { mess
     if (choice.finish_reason) finish_reason = choice.finish_reason;
   }
   if (chunk.stats) stats = chunk.stats;
-  return { message: { ...m, content, reasoning, finish_reason, stats }, tokens };
+  const usage = chunk.usage ?? m.usage;
+  return { message: { ...m, content, reasoning, finish_reason, stats, ...(usage ? { usage } : {}) }, tokens };
+}
+
+/**
+ * The tokens the conversation holds in the model's context: the prompt and reply of its newest answer
+ * (the `usage` the server sent, else the statistics). Null before any answer says.
+ */
+export function contextUsed(c: Conversation | null): number | null {
+  for (let i = (c?.messages.length ?? 0) - 1; i >= 0; i--) {
+    const m = c!.messages[i]!;
+    if (m.role !== 'assistant') continue;
+    if (m.usage) return m.usage.prompt_tokens + m.usage.completion_tokens;
+    if (m.stats && m.stats.prompt_tokens + m.stats.completion_tokens > 0) return m.stats.prompt_tokens + m.stats.completion_tokens;
+  }
+  return null;
 }
 
 export class ChatStore {
@@ -50,6 +65,8 @@ export class ChatStore {
   private listeners = new Set<(s: ChatState) => void>();
   /** The conversation whose reply is streaming, as it is now, and how to stop it. */
   private running: { conversation: Conversation; controller: AbortController } | null = null;
+  /** Conversations deleted in this window: a reply stopped by the delete must not save them again. */
+  private deleted = new Set<string>();
 
   constructor(
     private readonly store: ConversationStore,
@@ -117,11 +134,14 @@ export class ChatStore {
     }
   }
 
+  /** A new chat takes the model's defaults (empty sampling), never the previous chat's settings. */
   startNew(model: string | null): void {
-    this.set({ conversation: newConversation(model, this.state.conversation?.sampling ?? {}) });
+    this.set({ conversation: newConversation(model) });
   }
 
   async remove(id: string, model: string | null): Promise<void> {
+    // Marked first: the stopped reply's save (in run's `finally`) must not bring it back.
+    this.deleted.add(id);
     if (this.running?.conversation.id === id) this.running.controller.abort();
     try {
       await this.store.remove(id);
@@ -129,8 +149,28 @@ export class ChatStore {
       this.onError(e);
     }
     await this.refreshList();
-    const shown = this.state.conversation;
-    if (shown?.id === id) this.set({ conversation: newConversation(model, shown.sampling) });
+    if (this.state.conversation?.id === id) this.set({ conversation: newConversation(model) });
+  }
+
+  /** Removes one message (user or assistant) from the shown conversation, e.g. an image a model cannot take. */
+  deleteMessage(id: string): void {
+    const c = this.state.conversation;
+    if (!c || this.running?.conversation.id === c.id) return;
+    const next: Conversation = { ...c, messages: c.messages.filter((m) => m.id !== id), updated: Date.now() };
+    this.put(next);
+    void this.persist(next);
+  }
+
+  /** Removes every image from the shown conversation (a message left empty goes too), so a text-only model can go on. */
+  dropImages(): void {
+    const c = this.state.conversation;
+    if (!c || this.running?.conversation.id === c.id) return;
+    const messages = c.messages
+      .map((m) => (m.images?.length ? { ...m, images: undefined } : m))
+      .filter((m) => m.role !== 'user' || m.content.trim() !== '' || m.images?.length);
+    const next: Conversation = { ...c, messages, updated: Date.now() };
+    this.put(next);
+    void this.persist(next);
   }
 
   /** The model of the shown conversation changes; a conversation with messages is saved. */
@@ -230,10 +270,11 @@ export class ChatStore {
     } finally {
       const done = { ...this.running!.conversation, updated: Date.now() };
       this.running = null;
-      this.put(done);
+      const gone = this.deleted.has(done.id);
+      if (!gone) this.put(done);
       this.set({ streaming: null });
       this.feed.generationEnded(finalStats);
-      await this.persist(done);
+      if (!gone) await this.persist(done);
     }
   }
 }

@@ -1,7 +1,7 @@
 // A conversation as the UI keeps it: the engine stores it as sent (one JSON file each), relying only on
 // the fields of `ConversationCore` (generated from Rust); the rest is the UI's own.
 
-import type { ChatCompletionRequest, ConversationCore, MessageCore, Stats } from './generated';
+import type { ChatCompletionRequest, ConversationCore, MessageCore, Stats, Usage } from './generated';
 
 /** This chat's sampling: the request fields the UI lets a person set; one left out takes the model's default. */
 export type Sampling = Pick<ChatCompletionRequest, 'temperature' | 'top_p' | 'max_tokens' | 'seed'>;
@@ -16,6 +16,8 @@ export interface StoredMessage extends MessageCore {
   model?: string;
   /** Statistics of the generation that wrote it. */
   stats?: Stats | null;
+  /** The token counts the server reported at the end of the generation (`stream_options.include_usage`). */
+  usage?: Usage;
   /** Set when generation stopped early: "stopped" by the user, or the error's message. */
   stopped?: boolean;
   error?: string;

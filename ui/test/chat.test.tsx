@@ -4,6 +4,7 @@ import { afterEach, describe, expect, it, vi } from 'vitest';
 import { Api } from '../src/api';
 import { dismiss, ErrorBanner } from '../src/components/banner';
 import { LiveFeed } from '../src/live';
+import type { Conversation } from '../src/conversation';
 import { MemoryStore } from '../src/storage';
 import type { ChatCompletionChunk, ModelStatus, OpenAIModel } from '../src/generated';
 import { ChatView } from '../src/views/chat/view';
@@ -65,10 +66,9 @@ const q = (sel: string) => root!.querySelector(sel) as HTMLElement | null;
 const byId = (id: string) => q(`[data-testid="${id}"]`);
 const all = (id: string) => [...root!.querySelectorAll(`[data-testid="${id}"]`)] as HTMLElement[];
 
-async function mount(routes: Parameters<typeof mockFetch>[0]) {
+async function mount(routes: Parameters<typeof mockFetch>[0], store = new MemoryStore()) {
   const mock = mockFetch(routes);
   const client = new Api('', mock.fetch, null);
-  const store = new MemoryStore();
   const feed = new LiveFeed();
   root = document.createElement('div');
   document.body.appendChild(root);
@@ -198,5 +198,128 @@ describe('ChatView', () => {
     await waitFor(() => calls.length > 0, 'the request');
     expect(calls[0]!.body).toMatchObject({ temperature: 0.2, top_p: 0.9, max_tokens: 32, seed: 11 });
     stream.close();
+  });
+});
+
+const PNG = 'data:image/png;base64,iVBORw0KGgo=';
+
+/** A store holding one conversation: a user turn with an image, and its (failed) reply. */
+async function storeWithImage(): Promise<MemoryStore> {
+  const store = new MemoryStore();
+  const c: Conversation = {
+    id: 'c1',
+    title: 'Look',
+    created: 1,
+    updated: 2,
+    model: 'tandem-tiny',
+    sampling: {},
+    messages: [
+      { id: 'u1', role: 'user', content: 'What is this?', images: [PNG], created: 1 },
+      { id: 'a1', role: 'assistant', content: '', error: 'remove the 1 image(s)', created: 2 },
+      { id: 'u2', role: 'user', content: '', images: [PNG], created: 3 },
+    ],
+  };
+  await store.save(c);
+  return store;
+}
+
+function replyOnce(text: string) {
+  const s = controlledStream();
+  s.content(text);
+  s.send(`data: ${JSON.stringify(chunkOf({}, { choices: [], usage: { prompt_tokens: 30, completion_tokens: 12, total_tokens: 42 } }))}\n\n`);
+  s.send('data: [DONE]\n\n');
+  s.close();
+  return s.response;
+}
+
+describe('images and a text-only model', () => {
+  it('blocks Send while the chat holds an image, says why, and removes the images on request', async () => {
+    const store = await storeWithImage();
+    const { calls } = await mount({ 'POST /v1/chat/completions': () => replyOnce('Fine.') }, store);
+    await waitFor(() => all('message-image').length === 2, 'the stored images');
+    await type('And now?');
+    expect((byId('chat-send') as HTMLButtonElement).disabled).toBe(true);
+    expect(byId('vision-warning')!.textContent).toContain('cannot take images');
+    expect(byId('vision-warning')!.textContent).toContain('2 images');
+    // Enter does not send either.
+    await act(async () => {
+      byId('chat-input')!.dispatchEvent(new KeyboardEvent('keydown', { key: 'Enter', bubbles: true }));
+    });
+    expect(calls.filter((c) => c.method === 'POST')).toHaveLength(0);
+
+    await click('chat-drop-images');
+    expect(all('message-image')).toHaveLength(0);
+    expect(byId('vision-warning')).toBeNull();
+    // The user turn that was only an image is gone; the one with text stays, without its image.
+    expect(all('message-user').map((m) => m.textContent)).toEqual([expect.stringContaining('What is this?')]);
+    await click('chat-send');
+    await waitFor(() => calls.some((c) => c.method === 'POST'), 'the request');
+    const body = calls.find((c) => c.method === 'POST')!.body as { messages: { content: unknown }[] };
+    expect(JSON.stringify(body.messages)).not.toContain('image_url');
+    const saved = await store.load('c1');
+    await waitFor(() => !!saved, 'saved');
+    expect(JSON.stringify((await store.load('c1'))!.messages)).not.toContain('data:image');
+  });
+
+  it('blocks Send with an attached image until the attachment is removed', async () => {
+    await mount({});
+    const input = byId('chat-file-input') as HTMLInputElement;
+    const file = new File([new Uint8Array([137, 80, 78, 71])], 'cat.png', { type: 'image/png' });
+    Object.defineProperty(input, 'files', { value: [file], configurable: true });
+    await act(async () => {
+      input.dispatchEvent(new Event('change', { bubbles: true }));
+    });
+    await waitFor(() => all('attachment-preview').length === 1, 'the preview');
+    expect((byId('chat-send') as HTMLButtonElement).disabled).toBe(true);
+    expect(byId('vision-warning')!.textContent).toContain('Remove the attached image to send');
+    await click('attachment-remove');
+    expect(all('attachment-preview')).toHaveLength(0);
+    expect(byId('vision-warning')).toBeNull();
+    await type('plain text');
+    expect((byId('chat-send') as HTMLButtonElement).disabled).toBe(false);
+  });
+
+  it('deletes single messages, user or assistant, and saves the conversation without them', async () => {
+    const store = await storeWithImage();
+    await mount({}, store);
+    await waitFor(() => all('message-user').length === 2, 'the messages');
+    const del = (role: string) =>
+      act(async () => {
+        (q(`[data-testid="message-${role}"] [data-testid="message-delete"]`) as HTMLElement).click();
+      });
+    await del('assistant');
+    expect(all('message-assistant')).toHaveLength(0);
+    await del('user');
+    await del('user');
+    expect(all('message-user')).toHaveLength(0);
+    await settle();
+    expect((await store.load('c1'))!.messages).toEqual([]);
+  });
+});
+
+describe('context and defaults', () => {
+  it('shows the tokens the conversation uses against the model context', async () => {
+    await mount({ 'POST /v1/chat/completions': () => replyOnce('Sure.') });
+    expect(byId('chat-context')!.textContent).toBe('0 / 2,048 tokens');
+    await type('Hi');
+    await click('chat-send');
+    await waitFor(() => byId('chat-context')!.textContent === '42 / 2,048 tokens', 'the usage');
+  });
+
+  it("starts a new chat from the model's defaults, not the previous chat's settings", async () => {
+    const { calls } = await mount({ 'POST /v1/chat/completions': () => replyOnce('ok') });
+    await click('chat-settings-toggle');
+    const el = byId('setting-max-tokens') as HTMLInputElement;
+    await act(async () => {
+      el.value = '3000';
+      el.dispatchEvent(new Event('input', { bubbles: true }));
+    });
+    await click('new-chat');
+    await click('chat-settings-toggle');
+    expect((byId('setting-max-tokens') as HTMLInputElement).value).toBe('');
+    await type('x');
+    await click('chat-send');
+    await waitFor(() => calls.some((c) => c.method === 'POST'), 'the request');
+    expect(calls.find((c) => c.method === 'POST')!.body).not.toHaveProperty('max_tokens');
   });
 });

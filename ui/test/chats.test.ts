@@ -50,3 +50,27 @@ describe('ChatStore', () => {
     expect(seen.some(([s]) => s.streaming?.messageId === last.conversation!.messages[1]!.id)).toBe(true);
   });
 });
+
+describe('deleting a chat while its reply streams', () => {
+  it('does not save the stopped reply after the delete', async () => {
+    const { fetch } = mockFetch({
+      'POST /v1/chat/completions': () => sse([data(chunkOf({ role: 'assistant', content: 'Once' }))], { hang: true }),
+    });
+    const store = new MemoryStore();
+    const errors: unknown[] = [];
+    const chats = new ChatStore(store, new Api('', fetch, null), new LiveFeed(), (e) => errors.push(e));
+    await chats.start();
+    const sending = chats.send('Tell a story', [], 'tandem-tiny');
+    for (let i = 0; i < 50 && !chats.state.conversation?.messages[1]?.content; i++) await new Promise((r) => setTimeout(r, 5));
+    const id = chats.state.conversation!.id;
+    expect(await store.list()).toHaveLength(1);
+    await chats.remove(id, 'tandem-tiny');
+    await sending;
+    await new Promise((r) => setTimeout(r, 20));
+    expect(await store.list()).toEqual([]);
+    expect(await store.load(id)).toBeNull();
+    expect(chats.state.summaries).toEqual([]);
+    expect(chats.state.conversation!.id).not.toBe(id);
+    expect(errors).toEqual([]);
+  });
+});

@@ -29,6 +29,8 @@ export function AssistantMessage(props: {
   last: boolean;
   canRegenerate: boolean;
   onRegenerate: () => void;
+  /** Absent while a reply streams in this chat. */
+  onDelete?: () => void;
 }) {
   const { m, streaming } = props;
   const split = splitThinking(m.content);
@@ -81,13 +83,22 @@ export function AssistantMessage(props: {
               Regenerate
             </button>
           )}
+          {props.onDelete && <DeleteButton onDelete={props.onDelete} />}
         </div>
       )}
     </div>
   );
 }
 
-export function UserMessage({ m }: { m: StoredMessage }) {
+function DeleteButton({ onDelete }: { onDelete: () => void }) {
+  return (
+    <button class="link-button message-delete" data-testid="message-delete" onClick={onDelete} title="Delete this message from the conversation">
+      Delete
+    </button>
+  );
+}
+
+export function UserMessage({ m, onDelete }: { m: StoredMessage; onDelete?: () => void }) {
   return (
     <div class="message message-user" data-testid="message-user" data-role="user" data-message-id={m.id}>
       {m.images && m.images.length > 0 && (
@@ -98,6 +109,11 @@ export function UserMessage({ m }: { m: StoredMessage }) {
         </div>
       )}
       {m.content && <div class="message-text">{m.content}</div>}
+      {onDelete && (
+        <div class="message-actions">
+          <DeleteButton onDelete={onDelete} />
+        </div>
+      )}
     </div>
   );
 }

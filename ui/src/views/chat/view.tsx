@@ -4,9 +4,10 @@
 import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { api as defaultApi, type Api } from '../../api';
 import { attach, type Attachment } from '../../attachments';
-import { ChatStore, type ChatState } from '../../chats';
+import { ChatStore, type ChatState, contextUsed } from '../../chats';
 import { showError } from '../../components/banner';
 import { MtpHealth } from '../../components/mtp_health';
+import * as fmt from '../../format';
 import type { ModelStatus, OpenAIModel } from '../../generated';
 import { live as defaultLive, type LiveFeed } from '../../live';
 import type { ConversationStore } from '../../storage';
@@ -74,7 +75,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
   const generating = busy && streaming?.conversationId === conversation?.id;
 
   async function send() {
-    if (!conversation || busy) return;
+    if (!conversation || busy || blocked) return;
     const text = input.trim();
     if (!text && attachments.length === 0) return;
     const images = attachments.map((a) => a.url);
@@ -138,7 +139,12 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
 
   const messages = conversation?.messages ?? [];
   const lastIndex = messages.length - 1;
-  const hasImages = attachments.length > 0 || messages.some((m) => m.images?.length);
+  // A text-only model refuses every request that holds an image: Send is blocked until they are gone.
+  const textOnly = modelInfo?.vision === false;
+  const heldImages = messages.reduce((n, m) => n + (m.images?.length ?? 0), 0);
+  const blocked = textOnly && (attachments.length > 0 || heldImages > 0);
+  const used = contextUsed(conversation);
+  const contextLength = modelInfo?.context_length ?? null;
 
   return (
     <div class={`chat-layout ${showPanel ? 'with-panel' : ''}`}>
@@ -210,6 +216,15 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
             <MtpHealth mtp={modelInfo.mtp} compact />
           )}
           <span class="spacer" />
+          {(used != null || contextLength != null) && (
+            <span
+              class={`dim small context-meter ${used != null && contextLength != null && used > 0.9 * contextLength ? 'warn' : ''}`}
+              data-testid="chat-context"
+              title="Tokens this conversation holds / the model's context length"
+            >
+              {used != null ? fmt.integer(used) : '0'} / {contextLength != null ? fmt.integer(contextLength) : '?'} tokens
+            </span>
+          )}
           <button
             class={`button ${settingsOpen ? 'active' : ''}`}
             data-testid="chat-settings-toggle"
@@ -247,9 +262,10 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
                 last={i === lastIndex}
                 canRegenerate={!busy}
                 onRegenerate={regenerate}
+                onDelete={generating ? undefined : () => chats.deleteMessage(m.id)}
               />
             ) : m.role === 'user' ? (
-              <UserMessage key={m.id} m={m} />
+              <UserMessage key={m.id} m={m} onDelete={generating ? undefined : () => chats.deleteMessage(m.id)} />
             ) : null,
           )}
           {!busy && lastIndex >= 0 && messages[lastIndex]!.role === 'user' && (
@@ -279,8 +295,19 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
               ))}
             </div>
           )}
-          {hasImages && modelInfo && modelInfo.vision === false && (
-            <div class="notice notice-warn small">This model has no vision tower; it cannot see images.</div>
+          {blocked && (
+            <div class="notice notice-warn small vision-warning" data-testid="vision-warning">
+              {currentModel} has no vision tower and cannot take images.{' '}
+              {attachments.length > 0 && 'Remove the attached image' + (attachments.length > 1 ? 's' : '') + ' to send. '}
+              {heldImages > 0 && (
+                <>
+                  This chat already holds {heldImages} image{heldImages > 1 ? 's' : ''}.{' '}
+                  <button class="link-button" data-testid="chat-drop-images" onClick={() => chats.dropImages()} disabled={generating}>
+                    Remove {heldImages > 1 ? 'them' : 'it'} from this chat
+                  </button>
+                </>
+              )}
+            </div>
           )}
           <div class="composer-row">
             <button
@@ -342,7 +369,8 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
                 class="button button-primary"
                 data-testid="chat-send"
                 onClick={() => void send()}
-                disabled={!input.trim() && attachments.length === 0}
+                disabled={blocked || (!input.trim() && attachments.length === 0)}
+                title={blocked ? 'This model cannot take images' : undefined}
               >
                 Send
               </button>
