@@ -12,7 +12,11 @@
 //     under Models as a 4-bit MLX model, and loads;
 //  6. a folder that is not a model is refused with a message that names it;
 //  7. the desktop shell's drop hook (`window.onFolderDropped`, the `tandem://dropped-folder` event)
-//     opens Convert with the path.
+//     opens Convert with the path;
+//  8. an image for a text-only model blocks Send (with the reason) until it is removed, and a chat
+//     already holding one recovers by removing it (no chat is poisoned); single messages delete;
+//  9. a chat deleted while its reply streams stays deleted after a reload;
+// 10. at 720 px wide the conversation list, New chat and the Stats drawer are usable.
 
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -183,6 +187,106 @@ describe('Tandem web UI against tandem serve', () => {
     const local = await page.evaluate(() => Object.keys(localStorage).filter((k) => k.startsWith('tandem.conversation')));
     assert.deepEqual(local, []);
     await shot('02b-chat-after-reload.png');
+  });
+
+  test('an image for a text-only model blocks Send until removed, and a chat holding one recovers', async () => {
+    await byId('nav-chat').click();
+    await byId('new-chat').click();
+    // A 1x1 PNG attached through the file picker.
+    const png = Buffer.from('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==', 'base64');
+    await byId('chat-file-input').setInputFiles({ name: 'dot.png', mimeType: 'image/png', buffer: png });
+    await byId('attachment-preview').waitFor();
+    await byId('chat-input').fill('What is in this picture?');
+    await byId('vision-warning').waitFor();
+    assert.match(await byId('vision-warning').innerText(), /cannot take images/);
+    assert.equal(await byId('chat-send').isDisabled(), true, 'Send is blocked while an image is attached');
+    await shot('02c-image-blocked.png');
+    await byId('attachment-remove').click();
+    assert.equal(await byId('vision-warning').count(), 0);
+    assert.equal(await byId('chat-send').isDisabled(), false);
+
+    // A chat saved earlier with an image (as an older version let it happen): it opens with Send blocked,
+    // and removing the image lets it go on.
+    const id = `e2e-image-${Date.now()}`;
+    const now = Date.now();
+    const poisoned = {
+      id, title: 'Poisoned by an image', created: now, updated: now + 60_000, model: 'tandem-tiny', sampling: {},
+      messages: [
+        { id: 'm1', role: 'user', content: 'Look', images: [`data:image/png;base64,${png.toString('base64')}`], created: now },
+        { id: 'm2', role: 'assistant', content: '', error: 'remove the 1 image(s)', created: now },
+      ],
+    };
+    const put = await fetch(`${URL}/api/conversations/${id}`, { method: 'PUT', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(poisoned) });
+    assert.ok(put.ok, `PUT the conversation: ${put.status}`);
+    await page.reload({ waitUntil: 'load', timeout: 30_000 });
+    await page.locator(`[data-testid="conversation-item"].active[data-conversation-id="${id}"]`).waitFor();
+    await byId('message-image').waitFor();
+    await byId('chat-input').fill('Just say hello.');
+    assert.equal(await byId('chat-send').isDisabled(), true, 'Send is blocked while the chat holds an image');
+    assert.match(await byId('vision-warning').innerText(), /already holds 1 image/);
+    // The failed reply goes with its own Delete; the image with the warning's button.
+    await byId('message-assistant').getByTestId('message-delete').click();
+    assert.equal(await byId('message-assistant').count(), 0);
+    await byId('chat-drop-images').click();
+    assert.equal(await byId('message-image').count(), 0);
+    await byId('chat-send').click();
+    await page.locator('[data-testid="message-assistant"][data-streaming="false"]').last().waitFor({ timeout: GENERATION });
+    assert.equal(await byId('message-error').count(), 0, `no error: ${await byId('message-error').allInnerTexts()}`);
+    const saved = await (await fetch(`${URL}/api/conversations/${id}`)).json();
+    assert.ok(!JSON.stringify(saved).includes('data:image'), 'the image is gone from the saved chat');
+    assert.deepEqual(saved.messages.map((m) => m.role), ['user', 'user', 'assistant']);
+    await byId('chat-context').waitFor();
+    assert.match(await byId('chat-context').innerText(), /^[\d,]+ \/ [\d,]+ tokens$/);
+  });
+
+  test('a chat deleted while its reply streams stays deleted after a reload', async () => {
+    await byId('new-chat').click();
+    await byId('chat-input').fill('Tell me a very long story about a lighthouse keeper and the sea.');
+    await byId('chat-send').click();
+    await page.locator('[data-testid="message-assistant"][data-streaming="true"]').waitFor({ timeout: GENERATION });
+    const active = page.locator('[data-testid="conversation-item"].active');
+    await active.waitFor();
+    const id = await active.getAttribute('data-conversation-id');
+    const streaming = await page.locator('[data-testid="message-assistant"][data-streaming="true"]').count();
+    await active.getByTestId('conversation-delete').click();
+    await byId('chat-send').waitFor({ timeout: GENERATION });
+    console.log(`deleted while streaming: ${streaming === 1}`);
+    await page.waitForTimeout(500);
+    assert.equal((await fetch(`${URL}/api/conversations/${id}`)).status, 404, 'the engine does not have it');
+    await page.reload({ waitUntil: 'load', timeout: 30_000 });
+    await page.locator('[data-testid="health-status"][data-online="true"]').waitFor();
+    await byId('conversation-list').waitFor();
+    await page.waitForTimeout(500);
+    assert.equal(await page.locator(`[data-testid="conversation-item"][data-conversation-id="${id}"]`).count(), 0, 'not listed after a reload');
+    assert.ok(!fs.existsSync(path.join(WORK, 'conversations', `${id}.json`)), 'no file');
+  });
+
+  test('at 720 px wide the conversation list, New chat and the Stats drawer are usable', async () => {
+    await page.setViewportSize({ width: 720, height: 760 });
+    try {
+      await byId('nav-chat').click();
+      await byId('new-chat').waitFor({ state: 'visible' });
+      assert.ok(await byId('conversation-list').isVisible(), 'the conversation list is shown');
+      for (const id of ['new-chat', 'chat-send', 'chat-settings-toggle', 'panel-toggle']) {
+        const box = await byId(id).boundingBox();
+        assert.ok(box && box.width > 0 && box.x >= 0 && box.x + box.width <= 720, `${id} is inside the window: ${JSON.stringify(box)}`);
+      }
+      const panel = byId('live-panel');
+      const shown = (await panel.count()) > 0 && (await panel.isVisible());
+      await byId('panel-toggle').click();
+      await panel.waitFor({ state: shown ? 'hidden' : 'visible' });
+      await shot(shown ? '09-narrow.png' : '09-narrow-stats.png');
+      await byId('panel-toggle').click();
+      await panel.waitFor({ state: shown ? 'visible' : 'hidden' });
+      await shot(shown ? '09-narrow-stats.png' : '09-narrow.png');
+      // New chat works there.
+      const before = await page.locator('[data-testid="conversation-item"].active').count();
+      await byId('new-chat').click();
+      assert.equal(await byId('message-user').count(), 0, 'a new, empty chat');
+      assert.ok(before >= 0);
+    } finally {
+      await page.setViewportSize({ width: 1400, height: 900 });
+    }
   });
 
   test('a model unloads and loads from Models', async () => {

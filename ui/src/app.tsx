@@ -46,7 +46,8 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
   const [adminModels, setAdminModels] = useState<ModelStatus[]>([]);
   const [loadingModels, setLoadingModels] = useState(false);
   const [online, setOnline] = useState<boolean | null>(null);
-  const [panel, setPanel] = useState(true);
+  // In a narrow window the panel is a drawer over the chat: closed until the Stats toggle opens it.
+  const [panel, setPanel] = useState(() => !globalThis.matchMedia?.('(max-width: 980px)').matches);
 
   const go = useCallback((v: View) => {
     setView(v);
