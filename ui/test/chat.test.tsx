@@ -298,6 +298,18 @@ describe('images and a text-only model', () => {
 });
 
 describe('context and defaults', () => {
+  it("writes the model's defaults without float noise", async () => {
+    ADMIN[0] = modelStatus({ sampling: { temperature: 0.699999988079071, top_p: 0.949999988079071, top_k: 0, min_p: 0, repetition_penalty: 1, max_tokens: 512 } });
+    try {
+      await mount({});
+      await click('chat-settings-toggle');
+      expect((byId('setting-temperature') as HTMLInputElement).placeholder).toBe('default 0.7');
+      expect((byId('setting-top-p') as HTMLInputElement).placeholder).toBe('default 0.95');
+    } finally {
+      ADMIN[0] = modelStatus();
+    }
+  });
+
   it('shows the tokens the conversation uses against the model context', async () => {
     await mount({ 'POST /v1/chat/completions': () => replyOnce('Sure.') });
     expect(byId('chat-context')!.textContent).toBe('0 / 2,048 tokens');

@@ -53,7 +53,8 @@ describe('figures', () => {
       ['rollback', 2, 0.1],
     ]);
     expect(s.msPerCycle).toBe(20);
-    expect(s.parkedShare).toBeCloseTo(0.2);
+    // 2 parked steps beside 10 drafting cycles: 2 of 12 steps.
+    expect(s.parkedShare).toBeCloseTo(2 / 12);
     expect(f.decodeTokS).toBe(63.4);
   });
 
@@ -78,6 +79,15 @@ describe('figures', () => {
 });
 
 describe('LivePanelView', () => {
+  it('never shows a parked share above 100% (parked steps are not among the cycles)', () => {
+    const stats: Stats = { ...SAMPLE_STATS, spec: { ...SAMPLE_STATS.spec!, cycles: 10, parked_cycles: 21 } };
+    const el = mount({ ...STATE, stats });
+    const parked = el.querySelector('[data-testid="panel-parked"]')!.parentElement!.textContent!;
+    expect(parked).toContain('21');
+    expect(parked).toContain('(68%)');
+    expect(figures(stats).spec!.parkedShare).toBeLessThanOrEqual(1);
+  });
+
   it('renders the figures, ladder, histogram, phases and parked cycles', () => {
     const el = mount(STATE);
     expect(text(el, 'panel-tok-s')).toBe('63.4');

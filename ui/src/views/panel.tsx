@@ -159,7 +159,7 @@ export function LivePanelView({ state }: { state: LiveState }) {
             <span>
               <b data-testid="panel-cycles">{fmt.integer(spec.cycles)}</b> cycles
             </span>
-            <span title="Cycles where the adaptive controller parked drafting (depth 0)">
+            <span title="Plain decode steps while the adaptive controller parked drafting, and their share of all steps">
               parked <b data-testid="panel-parked">{fmt.integer(spec.parkedCycles)}</b>
               {spec.parkedShare != null && spec.parkedCycles > 0 && <span class="dim"> ({fmt.percent(spec.parkedShare)})</span>}
             </span>

@@ -1,6 +1,7 @@
 // The sampling settings of one chat (and its system prompt); empty fields take the model's defaults.
 
 import type { Conversation, Sampling } from '../../conversation';
+import * as fmt from '../../format';
 import type { SamplingSettings as ModelSampling } from '../../generated';
 
 function numberOrUndefined(v: string, integer = false): number | undefined {
@@ -36,7 +37,7 @@ export function SamplingSettings(props: {
         min={opts.min}
         max={opts.max}
         value={s[key] ?? ''}
-        placeholder={d[key] != null ? `default ${d[key]}` : 'model default'}
+        placeholder={d[key] != null ? `default ${fmt.num(d[key])}` : 'model default'}
         onInput={(e) => set({ [key]: numberOrUndefined((e.target as HTMLInputElement).value, opts.integer) })}
       />
       <span class="field-hint">{opts.hint}</span>
