@@ -24,13 +24,15 @@ function viewFromHash(): View {
   return h === 'models' || h === 'convert' ? h : 'chat';
 }
 
+/** The rail's icons. Convert turns one model into another: two opposed arrows (not a download arrow). */
+export const ICONS: Record<View, string> = {
+  chat: 'M4 5h16v10H9l-5 4z',
+  models: 'M4 7l8-4 8 4-8 4zM4 12l8 4 8-4M4 17l8 4 8-4',
+  convert: 'M4 8h15M15 4l4 4-4 4M20 16H5M9 12l-4 4 4 4',
+};
+
 function Icon({ view }: { view: View }) {
-  const d =
-    view === 'chat'
-      ? 'M4 5h16v10H9l-5 4z'
-      : view === 'models'
-        ? 'M4 7l8-4 8 4-8 4zM4 12l8 4 8-4M4 17l8 4 8-4'
-        : 'M12 3v12M7 10l5 5 5-5M5 20h14';
+  const d = ICONS[view];
   return (
     <svg viewBox="0 0 24 24" width="20" height="20" aria-hidden="true">
       <path d={d} fill="none" stroke="currentColor" stroke-width="1.7" stroke-linejoin="round" stroke-linecap="round" />

@@ -1,7 +1,7 @@
 // Convert: a Hugging Face (or MLX) model folder -> an MLX quantized model that keeps its MTP head.
 
 import { useEffect, useRef, useState } from 'preact/hooks';
-import { api as defaultApi, type Api, errorMessage, isAbort } from '../api';
+import { api as defaultApi, type Api, ApiError, errorMessage, isAbort } from '../api';
 import { showError } from '../components/banner';
 import * as fmt from '../format';
 import { pathFromDroppedText, subscribeFolderDrops } from '../shell';
@@ -17,6 +17,8 @@ export const RECIPES: { value: Recipe; label: string; hint: string }[] = [
   { value: 'auto', label: 'Auto', hint: 'search for the best mix at a target bits per weight' },
 ];
 export const BITS = [2, 3, 4, 5, 6, 8];
+/** The (low, high) bits of a mixed recipe: sensitive layers get the high width. */
+export const MIXED_BITS: Partial<Record<Recipe, [number, number]>> = { mixed_3_6: [3, 6], mixed_4_6: [4, 6] };
 export const GROUP_SIZES = [32, 64, 128];
 
 export type JobPhase = 'idle' | 'starting' | 'running' | 'finished' | 'error' | 'cancelled';
@@ -31,6 +33,8 @@ export interface JobState {
   tensor: string | null;
   result: { path: string; bytes: number; bpw: number } | null;
   error: string | null;
+  /** The destination exists: the person may replace it (the request's `force`) or pick another name. */
+  exists?: boolean;
 }
 
 export const IDLE: JobState = {
@@ -76,7 +80,7 @@ interface Form {
   mtpBits: string;
 }
 
-export function requestOf(f: Form): ConvertRequest {
+export function requestOf(f: Form, force = false): ConvertRequest {
   const req: ConvertRequest = {
     src: f.src.trim(),
     bits: f.bits,
@@ -84,6 +88,9 @@ export function requestOf(f: Form): ConvertRequest {
     recipe: f.recipe,
     mtp: f.mtp,
   };
+  // A mixed recipe sets its own bits (the server refuses another width than its low one).
+  if (MIXED_BITS[f.recipe]) delete req.bits;
+  if (force) req.force = true;
   // The name shown as the field's placeholder is the one used when the field is left empty.
   const name = f.name.trim() || suggestName(f.src, f.recipe, f.bits);
   if (name) req.dst = name;
@@ -93,6 +100,18 @@ export function requestOf(f: Form): ConvertRequest {
   }
   if (f.mtp === 'keep' && f.mtpBits !== '') req.mtp_bits = f.mtpBits === 'none' ? null : Number(f.mtpBits);
   return req;
+}
+
+/**
+ * The error for a conversion that could not start, as the Convert form says it. A destination that exists
+ * becomes a choice (replace it, or another name) instead of the API's advice to pass `"force": true`.
+ */
+export function startError(e: unknown): Pick<JobState, 'error' | 'exists'> {
+  if (e instanceof ApiError && e.code === 'already_exists') {
+    const what = e.message.split(/ already exists/)[0]?.trim();
+    return { error: `${what || 'The destination'} already exists.`, exists: true };
+  }
+  return { error: errorMessage(e), exists: false };
 }
 
 /** A name for the converted model from the source folder: "Qwen3.5-4B" + "-4bit". */
@@ -119,6 +138,7 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
   const [dropHint, setDropHint] = useState<string | null>(null);
   const [over, setOver] = useState(false);
   const controller = useRef<AbortController | null>(null);
+  const nameRef = useRef<HTMLInputElement>(null);
 
   const set = (patch: Partial<Form>) => setForm((f) => ({ ...f, ...patch }));
 
@@ -168,8 +188,8 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
     }
   }
 
-  async function start(e: Event) {
-    e.preventDefault();
+  async function start(e: Event | null, force = false) {
+    e?.preventDefault();
     if (active) return;
     if (!form.src.trim()) {
       showError('Give the folder of the model to convert.');
@@ -180,11 +200,13 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
     const c = new AbortController();
     controller.current = c;
     try {
-      const id = await client.startConvert(requestOf(form));
+      const id = await client.startConvert(requestOf(form, force));
       await follow(id, c.signal);
     } catch (err) {
-      setJob({ ...IDLE, phase: 'error', error: errorMessage(err) });
-      showError(err);
+      const why = startError(err);
+      setJob({ ...IDLE, phase: 'error', ...why });
+      // A choice to make is shown by the form, not as an error besides.
+      if (!why.exists) showError(err);
     }
   }
 
@@ -215,7 +237,8 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
   }
 
   const percent = job.total > 0 ? job.done / job.total : job.phase === 'finished' ? 1 : 0;
-  const mixed = form.recipe === 'mixed_3_6' || form.recipe === 'mixed_4_6';
+  const mixedBits = MIXED_BITS[form.recipe];
+  const mixed = mixedBits != null;
   const placeholderName = suggestName(form.src, form.recipe, form.bits);
 
   return (
@@ -287,15 +310,22 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
               <span class="field-label">Bits</span>
               <select
                 data-testid="convert-bits"
-                value={String(form.bits)}
+                value={mixedBits ? 'mixed' : String(form.bits)}
                 disabled={active || mixed}
                 onChange={(e) => set({ bits: Number((e.target as HTMLSelectElement).value) })}
               >
-                {BITS.map((b) => (
-                  <option key={b} value={String(b)}>
-                    {b}-bit
+                {/* A mixed recipe is not one width: it shows its range, not the last uniform choice. */}
+                {mixedBits ? (
+                  <option value="mixed">
+                    {mixedBits[0]}–{mixedBits[1]}-bit (mixed)
                   </option>
-                ))}
+                ) : (
+                  BITS.map((b) => (
+                    <option key={b} value={String(b)}>
+                      {b}-bit
+                    </option>
+                  ))
+                )}
               </select>
               {mixed && <span class="field-hint">set by the recipe</span>}
             </label>
@@ -351,6 +381,7 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
           <label class="field">
             <span class="field-label">Name</span>
             <input
+              ref={nameRef}
               type="text"
               data-testid="convert-name"
               value={form.name}
@@ -408,6 +439,25 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
               {job.phase === 'error' && (
                 <span class="error-text" data-testid="convert-error">
                   {job.error}
+                </span>
+              )}
+              {job.phase === 'error' && job.exists && (
+                <span class="convert-choice">
+                  {' '}
+                  <button type="button" class="button" data-testid="convert-replace" onClick={() => void start(null, true)}>
+                    Replace it
+                  </button>{' '}
+                  <button
+                    type="button"
+                    class="link-button"
+                    data-testid="convert-rename"
+                    onClick={() => {
+                      setJob(IDLE);
+                      nameRef.current?.focus();
+                    }}
+                  >
+                    Choose another name
+                  </button>
                 </span>
               )}
             </div>

@@ -12,8 +12,9 @@ export const MAX_DEPTH = 6;
 export function quantizationLabel(m: Pick<ModelStatus, 'quantization' | 'dtype'>): string {
   const q = m.quantization;
   if (q == null) return m.dtype ? `${m.dtype} (unquantized)` : 'unquantized';
-  const parts = [q.bits != null ? `${q.bits}-bit` : 'quantized'];
-  if (q.mixed) parts[0] += ' (mixed)';
+  // A mixed model's `bits` is only its default (most modules'): the per-module widths are not listed by
+  // /api/models, so the label says "mixed" first and the default as what most layers use.
+  const parts = [q.mixed ? (q.bits != null ? `mixed precision (mostly ${q.bits}-bit)` : 'mixed precision') : q.bits != null ? `${q.bits}-bit` : 'quantized'];
   if (q.group_size) parts.push(`group ${q.group_size}`);
   if (q.mode && q.mode !== 'affine') parts.push(q.mode);
   return parts.join(', ');
