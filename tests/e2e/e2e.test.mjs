@@ -16,7 +16,8 @@
 //  8. an image for a text-only model blocks Send (with the reason) until it is removed, and a chat
 //     already holding one recovers by removing it (no chat is poisoned); single messages delete;
 //  9. a chat deleted while its reply streams stays deleted after a reload;
-// 10. at 720 px wide the conversation list, New chat and the Stats drawer are usable.
+// 10. at 720 px wide the conversation list, New chat and the Stats drawer are usable;
+// 11. converting onto an existing name offers Replace / another name, never an API hint.
 
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -340,6 +341,25 @@ describe('Tandem web UI against tandem serve', () => {
     await shot('07-models-converted.png');
     await row.getByTestId('model-unload').click();
     await page.locator('[data-testid="model-row"][data-model-id="tandem-tiny-4bit"][data-loaded="false"]').waitFor({ timeout: GENERATION });
+  });
+
+  test('converting onto an existing name offers a choice, not an API hint', async () => {
+    await byId('nav-convert').click();
+    await byId('convert-src').fill(TINY);
+    await byId('convert-recipe').selectOption('mixed_4_6');
+    assert.match(await byId('convert-bits').innerText(), /4–6-bit \(mixed\)/);
+    await byId('convert-recipe').selectOption('uniform');
+    await byId('convert-bits').selectOption('4');
+    await byId('convert-name').fill('tandem-tiny-4bit');
+    await byId('convert-start').click();
+    await byId('convert-replace').waitFor();
+    const message = (await byId('convert-error').innerText()).trim();
+    assert.match(message, /tandem-tiny-4bit already exists\.$/);
+    assert.ok(!/force/.test(await byId('convert-form').innerText()), 'no "force" shown to a person');
+    await shot('07b-convert-exists.png');
+    await byId('convert-rename').click();
+    assert.equal(await byId('convert-replace').count(), 0);
+    assert.ok(await byId('convert-name').evaluate((el) => el === document.activeElement), 'the name field has the focus');
   });
 
   test('a folder that is not a model gets a clear error', async () => {
