@@ -2,7 +2,7 @@
 // live.ts keeps the panel's: one state object, replaced (never mutated) on every change, and listeners
 // told of each new one. Views render it and call the actions; nothing else changes it.
 
-import { type Api, ApiError, errorMessage, isAbort } from './api';
+import { type Api, ApiError, type ChatRequest, errorMessage, isAbort } from './api';
 import { toApiMessages } from './attachments';
 import { type Conversation, newConversation, newId, type Sampling, type StoredMessage, titleFrom } from './conversation';
 import type { ChatCompletionChunk, ConversationSummary, Stats } from './generated';
@@ -44,6 +44,13 @@ export function applyChunk(m: StoredMessage, chunk: ChatCompletionChunk): { mess
   if (chunk.stats) stats = chunk.stats;
   const usage = chunk.usage ?? m.usage;
   return { message: { ...m, content, reasoning, finish_reason, stats, ...(usage ? { usage } : {}) }, tokens };
+}
+
+/** The request for a reply to `history` in `c`: its messages, its sampling, and thinking when set. */
+export function requestOf(c: Conversation, model: string, history: StoredMessage[]): ChatRequest {
+  const req: ChatRequest = { model, messages: toApiMessages(history, c.system), ...c.sampling };
+  if (c.thinking != null) req.chat_template_kwargs = { enable_thinking: c.thinking };
+  return req;
 }
 
 /**
@@ -182,10 +189,11 @@ export class ChatStore {
     if (next.messages.length) void this.persist(next);
   }
 
-  changeSettings(sampling: Sampling, system: string): void {
+  changeSettings(sampling: Sampling, system: string, thinking: boolean | undefined = this.state.conversation?.thinking): void {
     const c = this.state.conversation;
     if (!c) return;
-    const next: Conversation = { ...c, sampling, system: system || undefined };
+    const next: Conversation = { ...c, sampling, system: system || undefined, thinking };
+    if (thinking === undefined) delete next.thinking;
     this.put(next);
     if (next.messages.length) void this.persist(next);
   }
@@ -247,7 +255,7 @@ export class ChatStore {
     };
     let finalStats: Stats | null = null;
     try {
-      const stream = this.client.chat({ model, messages: toApiMessages(history, c.system), ...c.sampling }, controller.signal);
+      const stream = this.client.chat(requestOf(c, model, history), controller.signal);
       for await (const chunk of stream) {
         let tokens = 0;
         update((m) => {

@@ -4,7 +4,10 @@
 import type { ChatCompletionRequest, ConversationCore, MessageCore, Stats, Usage } from './generated';
 
 /** This chat's sampling: the request fields the UI lets a person set; one left out takes the model's default. */
-export type Sampling = Pick<ChatCompletionRequest, 'temperature' | 'top_p' | 'max_tokens' | 'seed'>;
+export type Sampling = Pick<
+  ChatCompletionRequest,
+  'temperature' | 'top_p' | 'top_k' | 'min_p' | 'repetition_penalty' | 'max_tokens' | 'seed'
+>;
 
 export interface StoredMessage extends MessageCore {
   id: string;
@@ -32,6 +35,8 @@ export interface Conversation extends ConversationCore {
   sampling: Sampling;
   /** An optional system prompt. */
   system?: string;
+  /** Thinking on or off (the chat template's `enable_thinking`); absent: the template's default. */
+  thinking?: boolean;
   messages: StoredMessage[];
 }
 

@@ -335,3 +335,40 @@ describe('context and defaults', () => {
     expect(calls.find((c) => c.method === 'POST')!.body).not.toHaveProperty('max_tokens');
   });
 });
+
+describe('chat settings', () => {
+  it('sends top_k, min_p, repetition_penalty and thinking off, and Escape closes the popover', async () => {
+    const { calls } = await mount({ 'POST /v1/chat/completions': () => replyOnce('ok') });
+    await click('chat-settings-toggle');
+    for (const [id, v] of [
+      ['setting-top-k', '40'],
+      ['setting-min-p', '0.05'],
+      ['setting-repetition-penalty', '1.1'],
+    ] as const) {
+      const el = byId(id) as HTMLInputElement;
+      await act(async () => {
+        el.value = v;
+        el.dispatchEvent(new Event('input', { bubbles: true }));
+      });
+    }
+    const thinking = byId('setting-thinking') as HTMLSelectElement;
+    await act(async () => {
+      thinking.value = 'off';
+      thinking.dispatchEvent(new Event('change', { bubbles: true }));
+    });
+    expect((byId('setting-repetition-penalty') as HTMLInputElement).placeholder).toBe('default 1');
+    await act(async () => {
+      document.dispatchEvent(new KeyboardEvent('keydown', { key: 'Escape', bubbles: true }));
+    });
+    expect(byId('chat-settings')).toBeNull();
+    await type('x');
+    await click('chat-send');
+    await waitFor(() => calls.some((c) => c.method === 'POST'), 'the request');
+    expect(calls.find((c) => c.method === 'POST')!.body).toMatchObject({
+      top_k: 40,
+      min_p: 0.05,
+      repetition_penalty: 1.1,
+      chat_template_kwargs: { enable_thinking: false },
+    });
+  });
+});

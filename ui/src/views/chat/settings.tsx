@@ -1,5 +1,6 @@
 // The sampling settings of one chat (and its system prompt); empty fields take the model's defaults.
 
+import { useEffect } from 'preact/hooks';
 import type { Conversation, Sampling } from '../../conversation';
 import * as fmt from '../../format';
 import type { SamplingSettings as ModelSampling } from '../../generated';
@@ -13,15 +14,24 @@ function numberOrUndefined(v: string, integer = false): number | undefined {
 export function SamplingSettings(props: {
   conversation: Conversation;
   defaults: ModelSampling | undefined;
-  onChange: (sampling: Sampling, system: string) => void;
+  onChange: (sampling: Sampling, system: string, thinking?: boolean) => void;
   onClose: () => void;
 }) {
+  const { onClose } = props;
+  // Escape closes the popover, wherever the focus is.
+  useEffect(() => {
+    const onKey = (e: KeyboardEvent) => {
+      if (e.key === 'Escape') onClose();
+    };
+    document.addEventListener('keydown', onKey);
+    return () => document.removeEventListener('keydown', onKey);
+  }, [onClose]);
   const s = props.conversation.sampling;
   const d: Partial<Record<keyof Sampling, number>> = props.defaults ?? {};
   const set = (patch: Partial<Sampling>) => {
     const next: Sampling = { ...s, ...patch };
     for (const k of Object.keys(next) as (keyof Sampling)[]) if (next[k] === undefined) delete next[k];
-    props.onChange(next, props.conversation.system ?? '');
+    props.onChange(next, props.conversation.system ?? '', props.conversation.thinking);
   };
   const field = (
     key: keyof Sampling,
@@ -54,8 +64,27 @@ export function SamplingSettings(props: {
       <p class="dim small">Empty fields use the model’s defaults from models.toml.</p>
       {field('temperature', 'Temperature', { step: '0.05', min: '0', max: '2', hint: '0 = greedy' })}
       {field('top_p', 'Top p', { step: '0.01', min: '0', max: '1', hint: 'nucleus sampling' })}
+      {field('top_k', 'Top k', { step: '1', min: '0', integer: true, hint: '0 = off' })}
+      {field('min_p', 'Min p', { step: '0.01', min: '0', max: '1', hint: '0 = off' })}
+      {field('repetition_penalty', 'Repetition penalty', { step: '0.05', min: '0.5', max: '2', hint: '1 = off' })}
       {field('max_tokens', 'Max tokens', { step: '1', min: '1', integer: true, hint: 'reply length limit' })}
       {field('seed', 'Seed', { step: '1', min: '0', integer: true, hint: 'repeatable sampling' })}
+      <label class="field">
+        <span class="field-label">Thinking</span>
+        <select
+          data-testid="setting-thinking"
+          value={props.conversation.thinking == null ? '' : props.conversation.thinking ? 'on' : 'off'}
+          onChange={(e) => {
+            const v = (e.target as HTMLSelectElement).value;
+            props.onChange(s, props.conversation.system ?? '', v === '' ? undefined : v === 'on');
+          }}
+        >
+          <option value="">model default</option>
+          <option value="on">on</option>
+          <option value="off">off</option>
+        </select>
+        <span class="field-hint">the chat template’s enable_thinking</span>
+      </label>
       <label class="field field-wide">
         <span class="field-label">System prompt</span>
         <textarea
@@ -63,10 +92,10 @@ export function SamplingSettings(props: {
           rows={3}
           value={props.conversation.system ?? ''}
           placeholder="Optional"
-          onInput={(e) => props.onChange(s, (e.target as HTMLTextAreaElement).value)}
+          onInput={(e) => props.onChange(s, (e.target as HTMLTextAreaElement).value, props.conversation.thinking)}
         />
       </label>
-      <button class="link-button" onClick={() => props.onChange({}, props.conversation.system ?? '')}>
+      <button class="link-button" onClick={() => props.onChange({}, props.conversation.system ?? '', undefined)}>
         Reset to model defaults
       </button>
     </div>

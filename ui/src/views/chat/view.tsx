@@ -237,7 +237,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
             <SamplingSettings
               conversation={conversation}
               defaults={modelInfo?.sampling}
-              onChange={(sampling, system) => chats.changeSettings(sampling, system)}
+              onChange={(sampling, system, thinking) => chats.changeSettings(sampling, system, thinking)}
               onClose={() => setSettingsOpen(false)}
             />
           )}
