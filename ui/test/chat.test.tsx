@@ -372,3 +372,25 @@ describe('chat settings', () => {
     });
   });
 });
+
+describe('copying', () => {
+  it('gives each code block a Copy button that copies its code and says Copied', async () => {
+    const writeText = vi.fn(() => Promise.resolve());
+    Object.defineProperty(navigator, 'clipboard', { value: { writeText }, configurable: true });
+    try {
+      await mount({ 'POST /v1/chat/completions': () => replyOnce('Here:\n\n```js\nconsole.log(1);\n```\n') });
+      await type('code please');
+      await click('chat-send');
+      await waitFor(() => byId('message-assistant')?.dataset.streaming === 'false' && !!byId('code-copy'), 'the code block');
+      await click('code-copy');
+      await settle();
+      expect(writeText).toHaveBeenCalledWith('console.log(1);\n');
+      expect(byId('code-copy')!.textContent).toBe('Copied');
+      await click('message-copy');
+      await settle();
+      expect(byId('message-copy')!.textContent).toBe('Copied');
+    } finally {
+      delete (navigator as { clipboard?: unknown }).clipboard;
+    }
+  });
+});

@@ -1,14 +1,74 @@
 // One message of a chat: the user's (text and images) or the assistant's (markdown, thinking, statistics).
 
-import { useMemo } from 'preact/hooks';
+import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 import type { StoredMessage } from '../../conversation';
 import * as fmt from '../../format';
 import type { Stats } from '../../generated';
 import { renderMarkdown, splitThinking } from '../../markdown';
 
+/** Puts text on the clipboard: the Clipboard API, else the older copy command (an insecure origin). */
+export async function copyText(text: string): Promise<void> {
+  if (navigator.clipboard?.writeText) return navigator.clipboard.writeText(text);
+  const area = document.createElement('textarea');
+  area.value = text;
+  area.style.position = 'fixed';
+  area.style.opacity = '0';
+  document.body.appendChild(area);
+  area.select();
+  const ok = document.execCommand?.('copy');
+  area.remove();
+  if (!ok) throw new Error('copy is not available here');
+}
+
+/** "Copy" that reads "Copied" (or "Copy failed") for a moment after a click. */
+function useCopied(): [string | null, (text: string) => void] {
+  const [state, setState] = useState<string | null>(null);
+  const timer = useRef<ReturnType<typeof setTimeout>>();
+  useEffect(() => () => clearTimeout(timer.current), []);
+  const copy = (text: string) => {
+    const show = (label: string) => {
+      setState(label);
+      clearTimeout(timer.current);
+      timer.current = setTimeout(() => setState(null), 1500);
+    };
+    copyText(text).then(
+      () => show('Copied'),
+      () => show('Copy failed'),
+    );
+  };
+  return [state, copy];
+}
+
+/**
+ * Rendered markdown; each code block gets a Copy button. The sanitiser forbids buttons in model output,
+ * so they are added to the DOM after it is rendered, and one handler serves them all.
+ */
 function Markdown({ text }: { text: string }) {
   const html = useMemo(() => renderMarkdown(text), [text]);
-  return <div class="markdown" dangerouslySetInnerHTML={{ __html: html }} />;
+  const ref = useRef<HTMLDivElement>(null);
+  useEffect(() => {
+    for (const pre of ref.current?.querySelectorAll('pre') ?? []) {
+      if (pre.querySelector(':scope > .code-copy')) continue;
+      const button = document.createElement('button');
+      button.type = 'button';
+      button.className = 'code-copy';
+      button.textContent = 'Copy';
+      button.title = 'Copy the code';
+      button.setAttribute('data-testid', 'code-copy');
+      pre.appendChild(button);
+    }
+  }, [html]);
+  const onClick = (e: MouseEvent) => {
+    const button = (e.target as HTMLElement).closest?.('.code-copy') as HTMLButtonElement | null;
+    if (!button) return;
+    const code = button.parentElement?.querySelector('code')?.textContent ?? '';
+    copyText(code).then(
+      () => (button.textContent = 'Copied'),
+      () => (button.textContent = 'Copy failed'),
+    );
+    setTimeout(() => (button.textContent = 'Copy'), 1500);
+  };
+  return <div class="markdown" ref={ref} onClick={onClick} dangerouslySetInnerHTML={{ __html: html }} />;
 }
 
 export function statsLine(stats: Stats | null | undefined): string | null {
@@ -37,9 +97,7 @@ export function AssistantMessage(props: {
   const thinking = m.reasoning ? m.reasoning : split.thinking;
   const thinkingDone = m.reasoning ? !!split.answer || !streaming : split.thinkingDone;
   const line = statsLine(m.stats);
-  const copy = () => {
-    navigator.clipboard?.writeText(split.answer).catch(() => {});
-  };
+  const [copied, copy] = useCopied();
   return (
     <div
       class="message message-assistant"
@@ -74,8 +132,8 @@ export function AssistantMessage(props: {
           )}
           <span class="spacer" />
           {split.answer && (
-            <button class="link-button" onClick={copy} title="Copy the reply">
-              Copy
+            <button class="link-button" data-testid="message-copy" onClick={() => copy(split.answer)} title="Copy the reply">
+              {copied ?? 'Copy'}
             </button>
           )}
           {props.last && props.canRegenerate && (
