@@ -15,9 +15,11 @@ export interface ChatState {
   conversation: Conversation | null;
   /** The reply streaming in, if any (one at a time, in this or another conversation). */
   streaming: { conversationId: string; messageId: string } | null;
+  /** The conversation deleted last, as it was, while its delete can be undone. */
+  deleted: Conversation | null;
 }
 
-export const EMPTY: ChatState = { summaries: [], conversation: null, streaming: null };
+export const EMPTY: ChatState = { summaries: [], conversation: null, streaming: null, deleted: null };
 
 /** `c` with message `id` replaced by `f(message)`. */
 function withMessage(c: Conversation, id: string, f: (m: StoredMessage) => StoredMessage): Conversation {
@@ -147,6 +149,13 @@ export class ChatStore {
   }
 
   async remove(id: string, model: string | null): Promise<void> {
+    // Kept as it is now, for an undo: the streaming one, the shown one, or as saved.
+    const kept =
+      this.running?.conversation.id === id
+        ? this.running.conversation
+        : this.state.conversation?.id === id
+          ? this.state.conversation
+          : await this.store.load(id).catch(() => null);
     // Marked first: the stopped reply's save (in run's `finally`) must not bring it back.
     this.deleted.add(id);
     if (this.running?.conversation.id === id) this.running.controller.abort();
@@ -157,6 +166,60 @@ export class ChatStore {
     }
     await this.refreshList();
     if (this.state.conversation?.id === id) this.set({ conversation: newConversation(model) });
+    this.set({ deleted: kept && kept.messages.length ? kept : null });
+  }
+
+  /** Brings back the conversation deleted last (a stopped reply stays as far as it came). */
+  async undoRemove(): Promise<void> {
+    const c = this.state.deleted;
+    if (!c) return;
+    this.deleted.delete(c.id);
+    const back = { ...c, messages: c.messages.filter((m) => m.role !== 'assistant' || m.content || m.error) };
+    this.set({ deleted: null });
+    await this.persist(back);
+    if (!this.running || this.running.conversation.id !== this.state.conversation?.id) this.set({ conversation: back });
+  }
+
+  /** The undo is no longer offered. */
+  forgetRemoved(): void {
+    if (this.state.deleted) this.set({ deleted: null });
+  }
+
+  /** Renames a conversation (shown, streaming or saved); an empty title is ignored. */
+  async rename(id: string, title: string): Promise<void> {
+    const t = title.trim();
+    if (!t) return;
+    const base =
+      this.running?.conversation.id === id
+        ? this.running.conversation
+        : this.state.conversation?.id === id
+          ? this.state.conversation
+          : await this.store.load(id).catch(() => null);
+    if (!base) return;
+    const next = { ...base, title: t, named: true };
+    this.put(next);
+    // A streaming conversation is saved when its reply ends (with the new title, kept by `put`).
+    if (this.running?.conversation.id !== id && next.messages.length) await this.persist(next);
+  }
+
+  /** Saves an imported conversation and shows it. */
+  async importConversation(c: Conversation): Promise<void> {
+    this.deleted.delete(c.id);
+    await this.persist(c);
+    if (!this.running || this.running.conversation.id !== this.state.conversation?.id) this.set({ conversation: c });
+  }
+
+  /** Replaces the text of user message `id`, drops everything after it, and asks again. */
+  async editAndRegenerate(id: string, text: string, model: string | null): Promise<void> {
+    const c = this.state.conversation;
+    if (!c || this.busy) return;
+    const i = c.messages.findIndex((m) => m.id === id && m.role === 'user');
+    if (i < 0) return;
+    const edited = { ...c.messages[i]!, content: text };
+    if (!edited.content.trim() && !edited.images?.length) return;
+    const next: Conversation = { ...c, model, messages: [...c.messages.slice(0, i), edited] };
+    this.put(next);
+    await this.run(next);
   }
 
   /** Removes one message (user or assistant) from the shown conversation, e.g. an image a model cannot take. */
@@ -212,7 +275,7 @@ export class ChatStore {
     const first = !c.messages.some((m) => m.role === 'user');
     const next: Conversation = {
       ...c,
-      title: first ? titleFrom(text, images.length) : c.title,
+      title: first && !c.named ? titleFrom(text, images.length) : c.title,
       model,
       messages: [...c.messages, message],
     };

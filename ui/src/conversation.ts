@@ -35,6 +35,8 @@ export interface Conversation extends ConversationCore {
   sampling: Sampling;
   /** An optional system prompt. */
   system?: string;
+  /** Renamed by the person: the first message does not title it. */
+  named?: boolean;
   /** Thinking on or off (the chat template's `enable_thinking`); absent: the template's default. */
   thinking?: boolean;
   messages: StoredMessage[];

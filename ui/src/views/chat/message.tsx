@@ -156,7 +156,43 @@ function DeleteButton({ onDelete }: { onDelete: () => void }) {
   );
 }
 
-export function UserMessage({ m, onDelete }: { m: StoredMessage; onDelete?: () => void }) {
+/** A user's message; Edit turns it into a text field whose Save asks again from there. */
+export function UserMessage({ m, onDelete, onEdit }: { m: StoredMessage; onDelete?: () => void; onEdit?: (text: string) => void }) {
+  const [editing, setEditing] = useState(false);
+  const [draft, setDraft] = useState(m.content);
+  if (editing && onEdit) {
+    const save = () => {
+      setEditing(false);
+      if (draft.trim() || m.images?.length) onEdit(draft.trim());
+    };
+    return (
+      <div class="message message-user editing" data-testid="message-user" data-role="user" data-message-id={m.id}>
+        <textarea
+          class="message-edit-input"
+          data-testid="message-edit-input"
+          rows={3}
+          value={draft}
+          ref={(el) => el?.focus()}
+          onInput={(e) => setDraft((e.target as HTMLTextAreaElement).value)}
+          onKeyDown={(e) => {
+            if (e.key === 'Escape') setEditing(false);
+            if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+              e.preventDefault();
+              save();
+            }
+          }}
+        />
+        <div class="message-edit-actions">
+          <button class="link-button" data-testid="message-edit-cancel" onClick={() => setEditing(false)}>
+            Cancel
+          </button>
+          <button class="button button-primary" data-testid="message-edit-save" onClick={save}>
+            Save and regenerate
+          </button>
+        </div>
+      </div>
+    );
+  }
   return (
     <div class="message message-user" data-testid="message-user" data-role="user" data-message-id={m.id}>
       {m.images && m.images.length > 0 && (
@@ -167,9 +203,22 @@ export function UserMessage({ m, onDelete }: { m: StoredMessage; onDelete?: () =
         </div>
       )}
       {m.content && <div class="message-text">{m.content}</div>}
-      {onDelete && (
+      {(onDelete || onEdit) && (
         <div class="message-actions">
-          <DeleteButton onDelete={onDelete} />
+          {onEdit && (
+            <button
+              class="link-button"
+              data-testid="message-edit"
+              title="Edit this message and regenerate the reply from it"
+              onClick={() => {
+                setDraft(m.content);
+                setEditing(true);
+              }}
+            >
+              Edit
+            </button>
+          )}
+          {onDelete && <DeleteButton onDelete={onDelete} />}
         </div>
       )}
     </div>

@@ -11,6 +11,7 @@ import * as fmt from '../../format';
 import type { ModelStatus, OpenAIModel } from '../../generated';
 import { live as defaultLive, type LiveFeed } from '../../live';
 import type { ConversationStore } from '../../storage';
+import { fileName, fromJson, readText, toJson, toMarkdown } from '../../transfer';
 import { LivePanel } from '../panel';
 import { AssistantMessage, UserMessage } from './message';
 import { SamplingSettings } from './settings';
@@ -24,6 +25,21 @@ export interface ChatProps {
   showPanel?: boolean;
 }
 
+/** Hands `text` to the browser as a file download. */
+function download(name: string, type: string, text: string): void {
+  const url = URL.createObjectURL(new Blob([text], { type }));
+  const a = document.createElement('a');
+  a.href = url;
+  a.download = name;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+/** How long a delete can be undone. */
+export const UNDO_MS = 10_000;
+
 /** The store's state, re-rendering on each change. */
 function useChats(chats: ChatStore): ChatState {
   const [state, setState] = useState<ChatState>(chats.state);
@@ -36,7 +52,10 @@ function useChats(chats: ChatStore): ChatState {
 
 export function ChatView({ store, models, adminModels, client = defaultApi, feed = defaultLive, showPanel = true }: ChatProps) {
   const chats = useMemo(() => new ChatStore(store, client, feed, showError), [store, client, feed]);
-  const { summaries, conversation, streaming } = useChats(chats);
+  const { summaries, conversation, streaming, deleted } = useChats(chats);
+  const [search, setSearch] = useState('');
+  const [renaming, setRenaming] = useState<string | null>(null);
+  const importRef = useRef<HTMLInputElement>(null);
   const [input, setInput] = useState('');
   const [attachments, setAttachments] = useState<Attachment[]>([]);
   const [dragging, setDragging] = useState(false);
@@ -45,6 +64,13 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
   const inputRef = useRef<HTMLTextAreaElement>(null);
   const fileRef = useRef<HTMLInputElement>(null);
   const stick = useRef(true);
+
+  // A delete can be undone for a while.
+  useEffect(() => {
+    if (!deleted) return;
+    const t = setTimeout(() => chats.forgetRemoved(), UNDO_MS);
+    return () => clearTimeout(t);
+  }, [chats, deleted]);
 
   // Open the most recent conversation (or a new one) at start.
   useEffect(() => {
@@ -86,6 +112,11 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
     await chats.send(text, images, currentModel);
   }
 
+  function edit(id: string, text: string) {
+    stick.current = true;
+    void chats.editAndRegenerate(id, text, currentModel);
+  }
+
   function regenerate() {
     stick.current = true;
     void chats.regenerate(currentModel);
@@ -109,6 +140,18 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
     if (added.length) setAttachments((a) => [...a, ...added]);
     if (rejected.length) showError(`Not attached: ${rejected.join('; ')}`);
   }
+
+  async function importFile(file: File) {
+    try {
+      const c = fromJson(await readText(file), (id) => summaries.some((s) => s.id === id));
+      await chats.importConversation(c);
+    } catch (e) {
+      showError(`Could not import ${file.name}: ${e instanceof Error ? e.message : String(e)}`);
+    }
+  }
+
+  const needle = search.trim().toLowerCase();
+  const shownSummaries = needle ? summaries.filter((s) => s.title.toLowerCase().includes(needle)) : summaries;
 
   function onPaste(e: ClipboardEvent) {
     const files = [...(e.clipboardData?.files ?? [])].filter((f) => f.type.startsWith('image/'));
@@ -152,28 +195,117 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
         <button class="button button-primary new-chat" data-testid="new-chat" onClick={startNew}>
           New chat
         </button>
+        <input
+          type="search"
+          class="conversation-search"
+          data-testid="conversation-search"
+          placeholder="Search chats"
+          aria-label="Search chats by title"
+          value={search}
+          onInput={(e) => setSearch((e.target as HTMLInputElement).value)}
+          onKeyDown={(e) => e.key === 'Escape' && setSearch('')}
+        />
         <ul data-testid="conversation-list">
-          {summaries.map((s) => (
+          {shownSummaries.map((s) => (
             <li
               key={s.id}
               class={`conversation-item ${s.id === conversation?.id ? 'active' : ''}`}
               data-testid="conversation-item"
               data-conversation-id={s.id}
             >
-              <button class="conversation-open" onClick={() => open(s.id)} title={s.title}>
-                {s.title}
+              {renaming === s.id ? (
+                <input
+                  class="conversation-rename-input"
+                  data-testid="conversation-rename-input"
+                  aria-label="New title"
+                  value={s.title}
+                  ref={(el) => el?.focus()}
+                  onKeyDown={(e) => {
+                    const el = e.target as HTMLInputElement;
+                    if (e.key === 'Enter') {
+                      setRenaming(null);
+                      void chats.rename(s.id, el.value);
+                    } else if (e.key === 'Escape') {
+                      setRenaming(null);
+                    }
+                  }}
+                  onBlur={(e) => {
+                    if (renaming !== s.id) return;
+                    setRenaming(null);
+                    void chats.rename(s.id, (e.target as HTMLInputElement).value);
+                  }}
+                />
+              ) : (
+                <button class="conversation-open" onClick={() => open(s.id)} onDblClick={() => setRenaming(s.id)} title={s.title}>
+                  {s.title}
+                </button>
+              )}
+              <button
+                class="icon-button conversation-rename"
+                data-testid="conversation-rename"
+                aria-label={`Rename ${s.title}`}
+                title="Rename"
+                onClick={() => setRenaming(s.id)}
+              >
+                ✎
               </button>
               <button
                 class="icon-button conversation-delete"
                 data-testid="conversation-delete"
                 aria-label={`Delete ${s.title}`}
+                title="Delete"
                 onClick={() => void chats.remove(s.id, currentModel)}
               >
                 ×
               </button>
             </li>
           ))}
+          {needle && shownSummaries.length === 0 && <li class="dim small conversation-none">No chat title matches.</li>}
         </ul>
+        {deleted && (
+          <div class="notice small undo-bar" data-testid="conversation-undo-bar">
+            Deleted “{deleted.title}”.{' '}
+            <button class="link-button" data-testid="conversation-undo" onClick={() => void chats.undoRemove()}>
+              Undo
+            </button>
+          </div>
+        )}
+        <div class="conversation-tools">
+          <span class="dim small">Export</span>
+          <button
+            class="link-button"
+            data-testid="chat-export-md"
+            disabled={!conversation?.messages.length}
+            onClick={() => conversation && download(fileName(conversation, 'md'), 'text/markdown', toMarkdown(conversation))}
+          >
+            Markdown
+          </button>
+          <button
+            class="link-button"
+            data-testid="chat-export-json"
+            disabled={!conversation?.messages.length}
+            onClick={() => conversation && download(fileName(conversation, 'json'), 'application/json', toJson(conversation))}
+          >
+            JSON
+          </button>
+          <span class="spacer" />
+          <button class="link-button" data-testid="chat-import" onClick={() => importRef.current?.click()} title="Import a chat exported as JSON">
+            Import…
+          </button>
+          <input
+            ref={importRef}
+            type="file"
+            accept="application/json,.json"
+            hidden
+            data-testid="chat-import-input"
+            onChange={(e) => {
+              const el = e.target as HTMLInputElement;
+              const file = el.files?.[0];
+              if (file) void importFile(file);
+              el.value = '';
+            }}
+          />
+        </div>
       </nav>
 
       <section
@@ -265,7 +397,12 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
                 onDelete={generating ? undefined : () => chats.deleteMessage(m.id)}
               />
             ) : m.role === 'user' ? (
-              <UserMessage key={m.id} m={m} onDelete={generating ? undefined : () => chats.deleteMessage(m.id)} />
+              <UserMessage
+                key={m.id}
+                m={m}
+                onDelete={generating ? undefined : () => chats.deleteMessage(m.id)}
+                onEdit={busy ? undefined : (text) => edit(m.id, text)}
+              />
             ) : null,
           )}
           {!busy && lastIndex >= 0 && messages[lastIndex]!.role === 'user' && (
