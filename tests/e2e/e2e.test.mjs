@@ -249,6 +249,7 @@ describe('Tandem web UI against tandem serve', () => {
     await active.waitFor();
     const id = await active.getAttribute('data-conversation-id');
     const streaming = await page.locator('[data-testid="message-assistant"][data-streaming="true"]').count();
+    await active.hover();
     await active.getByTestId('conversation-delete').click();
     await byId('chat-send').waitFor({ timeout: GENERATION });
     console.log(`deleted while streaming: ${streaming === 1}`);

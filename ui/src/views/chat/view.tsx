@@ -354,7 +354,8 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
               data-testid="chat-context"
               title="Tokens this conversation holds / the model's context length"
             >
-              {used != null ? fmt.integer(used) : '0'} / {contextLength != null ? fmt.integer(contextLength) : '?'} tokens
+              {used != null ? fmt.integer(used) : '0'}
+              {contextLength != null && ` / ${fmt.integer(contextLength)}`} tokens
             </span>
           )}
           <button
