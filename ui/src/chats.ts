@@ -48,6 +48,14 @@ export function applyChunk(m: StoredMessage, chunk: ChatCompletionChunk): { mess
   return { message: { ...m, content, reasoning, finish_reason, stats, ...(usage ? { usage } : {}) }, tokens };
 }
 
+/** What a person can do when the conversation no longer fits the model's context. */
+export function contextHint(e: unknown, c: Conversation): string {
+  if (!(e instanceof ApiError) || e.code !== 'context_length_exceeded') return '';
+  return c.sampling.max_tokens != null
+    ? ' Lower or clear Max tokens under Sampling, or delete earlier messages.'
+    : ' Delete earlier messages, or start a new chat.';
+}
+
 /** The request for a reply to `history` in `c`: its messages, its sampling, and thinking when set. */
 export function requestOf(c: Conversation, model: string, history: StoredMessage[]): ChatRequest {
   const req: ChatRequest = { model, messages: toApiMessages(history, c.system), ...c.sampling };
@@ -335,7 +343,7 @@ export class ChatStore {
       if (isAbort(e) || controller.signal.aborted) {
         update((m) => ({ ...m, stopped: true }));
       } else {
-        update((m) => ({ ...m, error: errorMessage(e) }));
+        update((m) => ({ ...m, error: errorMessage(e) + contextHint(e, c) }));
         this.onError(e instanceof ApiError ? e : new Error(`The generation failed: ${errorMessage(e)}`));
       }
     } finally {

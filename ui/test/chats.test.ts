@@ -74,3 +74,18 @@ describe('deleting a chat while its reply streams', () => {
     expect(errors).toEqual([]);
   });
 });
+
+describe('a conversation past the context', () => {
+  it('says what to do about it in the message', async () => {
+    const message = 'the prompt has 90 tokens and 3000 more were asked for, but model `tandem-tiny` has a context of 2048 tokens';
+    const { fetch } = mockFetch({
+      'POST /v1/chat/completions': () =>
+        new Response(JSON.stringify({ error: { message, type: 'invalid_request_error', code: 'context_length_exceeded' } }), { status: 400 }),
+    });
+    const chats = new ChatStore(new MemoryStore(), new Api('', fetch, null), new LiveFeed(), () => {});
+    await chats.start();
+    chats.changeSettings({ max_tokens: 3000 }, '');
+    await chats.send('Hi', [], 'tandem-tiny');
+    expect(chats.state.conversation!.messages[1]!.error).toBe(`${message} Lower or clear Max tokens under Sampling, or delete earlier messages.`);
+  });
+});
