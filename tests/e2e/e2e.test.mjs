@@ -17,7 +17,8 @@
 //     already holding one recovers by removing it (no chat is poisoned); single messages delete;
 //  9. a chat deleted while its reply streams stays deleted after a reload;
 // 10. at 720 px wide the conversation list, New chat and the Stats drawer are usable;
-// 11. converting onto an existing name offers Replace / another name, never an API hint.
+// 11. converting onto an existing name offers Replace / another name, never an API hint;
+// 12. a chat is renamed, searched, exported (JSON, Markdown), deleted and undone, and imported.
 
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -261,6 +262,46 @@ describe('Tandem web UI against tandem serve', () => {
     await page.waitForTimeout(500);
     assert.equal(await page.locator(`[data-testid="conversation-item"][data-conversation-id="${id}"]`).count(), 0, 'not listed after a reload');
     assert.ok(!fs.existsSync(path.join(WORK, 'conversations', `${id}.json`)), 'no file');
+  });
+
+  test('a chat is renamed, found, exported, deleted and brought back, and imported again', async () => {
+    await byId('nav-chat').click();
+    const item = page.locator('[data-testid="conversation-item"]').first();
+    await item.locator('.conversation-open').click();
+    const id = await item.getAttribute('data-conversation-id');
+    const row = page.locator(`[data-testid="conversation-item"][data-conversation-id="${id}"]`);
+    await row.hover();
+    await row.getByTestId('conversation-rename').click();
+    await byId('conversation-rename-input').fill('Renamed in e2e');
+    await byId('conversation-rename-input').press('Enter');
+    await row.locator('.conversation-open', { hasText: 'Renamed in e2e' }).waitFor();
+    await page.waitForFunction(async (u) => (await (await fetch(u)).json()).title === 'Renamed in e2e', `${URL}/api/conversations/${id}`, { timeout: SHORT });
+
+    await byId('conversation-search').fill('renamed in');
+    assert.equal(await byId('conversation-item').count(), 1);
+    await byId('conversation-search').fill('');
+
+    const [download] = await Promise.all([page.waitForEvent('download'), byId('chat-export-json').click()]);
+    const file = path.join(WORK, 'export.json');
+    await download.saveAs(file);
+    const exported = JSON.parse(fs.readFileSync(file, 'utf8'));
+    assert.equal(exported.id, id);
+    assert.equal(exported.title, 'Renamed in e2e');
+    const [md] = await Promise.all([page.waitForEvent('download'), byId('chat-export-md').click()]);
+    assert.match(md.suggestedFilename(), /^Renamed-in-e2e\.md$/);
+
+    await row.hover();
+    await row.getByTestId('conversation-delete').click();
+    await byId('conversation-undo').waitFor();
+    await row.waitFor({ state: 'detached' });
+    await byId('conversation-undo').click();
+    await row.waitFor();
+    assert.equal((await fetch(`${URL}/api/conversations/${id}`)).status, 200, 'back in the engine');
+
+    const before = await byId('conversation-item').count();
+    await byId('chat-import-input').setInputFiles(file);
+    await page.waitForFunction((n) => document.querySelectorAll('[data-testid="conversation-item"]').length === n + 1, before, { timeout: SHORT });
+    assert.equal(await page.locator('[data-testid="conversation-item"] .conversation-open', { hasText: 'Renamed in e2e' }).count(), 2);
   });
 
   test('at 720 px wide the conversation list, New chat and the Stats drawer are usable', async () => {
