@@ -16,7 +16,7 @@ const STATE: LiveState = {
   series: [{ t: 1, tokS: 60 }],
   generating: false,
   model: 'tandem-tiny',
-  memory: { ...statsSnapshot().memory, active_bytes: 1_250_000_000, peak_bytes: 2_000_000_000 },
+  memory: { ...statsSnapshot().memory, rss_bytes: 1_600_000_000, active_bytes: 1_250_000_000, peak_bytes: 2_000_000_000 },
   loadedModels: ['tandem-tiny'],
   connected: true,
 };
@@ -79,6 +79,11 @@ describe('figures', () => {
 });
 
 describe('LivePanelView', () => {
+  it("shows the process's memory as the tray does, not MLX's 0 B when no model is loaded", () => {
+    const el = mount({ ...STATE, memory: { ...statsSnapshot().memory, rss_bytes: 170_000_000 } });
+    expect(text(el, 'panel-memory')).toBe('memory 170 MB');
+  });
+
   it('never shows a parked share above 100% (parked steps are not among the cycles)', () => {
     const stats: Stats = { ...SAMPLE_STATS, spec: { ...SAMPLE_STATS.spec!, cycles: 10, parked_cycles: 21 } };
     const el = mount({ ...STATE, stats });

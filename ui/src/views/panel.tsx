@@ -173,10 +173,16 @@ export function LivePanelView({ state }: { state: LiveState }) {
       {!f && <p class="dim panel-empty">Statistics appear here while a model generates.</p>}
 
       <footer class="panel-footer">
-        <div data-testid="panel-memory">
+        {/* The process's resident memory first, as the tray says it; MLX's own counters after it. */}
+        <div data-testid="panel-memory" title="Resident memory of the engine; models: MLX's allocator (active, peak)">
           memory{' '}
-          <b>{fmt.bytes(state.memory?.active_bytes ?? null)}</b>
-          {state.memory && <span class="dim"> · peak {fmt.bytes(state.memory.peak_bytes)}</span>}
+          <b>{fmt.bytes(state.memory?.rss_bytes ?? null)}</b>
+          {state.memory && state.memory.active_bytes > 0 && (
+            <span class="dim">
+              {' '}
+              · models {fmt.bytes(state.memory.active_bytes)}, peak {fmt.bytes(state.memory.peak_bytes)}
+            </span>
+          )}
         </div>
         <div class="dim" data-testid="panel-loaded">
           {!state.connected
