@@ -394,3 +394,33 @@ describe('copying', () => {
     }
   });
 });
+
+describe('keys and the system prompt', () => {
+  it('Escape stops a reply, Ctrl+Shift+O starts a new chat, and a system prompt shows in the header', async () => {
+    const stream = controlledStream();
+    const { calls } = await mount({ 'POST /v1/chat/completions': () => stream.response });
+    await click('chat-settings-toggle');
+    const system = byId('setting-system') as HTMLTextAreaElement;
+    await act(async () => {
+      system.value = 'Answer in French.';
+      system.dispatchEvent(new Event('input', { bubbles: true }));
+    });
+    const press = (init: KeyboardEventInit) =>
+      act(async () => {
+        document.dispatchEvent(new KeyboardEvent('keydown', { bubbles: true, ...init }));
+      });
+    await press({ key: 'Escape' });
+    expect(byId('chat-settings')).toBeNull();
+    expect(byId('chat-system-indicator')!.title).toBe('System prompt: Answer in French.');
+    await type('Bonjour');
+    await click('chat-send');
+    stream.content('Salut');
+    await waitFor(() => byId('message-content')?.textContent?.trim() === 'Salut', 'the reply');
+    await press({ key: 'Escape' });
+    await waitFor(() => byId('message-assistant')!.dataset.streaming === 'false', 'the stop');
+    expect(calls[0]!.signal!.aborted).toBe(true);
+    await press({ key: 'O', ctrlKey: true, shiftKey: true });
+    expect(all('message-user')).toHaveLength(0);
+    expect(byId('chat-system-indicator')).toBeNull();
+  });
+});

@@ -175,7 +175,10 @@ export function UserMessage({ m, onDelete, onEdit }: { m: StoredMessage; onDelet
           ref={(el) => el?.focus()}
           onInput={(e) => setDraft((e.target as HTMLTextAreaElement).value)}
           onKeyDown={(e) => {
-            if (e.key === 'Escape') setEditing(false);
+            if (e.key === 'Escape') {
+              e.preventDefault();
+              setEditing(false);
+            }
             if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
               e.preventDefault();
               save();

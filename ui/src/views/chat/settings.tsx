@@ -1,6 +1,5 @@
 // The sampling settings of one chat (and its system prompt); empty fields take the model's defaults.
 
-import { useEffect } from 'preact/hooks';
 import type { Conversation, Sampling } from '../../conversation';
 import * as fmt from '../../format';
 import type { SamplingSettings as ModelSampling } from '../../generated';
@@ -17,15 +16,6 @@ export function SamplingSettings(props: {
   onChange: (sampling: Sampling, system: string, thinking?: boolean) => void;
   onClose: () => void;
 }) {
-  const { onClose } = props;
-  // Escape closes the popover, wherever the focus is.
-  useEffect(() => {
-    const onKey = (e: KeyboardEvent) => {
-      if (e.key === 'Escape') onClose();
-    };
-    document.addEventListener('keydown', onKey);
-    return () => document.removeEventListener('keydown', onKey);
-  }, [onClose]);
   const s = props.conversation.sampling;
   const d: Partial<Record<keyof Sampling, number>> = props.defaults ?? {};
   const set = (patch: Partial<Sampling>) => {

@@ -65,6 +65,30 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
   const fileRef = useRef<HTMLInputElement>(null);
   const stick = useRef(true);
 
+  // Keys: Escape closes the settings, else stops a reply; Ctrl/Cmd+Shift+O starts a new chat;
+  // Ctrl/Cmd+Shift+S opens the settings.
+  const keys = useRef({ settingsOpen, busy: false, startNew: () => {}, stop: () => {} });
+  useEffect(() => {
+    const onKey = (e: KeyboardEvent) => {
+      const k = keys.current;
+      const mod = e.ctrlKey || e.metaKey;
+      if (e.key === 'Escape') {
+        // A field that used Escape itself (rename, edit, search) has prevented its default.
+        if (e.defaultPrevented) return;
+        if (k.settingsOpen) setSettingsOpen(false);
+        else if (k.busy) k.stop();
+      } else if (mod && e.shiftKey && e.key.toLowerCase() === 'o') {
+        e.preventDefault();
+        k.startNew();
+      } else if (mod && e.shiftKey && e.key.toLowerCase() === 's') {
+        e.preventDefault();
+        setSettingsOpen((o) => !o);
+      }
+    };
+    document.addEventListener('keydown', onKey);
+    return () => document.removeEventListener('keydown', onKey);
+  }, []);
+
   // A delete can be undone for a while.
   useEffect(() => {
     if (!deleted) return;
@@ -180,6 +204,8 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
     el.style.height = `${Math.min(el.scrollHeight, 240)}px`;
   }
 
+  keys.current = { settingsOpen, busy, startNew, stop: () => chats.stop() };
+
   const messages = conversation?.messages ?? [];
   const lastIndex = messages.length - 1;
   // A text-only model refuses every request that holds an image: Send is blocked until they are gone.
@@ -192,7 +218,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
   return (
     <div class={`chat-layout ${showPanel ? 'with-panel' : ''}`}>
       <nav class="conversations" aria-label="Conversations">
-        <button class="button button-primary new-chat" data-testid="new-chat" onClick={startNew}>
+        <button class="button button-primary new-chat" data-testid="new-chat" onClick={startNew} title="New chat (Ctrl+Shift+O)">
           New chat
         </button>
         <input
@@ -203,7 +229,12 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
           aria-label="Search chats by title"
           value={search}
           onInput={(e) => setSearch((e.target as HTMLInputElement).value)}
-          onKeyDown={(e) => e.key === 'Escape' && setSearch('')}
+          onKeyDown={(e) => {
+            if (e.key === 'Escape' && search) {
+              e.preventDefault();
+              setSearch('');
+            }
+          }}
         />
         <ul data-testid="conversation-list">
           {shownSummaries.map((s) => (
@@ -226,6 +257,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
                       setRenaming(null);
                       void chats.rename(s.id, el.value);
                     } else if (e.key === 'Escape') {
+                      e.preventDefault();
                       setRenaming(null);
                     }
                   }}
@@ -358,11 +390,22 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
               {contextLength != null && ` / ${fmt.integer(contextLength)}`} tokens
             </span>
           )}
+          {conversation?.system && (
+            <button
+              class="tag system-tag"
+              data-testid="chat-system-indicator"
+              title={`System prompt: ${conversation.system}`}
+              onClick={() => setSettingsOpen(true)}
+            >
+              system prompt
+            </button>
+          )}
           <button
             class={`button ${settingsOpen ? 'active' : ''}`}
             data-testid="chat-settings-toggle"
             onClick={() => setSettingsOpen((o) => !o)}
             aria-expanded={settingsOpen}
+            title="This chat's sampling and system prompt (Ctrl+Shift+S)"
           >
             Sampling
           </button>
@@ -498,7 +541,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
                 class="button button-stop"
                 data-testid="chat-stop"
                 onClick={() => chats.stop()}
-                title={generating ? 'Stop the reply' : 'Stop the reply streaming in another chat'}
+                title={generating ? 'Stop the reply (Esc)' : 'Stop the reply streaming in another chat (Esc)'}
               >
                 Stop
               </button>
