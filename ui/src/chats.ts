@@ -4,7 +4,7 @@
 
 import { type Api, ApiError, type ChatRequest, errorMessage, isAbort } from './api';
 import { toApiMessages } from './attachments';
-import { type Conversation, newConversation, newId, type Sampling, type StoredMessage, titleFrom } from './conversation';
+import { type Conversation, newConversation, newId, type Sampling, showVersion, type StoredMessage, titleFrom } from './conversation';
 import type { ChatCompletionChunk, ConversationSummary, Stats } from './generated';
 import type { LiveFeed } from './live';
 import type { ConversationStore } from './storage';
@@ -292,30 +292,48 @@ export class ChatStore {
     await this.run(next);
   }
 
-  /** Drops the trailing replies and asks again. */
+  /** Asks again for the trailing reply; the reply it replaces stays as an earlier version (an empty or failed one does not). */
   async regenerate(model: string | null): Promise<void> {
     const c = this.state.conversation;
     if (!c || this.busy) return;
     let end = c.messages.length;
     while (end > 0 && c.messages[end - 1]!.role === 'assistant') end--;
     if (end === 0) return;
+    const last = c.messages[c.messages.length - 1]!;
+    let earlier: StoredMessage[] = [];
+    if (last.role === 'assistant') {
+      const { versions, ...shown } = last;
+      earlier = [...(versions ?? []), ...(shown.content.trim() && !shown.error ? [shown] : [])];
+    }
     const next: Conversation = { ...c, model, messages: c.messages.slice(0, end) };
     this.put(next);
-    await this.run(next);
+    await this.run(next, earlier);
+  }
+
+  /** Shows version `k` of reply `id` (see `versionsOf`). */
+  chooseVersion(id: string, k: number): void {
+    const c = this.state.conversation;
+    if (!c || this.running?.conversation.id === c.id) return;
+    const next = withMessage(c, id, (m) => showVersion(m, k));
+    this.put(next);
+    void this.persist(next);
   }
 
   stop(): void {
     this.running?.controller.abort();
   }
 
-  private async run(c: Conversation): Promise<void> {
+  private async run(c: Conversation, earlier: StoredMessage[] = []): Promise<void> {
     const model = c.model;
     if (!model) {
       this.onError('No model to chat with: load or convert one under Models.');
       return;
     }
     const history = c.messages;
-    const reply: StoredMessage = { id: newId(), role: 'assistant', content: '', model, created: Date.now() };
+    // Versions are ordered by `created`: a reply is always later than the ones it replaces.
+    const created = Math.max(Date.now(), ...earlier.map((v) => v.created + 1));
+    const reply: StoredMessage = { id: newId(), role: 'assistant', content: '', model, created };
+    if (earlier.length) reply.versions = earlier;
     const controller = new AbortController();
     this.running = { conversation: c, controller };
     this.put({ ...c, messages: [...history, reply], updated: Date.now() });

@@ -26,6 +26,24 @@ export interface StoredMessage extends MessageCore {
   error?: string;
   finish_reason?: string | null;
   created: number;
+  /** An assistant reply's other versions (earlier regenerations), each without versions of its own. */
+  versions?: StoredMessage[];
+}
+
+/** All versions of a reply, oldest first, and where the shown one is among them. */
+export function versionsOf(m: StoredMessage): { all: StoredMessage[]; at: number } {
+  const { versions, ...shown } = m;
+  const all = [...(versions ?? []), shown].sort((a, b) => a.created - b.created);
+  return { all, at: all.indexOf(shown) };
+}
+
+/** The reply showing version `k` of `m`'s versions (as `versionsOf` orders them). */
+export function showVersion(m: StoredMessage, k: number): StoredMessage {
+  const { all } = versionsOf(m);
+  const chosen = all[k];
+  if (!chosen) return m;
+  const others = all.filter((v) => v !== chosen);
+  return others.length ? { ...chosen, versions: others } : chosen;
 }
 
 export interface Conversation extends ConversationCore {

@@ -424,3 +424,35 @@ describe('keys and the system prompt', () => {
     expect(byId('chat-system-indicator')).toBeNull();
   });
 });
+
+describe('regenerations', () => {
+  it('keeps earlier replies as versions to switch between, and saves the choice', async () => {
+    let n = 0;
+    const { store } = await mount({ 'POST /v1/chat/completions': () => replyOnce(`Reply ${++n}.`) });
+    const done = (text: string) => () => byId('message-content')?.textContent?.trim() === text && !byId('chat-stop');
+    await type('Hi');
+    await click('chat-send');
+    await waitFor(done('Reply 1.'), 'the first reply');
+    expect(byId('message-versions')).toBeNull();
+    await click('chat-regenerate');
+    await waitFor(done('Reply 2.'), 'the second reply');
+    await click('chat-regenerate');
+    await waitFor(done('Reply 3.'), 'the third reply');
+    expect(byId('message-version')!.textContent).toBe('3 / 3');
+    expect(all('message-assistant')).toHaveLength(1);
+    await click('message-version-prev');
+    expect(byId('message-content')!.textContent!.trim()).toBe('Reply 2.');
+    await click('message-version-prev');
+    expect(byId('message-content')!.textContent!.trim()).toBe('Reply 1.');
+    expect(byId('message-version')!.textContent).toBe('1 / 3');
+    expect((byId('message-version-prev') as HTMLButtonElement).disabled).toBe(true);
+    await settle();
+    const [summary] = await store.list();
+    const saved = await store.load(summary!.id);
+    expect(saved!.messages[1]!.content).toBe('Reply 1.');
+    expect(saved!.messages[1]!.versions!.map((v) => v.content)).toEqual(['Reply 2.', 'Reply 3.']);
+    // The history sent next is the version shown.
+    await click('message-version-next');
+    expect(byId('message-content')!.textContent!.trim()).toBe('Reply 2.');
+  });
+});

@@ -1,7 +1,7 @@
 // One message of a chat: the user's (text and images) or the assistant's (markdown, thinking, statistics).
 
 import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
-import type { StoredMessage } from '../../conversation';
+import { type StoredMessage, versionsOf } from '../../conversation';
 import * as fmt from '../../format';
 import type { Stats } from '../../generated';
 import { renderMarkdown, splitThinking } from '../../markdown';
@@ -91,6 +91,8 @@ export function AssistantMessage(props: {
   onRegenerate: () => void;
   /** Absent while a reply streams in this chat. */
   onDelete?: () => void;
+  /** Shows another version of this reply; absent while a reply streams in this chat. */
+  onVersion?: (k: number) => void;
 }) {
   const { m, streaming } = props;
   const split = splitThinking(m.content);
@@ -123,6 +125,7 @@ export function AssistantMessage(props: {
       )}
       {!streaming && (
         <div class="message-meta">
+          {m.versions?.length && props.onVersion ? <Versions m={m} onVersion={props.onVersion} /> : null}
           {m.stopped && <span class="tag">stopped</span>}
           {m.finish_reason === 'length' && <span class="tag">max tokens reached</span>}
           {line && (
@@ -145,6 +148,30 @@ export function AssistantMessage(props: {
         </div>
       )}
     </div>
+  );
+}
+
+/** "‹ 2 / 3 ›": the versions of a regenerated reply. */
+function Versions({ m, onVersion }: { m: StoredMessage; onVersion: (k: number) => void }) {
+  const { all, at } = versionsOf(m);
+  return (
+    <span class="versions" data-testid="message-versions">
+      <button class="link-button" data-testid="message-version-prev" aria-label="Earlier version" disabled={at <= 0} onClick={() => onVersion(at - 1)}>
+        ‹
+      </button>
+      <span class="dim" data-testid="message-version">
+        {at + 1} / {all.length}
+      </span>
+      <button
+        class="link-button"
+        data-testid="message-version-next"
+        aria-label="Later version"
+        disabled={at >= all.length - 1}
+        onClick={() => onVersion(at + 1)}
+      >
+        ›
+      </button>
+    </span>
   );
 }
 

@@ -439,6 +439,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
                 canRegenerate={!busy}
                 onRegenerate={regenerate}
                 onDelete={generating ? undefined : () => chats.deleteMessage(m.id)}
+                onVersion={generating ? undefined : (k) => chats.chooseVersion(m.id, k)}
               />
             ) : m.role === 'user' ? (
               <UserMessage
