@@ -123,3 +123,14 @@ export function figures(stats: Stats): Figures {
     spec,
   };
 }
+
+/** Above this share of parked steps, MTP does not pay for the model on this machine (the controller says so). */
+export const PARKED_MOSTLY = 0.5;
+
+/** True when the adaptive controller parked drafting for most of a generation's steps (enough of them to judge). */
+export function mtpMostlyParked(stats: Stats | null | undefined): boolean {
+  const s = stats?.spec;
+  if (!s || s.fallback) return false;
+  const steps = num(s.cycles) + num(s.parked_cycles);
+  return steps >= 16 && num(s.parked_cycles) / steps > PARKED_MOSTLY;
+}

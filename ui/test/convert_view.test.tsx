@@ -109,3 +109,21 @@ describe('the Convert icon', () => {
     expect(new Set(Object.values(ICONS)).size).toBe(3);
   });
 });
+
+describe('the Models page', () => {
+  it('says where MTP is chosen when the last generation of a model was mostly parked', async () => {
+    const { live } = await import('../src/live');
+    const { ModelsView } = await import('../src/views/models');
+    const { modelStatus, SAMPLE_STATS, statsSnapshot } = await import('./helpers');
+    const stats = { ...SAMPLE_STATS, spec: { ...SAMPLE_STATS.spec!, cycles: 10, parked_cycles: 21 } };
+    act(() => live.snapshot(statsSnapshot({ model: 'tandem-tiny', stats })));
+    root = document.createElement('div');
+    document.body.appendChild(root);
+    const models = [modelStatus(), modelStatus({ id: 'other', name: 'other' })];
+    act(() => render(<ModelsView models={models} loading={false} reload={async () => {}} onConvert={() => {}} />, root!));
+    expect(root.querySelectorAll('[data-testid="model-mtp-slow"]')).toHaveLength(1);
+    expect(root.querySelector('[data-model-id="tandem-tiny"] [data-testid="model-mtp-slow"]')).not.toBeNull();
+    act(() => live.snapshot(statsSnapshot({ model: 'tandem-tiny', stats: SAMPLE_STATS })));
+    expect(root.querySelector('[data-testid="model-mtp-slow"]')).toBeNull();
+  });
+});

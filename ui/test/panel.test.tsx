@@ -79,6 +79,14 @@ describe('figures', () => {
 });
 
 describe('LivePanelView', () => {
+  it('says when MTP does not pay: drafting parked for most steps', () => {
+    const parked: Stats = { ...SAMPLE_STATS, spec: { ...SAMPLE_STATS.spec!, cycles: 10, parked_cycles: 21 } };
+    expect(mount({ ...STATE, stats: parked }).querySelector('[data-testid="panel-mtp-slow"]')).not.toBeNull();
+    act(() => render(null, root!));
+    root!.remove();
+    expect(mount(STATE).querySelector('[data-testid="panel-mtp-slow"]')).toBeNull();
+  });
+
   it("shows the process's memory as the tray does, not MLX's 0 B when no model is loaded", () => {
     const el = mount({ ...STATE, memory: { ...statsSnapshot().memory, rss_bytes: 170_000_000 } });
     expect(text(el, 'panel-memory')).toBe('memory 170 MB');

@@ -1,7 +1,7 @@
 // The live panel beside the chat: throughput, MTP acceptance and where each cycle's time goes.
 
 import { TokChart } from '../components/chart';
-import { figures, type Figures } from '../figures';
+import { figures, type Figures, mtpMostlyParked } from '../figures';
 import * as fmt from '../format';
 import { useLive, type LiveState } from '../live';
 
@@ -150,6 +150,12 @@ export function LivePanelView({ state }: { state: LiveState }) {
         </div>
       )}
 
+      {mtpRunning && mtpMostlyParked(state.stats) && (
+        <div class="notice notice-warn small" data-testid="panel-mtp-slow">
+          Drafting was parked for most steps: MTP does not pay for this model on this machine. Turning it off under
+          Models may be as fast or faster.
+        </div>
+      )}
       {mtpRunning && (
         <>
           <div class="facts">
