@@ -72,6 +72,8 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
     const onKey = (e: KeyboardEvent) => {
       const k = keys.current;
       const mod = e.ctrlKey || e.metaKey;
+      // Only while the chat is the view shown (the app keeps every view mounted).
+      if (!listRef.current || listRef.current.closest('[hidden]')) return;
       if (e.key === 'Escape') {
         // A field that used Escape itself (rename, edit, search) has prevented its default.
         if (e.defaultPrevented) return;
