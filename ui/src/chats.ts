@@ -4,7 +4,7 @@
 
 import { type Api, ApiError, type ChatRequest, errorMessage, isAbort } from './api';
 import { toApiMessages } from './attachments';
-import { type Conversation, newConversation, newId, type Sampling, showVersion, type StoredMessage, titleFrom } from './conversation';
+import { type ContextPolicy, type Conversation, leaveOut, newConversation, newId, type Sampling, showVersion, type StoredMessage, titleFrom } from './conversation';
 import type { ChatCompletionChunk, ConversationSummary, Stats } from './generated';
 import type { LiveFeed } from './live';
 import type { ConversationStore } from './storage';
@@ -48,9 +48,11 @@ export function applyChunk(m: StoredMessage, chunk: ChatCompletionChunk): { mess
   return { message: { ...m, content, reasoning, finish_reason, stats, ...(usage ? { usage } : {}) }, tokens };
 }
 
+const tooLong = (e: unknown) => e instanceof ApiError && e.code === 'context_length_exceeded';
+
 /** What a person can do when the conversation no longer fits the model's context. */
 export function contextHint(e: unknown, c: Conversation): string {
-  if (!(e instanceof ApiError) || e.code !== 'context_length_exceeded') return '';
+  if (!tooLong(e)) return '';
   return c.sampling.max_tokens != null
     ? ' Lower or clear Max tokens under Sampling, or delete earlier messages.'
     : ' Delete earlier messages, or start a new chat.';
@@ -269,6 +271,15 @@ export class ChatStore {
     if (next.messages.length) void this.persist(next);
   }
 
+  /** What the shown chat does when it outgrows the model's context. */
+  changeContextPolicy(policy: ContextPolicy): void {
+    const c = this.state.conversation;
+    if (!c) return;
+    const next: Conversation = { ...c, contextPolicy: policy };
+    this.put(next);
+    if (next.messages.length) void this.persist(next);
+  }
+
   /** Sends a user message (text and images as data URLs) to `model`, then streams the reply. */
   async send(text: string, images: string[], model: string | null): Promise<void> {
     const c = this.state.conversation;
@@ -323,6 +334,25 @@ export class ChatStore {
     this.running?.controller.abort();
   }
 
+  /** Streams one request's reply into the message `update` changes. */
+  private async stream(
+    req: ChatRequest,
+    signal: AbortSignal,
+    update: (f: (m: StoredMessage) => StoredMessage) => void,
+    onStats: (s: Stats) => void,
+  ): Promise<void> {
+    for await (const chunk of this.client.chat(req, signal)) {
+      let tokens = 0;
+      update((m) => {
+        const applied = applyChunk(m, chunk);
+        tokens = applied.tokens;
+        return applied.message;
+      });
+      if (chunk.stats) onStats(chunk.stats);
+      this.feed.chunk(chunk.stats, tokens);
+    }
+  }
+
   private async run(c: Conversation, earlier: StoredMessage[] = []): Promise<void> {
     const model = c.model;
     if (!model) {
@@ -344,16 +374,19 @@ export class ChatStore {
     };
     let finalStats: Stats | null = null;
     try {
-      const stream = this.client.chat(requestOf(c, model, history), controller.signal);
-      for await (const chunk of stream) {
-        let tokens = 0;
-        update((m) => {
-          const applied = applyChunk(m, chunk);
-          tokens = applied.tokens;
-          return applied.message;
-        });
-        if (chunk.stats) finalStats = chunk.stats;
-        this.feed.chunk(chunk.stats, tokens);
+      // Past the context, the policy leaves out one more turn per refusal, until the request fits; the
+      // engine refuses before generating, so each try is cheap.
+      let sent = history;
+      for (let left = 0; ; left++) {
+        try {
+          await this.stream(requestOf(c, model, sent), controller.signal, update, (s) => (finalStats = s));
+          break;
+        } catch (e) {
+          const fewer = tooLong(e) && !controller.signal.aborted ? leaveOut(history, c.contextPolicy ?? 'rolling', left + 1) : null;
+          if (!fewer) throw e;
+          sent = fewer;
+          update((m) => ({ ...m, leftOut: left + 1 }));
+        }
       }
       // An abort may end the stream quietly rather than by throwing.
       if (controller.signal.aborted) update((m) => ({ ...m, stopped: true }));

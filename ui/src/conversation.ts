@@ -26,6 +26,8 @@ export interface StoredMessage extends MessageCore {
   error?: string;
   finish_reason?: string | null;
   created: number;
+  /** Turns of the conversation left out of the request for this reply, to fit the model's context. */
+  leftOut?: number;
   /** An assistant reply's other versions (earlier regenerations), each without versions of its own. */
   versions?: StoredMessage[];
 }
@@ -46,6 +48,8 @@ export function showVersion(m: StoredMessage, k: number): StoredMessage {
   return others.length ? { ...chosen, versions: others } : chosen;
 }
 
+export type ContextPolicy = 'rolling' | 'middle' | 'stop';
+
 export interface Conversation extends ConversationCore {
   created: number;
   model: string | null;
@@ -53,6 +57,12 @@ export interface Conversation extends ConversationCore {
   sampling: Sampling;
   /** An optional system prompt. */
   system?: string;
+  /**
+   * What happens when the chat outgrows the model's context: `rolling` (the default) leaves the oldest
+   * turns out of the request, `middle` keeps the first turn and leaves out the ones after it, `stop` fails.
+   * The conversation itself keeps every message.
+   */
+  contextPolicy?: ContextPolicy;
   /** Renamed by the person: the first message does not title it. */
   named?: boolean;
   /** Thinking on or off (the chat template's `enable_thinking`); absent: the template's default. */
@@ -76,4 +86,20 @@ export function titleFrom(text: string, images = 0): string {
   const line = text.trim().split('\n')[0]?.trim() ?? '';
   if (!line) return images > 0 ? 'Image' : 'New chat';
   return line.length > 60 ? line.slice(0, 57).trimEnd() + '…' : line;
+}
+
+/**
+ * `history` with `k` turns (a user message and the replies after it) left out as `policy` says: the oldest
+ * (`rolling`), or the oldest after the first (`middle`). The last turn always stays. Null when `k` turns
+ * cannot be left out.
+ */
+export function leaveOut(history: StoredMessage[], policy: ContextPolicy, k: number): StoredMessage[] | null {
+  if (policy === 'stop' || k <= 0) return k <= 0 ? history : null;
+  const starts = history.flatMap((m, i) => (m.role === 'user' ? [i] : []));
+  const first = policy === 'middle' ? 1 : 0;
+  // Turns first .. first+k-1 go; the last turn (starts.length - 1) must stay.
+  if (first + k > starts.length - 1) return null;
+  const from = starts[first]!;
+  const to = starts[first + k]!;
+  return [...history.slice(0, from), ...history.slice(to)];
 }

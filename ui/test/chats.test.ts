@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { Api } from '../src/api';
 import { applyChunk, ChatStore, type ChatState } from '../src/chats';
-import type { StoredMessage } from '../src/conversation';
+import { leaveOut, type StoredMessage } from '../src/conversation';
 import { LiveFeed } from '../src/live';
 import { MemoryStore } from '../src/storage';
 import { chunkOf, mockFetch, SAMPLE_STATS, sse } from './helpers';
@@ -87,5 +87,61 @@ describe('a conversation past the context', () => {
     chats.changeSettings({ max_tokens: 3000 }, '');
     await chats.send('Hi', [], 'tandem-tiny');
     expect(chats.state.conversation!.messages[1]!.error).toBe(`${message} Lower or clear Max tokens under Sampling, or delete earlier messages.`);
+  });
+});
+
+describe('the context policy', () => {
+  const turn = (n: number): StoredMessage[] => [
+    { id: `u${n}`, role: 'user', content: `q${n}`, created: n },
+    { id: `a${n}`, role: 'assistant', content: `a${n}`, created: n },
+  ];
+  const history = [...turn(1), ...turn(2), ...turn(3), { id: 'u4', role: 'user', content: 'q4', created: 4 } as StoredMessage];
+  const texts = (h: StoredMessage[] | null) => h?.map((m) => m.content) ?? null;
+
+  it('leaves out the oldest turns, or those after the first, never the last', () => {
+    expect(texts(leaveOut(history, 'rolling', 1))).toEqual(['q2', 'a2', 'q3', 'a3', 'q4']);
+    expect(texts(leaveOut(history, 'rolling', 3))).toEqual(['q4']);
+    expect(leaveOut(history, 'rolling', 4)).toBeNull();
+    expect(texts(leaveOut(history, 'middle', 1))).toEqual(['q1', 'a1', 'q3', 'a3', 'q4']);
+    expect(texts(leaveOut(history, 'middle', 2))).toEqual(['q1', 'a1', 'q4']);
+    expect(leaveOut(history, 'middle', 3)).toBeNull();
+    expect(leaveOut(history, 'stop', 1)).toBeNull();
+  });
+
+  async function chatWith(policy: 'rolling' | 'middle' | 'stop') {
+    // An engine whose context holds at most three messages.
+    const { fetch, calls } = mockFetch({
+      'POST /v1/chat/completions': (call) => {
+        const n = (call.body as { messages: unknown[] }).messages.length;
+        if (n > 3) {
+          const error = { message: `the prompt has ${n * 100} tokens …`, type: 'invalid_request_error', code: 'context_length_exceeded' };
+          return new Response(JSON.stringify({ error }), { status: 400 });
+        }
+        return sse([data(chunkOf({ content: 'fits' }, {}, 'stop')), 'data: [DONE]\n\n']);
+      },
+    });
+    const store = new MemoryStore();
+    await store.save({ id: 'c', title: 't', created: 1, updated: 1, model: 'tandem-tiny', sampling: {}, messages: history.slice(0, 6), contextPolicy: policy });
+    const chats = new ChatStore(store, new Api('', fetch, null), new LiveFeed(), () => {});
+    await chats.start();
+    await chats.send('q4', [], 'tandem-tiny');
+    return { reply: chats.state.conversation!.messages.at(-1)!, calls, saved: (await store.load('c'))! };
+  }
+
+  it('rolls the window by default, keeping every message in the chat', async () => {
+    const { reply, calls, saved } = await chatWith('rolling');
+    expect(reply).toMatchObject({ content: 'fits', leftOut: 2 });
+    expect(reply.error).toBeUndefined();
+    const sent = (calls.at(-1)!.body as { messages: { content: string }[] }).messages.map((m) => m.content);
+    expect(sent).toEqual(['q3', 'a3', 'q4']);
+    expect(saved.messages).toHaveLength(8);
+  });
+
+  it('keeps the first turn with "middle", and fails with "stop"', async () => {
+    const middle = await chatWith('middle');
+    expect((middle.calls.at(-1)!.body as { messages: { content: string }[] }).messages.map((m) => m.content)).toEqual(['q1', 'a1', 'q4']);
+    const stop = await chatWith('stop');
+    expect(stop.calls).toHaveLength(1);
+    expect(stop.reply.error).toContain('Delete earlier messages');
   });
 });

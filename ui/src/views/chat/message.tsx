@@ -128,6 +128,11 @@ export function AssistantMessage(props: {
           {m.versions?.length && props.onVersion ? <Versions m={m} onVersion={props.onVersion} /> : null}
           {m.stopped && <span class="tag">stopped</span>}
           {m.finish_reason === 'length' && <span class="tag">max tokens reached</span>}
+          {m.leftOut ? (
+            <span class="tag" data-testid="message-left-out" title="Left out of the request to fit the model's context; the chat keeps them">
+              {m.leftOut} earlier turn{m.leftOut > 1 ? 's' : ''} left out
+            </span>
+          ) : null}
           {line && (
             <span class="dim" data-testid="message-stats">
               {line}

@@ -1,6 +1,6 @@
 // The sampling settings of one chat (and its system prompt); empty fields take the model's defaults.
 
-import type { Conversation, Sampling } from '../../conversation';
+import type { ContextPolicy, Conversation, Sampling } from '../../conversation';
 import * as fmt from '../../format';
 import type { SamplingSettings as ModelSampling } from '../../generated';
 
@@ -14,6 +14,7 @@ export function SamplingSettings(props: {
   conversation: Conversation;
   defaults: ModelSampling | undefined;
   onChange: (sampling: Sampling, system: string, thinking?: boolean) => void;
+  onPolicy: (policy: ContextPolicy) => void;
   onClose: () => void;
 }) {
   const s = props.conversation.sampling;
@@ -74,6 +75,19 @@ export function SamplingSettings(props: {
           <option value="off">off</option>
         </select>
         <span class="field-hint">the chat template’s enable_thinking</span>
+      </label>
+      <label class="field field-wide">
+        <span class="field-label">When the chat outgrows the context</span>
+        <select
+          data-testid="setting-context-policy"
+          value={props.conversation.contextPolicy ?? 'rolling'}
+          onChange={(e) => props.onPolicy((e.target as HTMLSelectElement).value as ContextPolicy)}
+        >
+          <option value="rolling">leave out the oldest turns</option>
+          <option value="middle">keep the first turn, leave out the ones after it</option>
+          <option value="stop">stop with an error</option>
+        </select>
+        <span class="field-hint">the chat keeps every message; only the request is shortened</span>
       </label>
       <label class="field field-wide">
         <span class="field-label">System prompt</span>

@@ -416,6 +416,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
               conversation={conversation}
               defaults={modelInfo?.sampling}
               onChange={(sampling, system, thinking) => chats.changeSettings(sampling, system, thinking)}
+              onPolicy={(policy) => chats.changeContextPolicy(policy)}
               onClose={() => setSettingsOpen(false)}
             />
           )}
