@@ -271,6 +271,27 @@ export class ChatStore {
     if (next.messages.length) void this.persist(next);
   }
 
+  /** Each saved conversation's text in lower case, by id, as of its `updated`: read once for searches. */
+  private texts = new Map<string, { updated: number; text: string }>();
+
+  /** The ids of the listed conversations whose title or messages contain `needle` (any case). */
+  async search(needle: string): Promise<Set<string>> {
+    const n = needle.trim().toLowerCase();
+    const found = new Set<string>();
+    if (!n) return found;
+    for (const s of this.state.summaries) {
+      let entry = this.texts.get(s.id);
+      if (!entry || entry.updated !== s.updated) {
+        const c = await this.store.load(s.id).catch(() => null);
+        const text = [s.title, c?.system ?? '', ...(c?.messages ?? []).map((m) => m.content)].join('\n').toLowerCase();
+        entry = { updated: s.updated, text };
+        this.texts.set(s.id, entry);
+      }
+      if (entry.text.includes(n) || s.title.toLowerCase().includes(n)) found.add(s.id);
+    }
+    return found;
+  }
+
   /** What the shown chat does when it outgrows the model's context. */
   changeContextPolicy(policy: ContextPolicy): void {
     const c = this.state.conversation;

@@ -114,13 +114,17 @@ describe('conversation tools', () => {
     expect(titles()).toContain('Bicycles in the hills');
   });
 
-  it('filters the list by title', async () => {
+  it('filters the list by title, then by the messages', async () => {
     await mount(await twoChats());
     await input(byId('conversation-search'), 'light');
     expect(titles()).toEqual(['Lighthouse story']);
     await input(byId('conversation-search'), 'zzz');
     expect(titles()).toEqual([]);
-    expect(byId('conversation-list')!.textContent).toContain('No chat title matches');
+    await waitFor(() => byId('conversation-list')!.textContent!.includes('No chat matches'), 'the full search');
+    // The messages are searched too.
+    await input(byId('conversation-search'), 'question of bicycles');
+    await waitFor(() => titles().length === 1, 'a match in the messages');
+    expect(titles()).toEqual(['Bicycles in the hills']);
     await input(byId('conversation-search'), '');
     expect(titles()).toHaveLength(2);
   });

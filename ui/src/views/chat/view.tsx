@@ -177,7 +177,23 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
   }
 
   const needle = search.trim().toLowerCase();
-  const shownSummaries = needle ? summaries.filter((s) => s.title.toLowerCase().includes(needle)) : summaries;
+  // Titles match at once; the messages' text is searched (each chat read once) a moment after typing stops.
+  const [textMatches, setTextMatches] = useState<{ needle: string; ids: Set<string> } | null>(null);
+  useEffect(() => {
+    if (!needle) return;
+    let live = true;
+    const t = setTimeout(() => {
+      void chats.search(needle).then((ids) => live && setTextMatches({ needle, ids }));
+    }, 200);
+    return () => {
+      live = false;
+      clearTimeout(t);
+    };
+  }, [chats, needle, summaries]);
+  const matched = textMatches?.needle === needle ? textMatches.ids : null;
+  const shownSummaries = needle
+    ? summaries.filter((s) => s.title.toLowerCase().includes(needle) || matched?.has(s.id))
+    : summaries;
 
   function onPaste(e: ClipboardEvent) {
     const files = [...(e.clipboardData?.files ?? [])].filter((f) => f.type.startsWith('image/'));
@@ -228,7 +244,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
           class="conversation-search"
           data-testid="conversation-search"
           placeholder="Search chats"
-          aria-label="Search chats by title"
+          aria-label="Search chats (titles and messages)"
           value={search}
           onInput={(e) => setSearch((e.target as HTMLInputElement).value)}
           onKeyDown={(e) => {
@@ -294,7 +310,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
               </button>
             </li>
           ))}
-          {needle && shownSummaries.length === 0 && <li class="dim small conversation-none">No chat title matches.</li>}
+          {needle && shownSummaries.length === 0 && <li class="dim small conversation-none">{matched ? 'No chat matches.' : 'Searching…'}</li>}
         </ul>
         {deleted && (
           <div class="notice small undo-bar" data-testid="conversation-undo-bar">
