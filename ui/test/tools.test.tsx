@@ -199,3 +199,32 @@ describe('export', () => {
     expect(() => fromJson('{"messages": [{"role": "robot"}]}')).toThrow('message 1');
   });
 });
+
+describe('the context menu', () => {
+  it("offers a message's actions instead of the browser's menu, and Escape closes it", async () => {
+    const store = await twoChats();
+    await mount(store);
+    await waitFor(() => all('message-assistant').length === 1, 'the shown chat');
+    const menuOn = async (el: HTMLElement) => {
+      const ev = new MouseEvent('contextmenu', { bubbles: true, cancelable: true, clientX: 10, clientY: 10 });
+      await act(async () => {
+        el.dispatchEvent(ev);
+      });
+      return ev;
+    };
+    const ev = await menuOn(q('[data-testid="message-assistant"] [data-testid="message-content"]')!);
+    expect(ev.defaultPrevented).toBe(true);
+    expect(all('context-menu-item').map((b) => b.textContent)).toEqual(['Copy reply', 'Regenerate', 'Delete message']);
+    await key(document.body, 'Escape');
+    expect(byId('context-menu')).toBeNull();
+    // The input keeps the browser's menu.
+    expect((await menuOn(byId('chat-input')!)).defaultPrevented).toBe(false);
+    await menuOn(byId('message-user')!);
+    expect(all('context-menu-item').map((b) => b.textContent)).toEqual(['Copy message', 'Delete message']);
+    await click(all('context-menu-item')[1]!);
+    expect(all('message-user')).toHaveLength(0);
+    expect(byId('context-menu')).toBeNull();
+    await settle();
+    expect((await store.load('a'))!.messages.map((m) => m.role)).toEqual(['assistant']);
+  });
+});

@@ -6,6 +6,7 @@ import { api as defaultApi, type Api } from '../../api';
 import { attach, type Attachment } from '../../attachments';
 import { ChatStore, type ChatState, contextUsed } from '../../chats';
 import { showError } from '../../components/banner';
+import { ContextMenu, type Menu, type MenuItem } from '../../components/menu';
 import { MtpHealth } from '../../components/mtp_health';
 import * as fmt from '../../format';
 import type { ModelStatus, OpenAIModel } from '../../generated';
@@ -13,7 +14,8 @@ import { live as defaultLive, type LiveFeed } from '../../live';
 import type { ConversationStore } from '../../storage';
 import { fileName, fromJson, readText, toJson, toMarkdown } from '../../transfer';
 import { LivePanel } from '../panel';
-import { AssistantMessage, UserMessage } from './message';
+import { AssistantMessage, copyText, UserMessage } from './message';
+import { splitThinking } from '../../markdown';
 import { SamplingSettings } from './settings';
 
 export interface ChatProps {
@@ -60,6 +62,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
   const [attachments, setAttachments] = useState<Attachment[]>([]);
   const [dragging, setDragging] = useState(false);
   const [settingsOpen, setSettingsOpen] = useState(false);
+  const [menu, setMenu] = useState<Menu | null>(null);
   const listRef = useRef<HTMLDivElement>(null);
   const inputRef = useRef<HTMLTextAreaElement>(null);
   const fileRef = useRef<HTMLInputElement>(null);
@@ -194,6 +197,26 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
   const shownSummaries = needle
     ? summaries.filter((s) => s.title.toLowerCase().includes(needle) || matched?.has(s.id))
     : summaries;
+
+  // A message's own context menu; text fields keep the browser's (spelling, paste).
+  function onContextMenu(e: MouseEvent) {
+    const target = e.target as HTMLElement;
+    if (target.closest('input, textarea, [contenteditable]')) return;
+    const id = target.closest('[data-message-id]')?.getAttribute('data-message-id');
+    const m = conversation?.messages.find((x) => x.id === id);
+    if (!m) return;
+    e.preventDefault();
+    const items: MenuItem[] = [];
+    const selected = globalThis.getSelection?.()?.toString() ?? '';
+    if (selected) items.push({ label: 'Copy selection', run: () => void copyText(selected).catch(showError) });
+    const text = m.role === 'assistant' ? splitThinking(m.content).answer : m.content;
+    if (text) items.push({ label: m.role === 'assistant' ? 'Copy reply' : 'Copy message', run: () => void copyText(text).catch(showError) });
+    if (!busy && m.role === 'assistant' && m === messages[lastIndex]) items.push({ label: 'Regenerate', run: regenerate });
+    if (!generating) items.push({ label: 'Delete message', run: () => chats.deleteMessage(m.id) });
+    if (items.length) setMenu({ x: e.clientX, y: e.clientY, items });
+  }
+
+  const closeMenu = useMemo(() => () => setMenu(null), []);
 
   function onPaste(e: ClipboardEvent) {
     const files = [...(e.clipboardData?.files ?? [])].filter((f) => f.type.startsWith('image/'));
@@ -438,7 +461,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
           )}
         </header>
 
-        <div class="message-list" data-testid="message-list" ref={listRef} onScroll={onScroll}>
+        <div class="message-list" data-testid="message-list" ref={listRef} onScroll={onScroll} onContextMenu={onContextMenu}>
           {messages.length === 0 && (
             <div class="empty-chat">
               <h2>What shall we work on?</h2>
@@ -579,6 +602,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
           </div>
         </div>
         {dragging && <div class="drop-overlay">Drop images to attach them</div>}
+        {menu && <ContextMenu menu={menu} onClose={closeMenu} />}
       </section>
 
       {showPanel && <LivePanel />}
