@@ -413,18 +413,21 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
 
         {job.phase !== 'idle' && (
           <div class="convert-status" data-testid="convert-status" data-state={job.phase}>
-            <div
-              class="progress"
-              data-testid="convert-progress"
-              role="progressbar"
-              aria-valuemin={0}
-              aria-valuemax={job.total || 1}
-              aria-valuenow={job.done}
-              data-done={job.done}
-              data-total={job.total}
-            >
-              <div class={`progress-fill ${job.phase}`} style={{ width: `${percent * 100}%` }} />
-            </div>
+            {/* A conversion refused before it started has no progress to show. */}
+            {!(job.phase === 'error' && job.job == null) && (
+              <div
+                class="progress"
+                data-testid="convert-progress"
+                role="progressbar"
+                aria-valuemin={0}
+                aria-valuemax={job.total || 1}
+                aria-valuenow={job.done}
+                data-done={job.done}
+                data-total={job.total}
+              >
+                <div class={`progress-fill ${job.phase}`} style={{ width: `${percent * 100}%` }} />
+              </div>
+            )}
             <div class="progress-text small">
               {job.phase === 'starting' && 'Starting…'}
               {job.phase === 'running' &&
