@@ -127,3 +127,34 @@ describe('the Models page', () => {
     expect(root.querySelector('[data-testid="model-mtp-slow"]')).toBeNull();
   });
 });
+
+describe('calibration progress', () => {
+  it('follows the modules measured, with the module and an ETA', async () => {
+    const { applyConvertEvent, eta, IDLE } = await import('../src/views/convert');
+    let s: import('../src/views/convert').JobState = { ...IDLE, phase: 'running', job: 'j' };
+    s = applyConvertEvent(s, { event: 'calibrating', module: 'model.layers.0.mlp', done: 0, total: 12 }, 1000);
+    s = applyConvertEvent(s, { event: 'calibrating', module: 'model.layers.3.mlp', done: 3, total: 12 }, 7000);
+    expect(s.calibration).toEqual({ done: 3, total: 12, module: 'model.layers.3.mlp', since: 1000 });
+    expect(eta(3, 12, 1000, 7000)).toBe('about 18 s left');
+    expect(eta(1, 100, 0, 120_000)).toBe('about 3.3 h left');
+    expect(eta(0, 12, 1000, 7000)).toBeNull();
+
+    const mock = mockFetch({
+      'POST /api/convert': () => json({ job: 'j2', state: 'running' }),
+      'GET /api/convert/j2/events': () =>
+        sse([`data: ${JSON.stringify({ event: 'calibrating', module: 'model.layers.3.mlp', done: 3, total: 12 })}\n\n`], { hang: true }),
+    });
+    root = document.createElement('div');
+    document.body.appendChild(root);
+    act(() => render(<ConvertView client={new Api('', mock.fetch, null)} onFinished={() => {}} onShowModels={() => {}} />, root!));
+    await setValue('convert-recipe', 'auto', 'change');
+    await setValue('convert-src', '/m/tiny');
+    await act(async () => {
+      byId('convert-start')!.click();
+    });
+    await waitFor(() => !!byId('convert-calibrating'), 'the calibration');
+    expect(root.querySelector('.progress-text')!.textContent).toContain('Calibrating: 3 / 12 modules measured');
+    expect(byId('convert-calibrating')!.textContent!.trim()).toBe('model.layers.3.mlp');
+    expect((root.querySelector('.progress-fill') as HTMLElement).style.width).toBe('25%');
+  });
+});

@@ -35,6 +35,20 @@ export interface JobState {
   error: string | null;
   /** The destination exists: the person may replace it (the request's `force`) or pick another name. */
   exists?: boolean;
+  /** Recipe `auto` measures each module first: how far it is, and when it began (ms), for an ETA. */
+  calibration?: { done: number; total: number; module: string; since: number } | null;
+  /** When the first tensor was written (ms), for an ETA. */
+  writingSince?: number | null;
+}
+
+/** "about 40 s left" from the work done since `since`; null until there is enough to judge. */
+export function eta(done: number, total: number, since: number | null | undefined, now: number): string | null {
+  if (since == null || done <= 0 || done >= total) return null;
+  const left = ((now - since) / done) * (total - done) / 1000;
+  if (!Number.isFinite(left) || left < 1) return null;
+  if (left < 90) return `about ${Math.round(left)} s left`;
+  if (left < 90 * 60) return `about ${Math.round(left / 60)} min left`;
+  return `about ${(left / 3600).toFixed(1)} h left`;
 }
 
 export const IDLE: JobState = {
@@ -49,16 +63,21 @@ export const IDLE: JobState = {
   error: null,
 };
 
-/** The job's state after one event. */
-export function applyConvertEvent(s: JobState, ev: JobEvent): JobState {
+/** The job's state after one event (`now`: when it came, in ms). */
+export function applyConvertEvent(s: JobState, ev: JobEvent, now: number = Date.now()): JobState {
   switch (ev.event) {
     case 'validated':
-    case 'calibrating':
       return { ...s, phase: 'running' };
+    case 'calibrating':
+      return {
+        ...s,
+        phase: 'running',
+        calibration: { done: ev.done, total: ev.total, module: ev.module, since: s.calibration?.since ?? now },
+      };
     case 'planned':
       return { ...s, phase: 'running', predictedBytes: ev.predicted_bytes, predictedBpw: ev.predicted_bpw };
     case 'progress':
-      return { ...s, phase: 'running', done: ev.done, total: ev.total, tensor: ev.tensor };
+      return { ...s, phase: 'running', done: ev.done, total: ev.total, tensor: ev.tensor, writingSince: s.writingSince ?? now };
     case 'finished':
       return { ...s, phase: 'finished', done: s.total || s.done, result: { path: ev.path, bytes: ev.bytes, bpw: ev.bpw } };
     case 'error':
@@ -236,7 +255,11 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
     }
   }
 
-  const percent = job.total > 0 ? job.done / job.total : job.phase === 'finished' ? 1 : 0;
+  // While `auto` calibrates (before any tensor is written), the bar follows the modules measured.
+  const cal = job.total === 0 && job.phase === 'running' ? job.calibration : null;
+  const percent =
+    job.total > 0 ? job.done / job.total : cal && cal.total > 0 ? cal.done / cal.total : job.phase === 'finished' ? 1 : 0;
+  const left = cal ? eta(cal.done, cal.total, cal.since, Date.now()) : eta(job.done, job.total, job.writingSince, Date.now());
   const mixedBits = MIXED_BITS[form.recipe];
   const mixed = mixedBits != null;
   const placeholderName = suggestName(form.src, form.recipe, form.bits);
@@ -431,7 +454,18 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
             <div class="progress-text small">
               {job.phase === 'starting' && 'Starting…'}
               {job.phase === 'running' &&
-                (job.total > 0 ? `${job.done} / ${job.total} tensors (${fmt.percent(percent)})` : 'Planning…')}
+                (job.total > 0
+                  ? `${job.done} / ${job.total} tensors (${fmt.percent(percent)})`
+                  : cal
+                    ? `Calibrating: ${cal.done} / ${cal.total} modules measured`
+                    : 'Planning…')}
+              {job.phase === 'running' && left && <span class="dim" data-testid="convert-eta">{` · ${left}`}</span>}
+              {cal && cal.module && (
+                <span class="dim mono" data-testid="convert-calibrating">
+                  {' '}
+                  {cal.module}
+                </span>
+              )}
               {job.phase === 'running' && job.tensor && (
                 <span class="dim mono" data-testid="convert-tensor">
                   {' '}
