@@ -396,7 +396,7 @@ describe('copying', () => {
 });
 
 describe('keys and the system prompt', () => {
-  it('Escape stops a reply, Ctrl+Shift+O starts a new chat, and a system prompt shows in the header', async () => {
+  it('Escape stops a reply, Ctrl+Shift+M and / focus the picker and the input, Ctrl+Shift+O starts a new chat, and a system prompt shows in the header', async () => {
     const stream = controlledStream();
     const { calls } = await mount({ 'POST /v1/chat/completions': () => stream.response });
     await click('chat-settings-toggle');
@@ -419,6 +419,10 @@ describe('keys and the system prompt', () => {
     await press({ key: 'Escape' });
     await waitFor(() => byId('message-assistant')!.dataset.streaming === 'false', 'the stop');
     expect(calls[0]!.signal!.aborted).toBe(true);
+    await press({ key: 'M', ctrlKey: true, shiftKey: true });
+    expect(document.activeElement).toBe(byId('chat-model-picker'));
+    await press({ key: '/' });
+    expect(document.activeElement).toBe(byId('chat-input'));
     await press({ key: 'O', ctrlKey: true, shiftKey: true });
     expect(all('message-user')).toHaveLength(0);
     expect(byId('chat-system-indicator')).toBeNull();

@@ -66,10 +66,11 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
   const listRef = useRef<HTMLDivElement>(null);
   const inputRef = useRef<HTMLTextAreaElement>(null);
   const fileRef = useRef<HTMLInputElement>(null);
+  const pickerRef = useRef<HTMLSelectElement>(null);
   const stick = useRef(true);
 
   // Keys: Escape closes the settings, else stops a reply; Ctrl/Cmd+Shift+O starts a new chat;
-  // Ctrl/Cmd+Shift+S opens the settings.
+  // Ctrl/Cmd+Shift+S opens the settings; Ctrl/Cmd+Shift+M goes to the model picker; "/" to the message field.
   const keys = useRef({ settingsOpen, busy: false, startNew: () => {}, stop: () => {} });
   useEffect(() => {
     const onKey = (e: KeyboardEvent) => {
@@ -88,6 +89,12 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
       } else if (mod && e.shiftKey && e.key.toLowerCase() === 's') {
         e.preventDefault();
         setSettingsOpen((o) => !o);
+      } else if (mod && e.shiftKey && e.key.toLowerCase() === 'm') {
+        e.preventDefault();
+        pickerRef.current?.focus();
+      } else if (e.key === '/' && !mod && !(e.target as HTMLElement).closest?.('input, textarea, select, [contenteditable]')) {
+        e.preventDefault();
+        inputRef.current?.focus();
       }
     };
     document.addEventListener('keydown', onKey);
@@ -398,6 +405,8 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
           <label class="model-picker">
             <span class="sr-only">Model</span>
             <select
+              ref={pickerRef}
+              title="Model (Ctrl+Shift+M)"
               data-testid="chat-model-picker"
               value={currentModel ?? ''}
               onChange={(e) => chats.changeModel((e.target as HTMLSelectElement).value)}
