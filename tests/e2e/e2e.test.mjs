@@ -18,7 +18,8 @@
 //  9. a chat deleted while its reply streams stays deleted after a reload;
 // 10. at 720 px wide the conversation list, New chat and the Stats drawer are usable;
 // 11. converting onto an existing name offers Replace / another name, never an API hint;
-// 12. a chat is renamed, searched, exported (JSON, Markdown), deleted and undone, and imported.
+// 12. a chat is renamed, searched, exported (JSON, Markdown), deleted and undone, and imported;
+// 13. a new chat does not inherit the last one's settings; an edited message regenerates; versions switch.
 
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -307,6 +308,42 @@ describe('Tandem web UI against tandem serve', () => {
     await byId('chat-import-input').setInputFiles(file);
     await page.waitForFunction((n) => document.querySelectorAll('[data-testid="conversation-item"]').length === n + 1, before, { timeout: SHORT });
     assert.equal(await page.locator('[data-testid="conversation-item"] .conversation-open', { hasText: 'Renamed in e2e' }).count(), 2);
+  });
+
+  test("a new chat starts from the model's defaults; an edited message regenerates, keeping versions", async () => {
+    await byId('nav-chat').click();
+    await byId('new-chat').click();
+    await byId('chat-settings-toggle').click();
+    await byId('setting-max-tokens').fill('3000');
+    assert.match(await byId('setting-temperature').getAttribute('placeholder'), /^default 0$/);
+    await page.keyboard.press('Escape');
+    await byId('chat-settings').waitFor({ state: 'detached' });
+    await byId('new-chat').click();
+    await byId('chat-settings-toggle').click();
+    assert.equal(await byId('setting-max-tokens').inputValue(), '', 'the new chat does not inherit max_tokens');
+    await page.keyboard.press('Escape');
+
+    await byId('chat-input').fill('Name a colour.');
+    await byId('chat-send').click();
+    const idle = page.locator('[data-testid="message-assistant"][data-streaming="false"]');
+    await idle.last().waitFor({ timeout: GENERATION });
+    assert.equal(await byId('message-error').count(), 0, `no error: ${await byId('message-error').allInnerTexts()}`);
+    assert.match(await byId('chat-context').innerText(), /^[1-9][\d,]* \/ 4,096 tokens$/);
+
+    await byId('message-user').hover();
+    await byId('message-edit').click();
+    await byId('message-edit-input').fill('Name a fruit.');
+    await byId('message-edit-save').click();
+    await page.locator('[data-testid="message-assistant"][data-streaming="true"]').waitFor({ timeout: GENERATION }).catch(() => {});
+    await idle.last().waitFor({ timeout: GENERATION });
+    await byId('chat-send').waitFor({ timeout: GENERATION });
+    assert.equal((await byId('message-user').innerText()).trim().split('\n')[0], 'Name a fruit.');
+    await byId('chat-regenerate').last().click();
+    await byId('message-version').waitFor({ timeout: GENERATION });
+    await byId('chat-send').waitFor({ timeout: GENERATION });
+    assert.equal((await byId('message-version').innerText()).trim(), '2 / 2');
+    await byId('message-version-prev').click();
+    assert.equal((await byId('message-version').innerText()).trim(), '1 / 2');
   });
 
   test('at 720 px wide the conversation list, New chat and the Stats drawer are usable', async () => {
