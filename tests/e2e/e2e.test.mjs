@@ -369,6 +369,12 @@ describe('Tandem web UI against tandem serve', () => {
       await byId('new-chat').click();
       assert.equal(await byId('message-user').count(), 0, 'a new, empty chat');
       assert.ok(before >= 0);
+      // Models at this width: every row's controls inside the window.
+      await openModels();
+      const load = modelRow('tandem-tiny').locator('[data-testid="model-unload"], [data-testid="model-load"]');
+      const box = await load.boundingBox();
+      assert.ok(box && box.x + box.width <= 720, `Load/Unload is inside the window: ${JSON.stringify(box)}`);
+      await shot('09-narrow-models.png');
     } finally {
       await page.setViewportSize({ width: 1400, height: 900 });
     }
