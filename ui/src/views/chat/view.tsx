@@ -11,11 +11,11 @@ import { MtpHealth } from '../../components/mtp_health';
 import * as fmt from '../../format';
 import type { ModelStatus, OpenAIModel } from '../../generated';
 import { live as defaultLive, type LiveFeed } from '../../live';
+import { splitThinking } from '../../markdown';
 import type { ConversationStore } from '../../storage';
 import { fileName, fromJson, readText, toJson, toMarkdown } from '../../transfer';
 import { LivePanel } from '../panel';
 import { AssistantMessage, copyText, UserMessage } from './message';
-import { splitThinking } from '../../markdown';
 import { SamplingSettings } from './settings';
 
 export interface ChatProps {
