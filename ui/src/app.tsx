@@ -3,7 +3,7 @@
 
 import { useCallback, useEffect, useMemo, useState } from 'preact/hooks';
 import { api as defaultApi, type Api } from './api';
-import { ErrorBanner, showError } from './components/banner';
+import { dismissConnection, ErrorBanner, showError } from './components/banner';
 import { live } from './live';
 import { subscribeFolderDrops } from './shell';
 import { type ConversationStore, defaultStore } from './storage';
@@ -90,6 +90,7 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
       }
       if (stopped) return;
       setOnline(ok);
+      if (ok && wasOnline === false) dismissConnection();
       if (ok && wasOnline !== true) void reloadModels();
       wasOnline = ok;
       timer = setTimeout(check, ok ? 10000 : 3000);
@@ -171,7 +172,7 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
         </div>
       </nav>
       <main class="main">
-        <ErrorBanner />
+        <ErrorBanner offline={online === false} />
         {online === false && (
           <div class="offline" data-testid="engine-offline">
             Cannot reach the Tandem engine{client.base ? ` at ${client.base}` : ''}. Start it with <code>tandem serve</code>;

@@ -52,3 +52,20 @@ describe('ErrorBanner', () => {
     expect(messages()).toEqual([]);
   });
 });
+
+describe('connection errors', () => {
+  it('are not repeated under the offline notice, and go when the engine is back', async () => {
+    const { ApiError } = await import('../src/api');
+    const { dismissConnection } = await import('../src/components/banner');
+    act(() => render(<ErrorBanner offline />, root));
+    act(() => {
+      showError(new ApiError('Cannot reach the Tandem engine at http://127.0.0.1:11435: Failed to fetch', 0, 'connection_error'));
+      showError('model failed to load');
+    });
+    expect(messages()).toEqual(['model failed to load']);
+    act(() => render(<ErrorBanner />, root));
+    expect(messages()).toHaveLength(2);
+    act(() => dismissConnection());
+    expect(messages()).toEqual(['model failed to load']);
+  });
+});

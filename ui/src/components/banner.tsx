@@ -3,11 +3,13 @@
 // (the place it came from, a chat message or the Convert form, keeps it) or with its close button.
 
 import { useEffect, useState } from 'preact/hooks';
-import { errorMessage, isAbort } from '../api';
+import { ApiError, errorMessage, isAbort } from '../api';
 
 export interface Notice {
   id: number;
   message: string;
+  /** The engine could not be reached: the window's offline notice says so already while it shows. */
+  connection?: boolean;
 }
 
 let notices: Notice[] = [];
@@ -40,11 +42,16 @@ export function showError(e: unknown): void {
     expireLater(shown.id);
     return;
   }
-  const notice = { id: nextId++, message };
+  const notice: Notice = { id: nextId++, message, connection: e instanceof ApiError && e.type === 'connection_error' };
   for (const old of notices.slice(0, Math.max(0, notices.length - (MAX_NOTICES - 1)))) clearTimeout(timers.get(old.id));
   notices = [...notices.slice(-(MAX_NOTICES - 1)), notice];
   expireLater(notice.id);
   publish();
+}
+
+/** Drops the notices that said the engine could not be reached (it is back). */
+export function dismissConnection(): void {
+  for (const n of notices) if (n.connection) dismiss(n.id);
 }
 
 export function dismiss(id?: number): void {
@@ -56,8 +63,10 @@ export function dismiss(id?: number): void {
   publish();
 }
 
-export function ErrorBanner() {
-  const [list, setList] = useState(notices);
+/** `offline`: the window shows that the engine cannot be reached, so notices saying it again are not shown. */
+export function ErrorBanner({ offline = false }: { offline?: boolean }) {
+  const [all, setList] = useState(notices);
+  const list = offline ? all.filter((n) => !n.connection) : all;
   useEffect(() => {
     listeners.add(setList);
     setList(notices);
