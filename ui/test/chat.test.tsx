@@ -246,8 +246,12 @@ describe('images and a text-only model', () => {
       byId('chat-input')!.dispatchEvent(new KeyboardEvent('keydown', { key: 'Enter', bubbles: true }));
     });
     expect(calls.filter((c) => c.method === 'POST')).toHaveLength(0);
+    // Asking again would send the images too: no Regenerate, no Edit.
+    expect(byId('chat-regenerate')).toBeNull();
+    expect(byId('message-edit')).toBeNull();
 
     await click('chat-drop-images');
+    expect(byId('chat-regenerate')).not.toBeNull();
     expect(all('message-image')).toHaveLength(0);
     expect(byId('vision-warning')).toBeNull();
     // The user turn that was only an image is gone; the one with text stays, without its image.

@@ -218,7 +218,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
     if (selected) items.push({ label: 'Copy selection', run: () => void copyText(selected).catch(showError) });
     const text = m.role === 'assistant' ? splitThinking(m.content).answer : m.content;
     if (text) items.push({ label: m.role === 'assistant' ? 'Copy reply' : 'Copy message', run: () => void copyText(text).catch(showError) });
-    if (!busy && m.role === 'assistant' && m === messages[lastIndex]) items.push({ label: 'Regenerate', run: regenerate });
+    if (canAsk && m.role === 'assistant' && m === messages[lastIndex]) items.push({ label: 'Regenerate', run: regenerate });
     if (!generating) items.push({ label: 'Delete message', run: () => chats.deleteMessage(m.id) });
     if (items.length) setMenu({ x: e.clientX, y: e.clientY, items });
   }
@@ -260,6 +260,8 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
   const textOnly = modelInfo?.vision === false;
   const heldImages = messages.reduce((n, m) => n + (m.images?.length ?? 0), 0);
   const blocked = textOnly && (attachments.length > 0 || heldImages > 0);
+  // Asking again sends the images held too: not while the model cannot take them.
+  const canAsk = !busy && !(textOnly && heldImages > 0);
   const used = contextUsed(conversation);
   const contextLength = modelInfo?.context_length ?? null;
 
@@ -487,7 +489,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
                 m={m}
                 streaming={generating && streaming?.messageId === m.id}
                 last={i === lastIndex}
-                canRegenerate={!busy}
+                canRegenerate={canAsk}
                 onRegenerate={regenerate}
                 onDelete={generating ? undefined : () => chats.deleteMessage(m.id)}
                 onVersion={generating ? undefined : (k) => chats.chooseVersion(m.id, k)}
@@ -497,11 +499,11 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
                 key={m.id}
                 m={m}
                 onDelete={generating ? undefined : () => chats.deleteMessage(m.id)}
-                onEdit={busy ? undefined : (text) => edit(m.id, text)}
+                onEdit={canAsk ? (text) => edit(m.id, text) : undefined}
               />
             ) : null,
           )}
-          {!busy && lastIndex >= 0 && messages[lastIndex]!.role === 'user' && (
+          {canAsk && lastIndex >= 0 && messages[lastIndex]!.role === 'user' && (
             <div class="message-meta retry">
               <button class="link-button" data-testid="chat-regenerate" onClick={regenerate}>
                 Generate a reply
