@@ -160,9 +160,10 @@ export class ChatStore {
 
   async remove(id: string, model: string | null): Promise<void> {
     // Kept as it is now, for an undo: the streaming one, the shown one, or as saved.
+    const streamingId = this.state.streaming?.conversationId === id ? this.state.streaming.messageId : null;
     const kept =
       this.running?.conversation.id === id
-        ? this.running.conversation
+        ? withMessage(this.running.conversation, streamingId ?? '', (m) => ({ ...m, stopped: true }))
         : this.state.conversation?.id === id
           ? this.state.conversation
           : await this.store.load(id).catch(() => null);

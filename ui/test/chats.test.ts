@@ -145,3 +145,27 @@ describe('the context policy', () => {
     expect(stop.reply.error).toContain('Delete earlier messages');
   });
 });
+
+describe('undoing the delete of a streaming chat', () => {
+  it('brings it back with the reply as far as it came, marked stopped', async () => {
+    const { fetch } = mockFetch({
+      'POST /v1/chat/completions': () => sse([data(chunkOf({ role: 'assistant', content: 'Once upon' }))], { hang: true }),
+    });
+    const store = new MemoryStore();
+    const chats = new ChatStore(store, new Api('', fetch, null), new LiveFeed(), () => {});
+    await chats.start();
+    const sending = chats.send('Tell a story', [], 'tandem-tiny');
+    for (let i = 0; i < 50 && !chats.state.conversation?.messages[1]?.content; i++) await new Promise((r) => setTimeout(r, 5));
+    const id = chats.state.conversation!.id;
+    await chats.remove(id, 'tandem-tiny');
+    await sending;
+    expect(await store.load(id)).toBeNull();
+    await chats.undoRemove();
+    const back = (await store.load(id))!;
+    expect(back.messages.map((m) => [m.role, m.content, m.stopped ?? false])).toEqual([
+      ['user', 'Tell a story', false],
+      ['assistant', 'Once upon', true],
+    ]);
+    expect(chats.state.conversation!.id).toBe(id);
+  });
+});
