@@ -364,6 +364,11 @@ describe('Tandem web UI against tandem serve', () => {
       await byId('panel-toggle').click();
       await panel.waitFor({ state: shown ? 'visible' : 'hidden' });
       await shot(shown ? '09-narrow-stats.png' : '09-narrow.png');
+      // The drawer, when open, closes with Escape.
+      if (await panel.isVisible()) {
+        await page.keyboard.press('Escape');
+        await panel.waitFor({ state: 'hidden' });
+      }
       // New chat works there.
       const before = await page.locator('[data-testid="conversation-item"].active').count();
       await byId('new-chat').click();

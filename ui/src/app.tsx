@@ -51,6 +51,19 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
   // In a narrow window the panel is a drawer over the chat: closed until the Stats toggle opens it.
   const [panel, setPanel] = useState(() => !globalThis.matchMedia?.('(max-width: 980px)').matches);
 
+  // In a narrow window the panel is a drawer over the chat: Escape closes it (before anything else uses the key).
+  useEffect(() => {
+    if (!panel || view !== 'chat') return;
+    const onKey = (e: KeyboardEvent) => {
+      if (e.key === 'Escape' && globalThis.matchMedia?.('(max-width: 980px)').matches) {
+        e.preventDefault();
+        setPanel(false);
+      }
+    };
+    document.addEventListener('keydown', onKey, true);
+    return () => document.removeEventListener('keydown', onKey, true);
+  }, [panel, view]);
+
   const go = useCallback((v: View) => {
     setView(v);
     if (globalThis.history) history.replaceState(null, '', `#/${v}`);
