@@ -12,7 +12,14 @@
 //     under Models as a 4-bit MLX model, and loads;
 //  6. a folder that is not a model is refused with a message that names it;
 //  7. the desktop shell's drop hook (`window.onFolderDropped`, the `tandem://dropped-folder` event)
-//     opens Convert with the path.
+//     opens Convert with the path;
+//  8. an image for a text-only model blocks Send (with the reason) until it is removed, and a chat
+//     already holding one recovers by removing it (no chat is poisoned); single messages delete;
+//  9. a chat deleted while its reply streams stays deleted after a reload;
+// 10. at 720 px wide the conversation list, New chat and the Stats drawer are usable;
+// 11. converting onto an existing name offers Replace / another name, never an API hint;
+// 12. a chat is renamed, searched, exported (JSON, Markdown), deleted and undone, and imported;
+// 13. a new chat does not inherit the last one's settings; an edited message regenerates; versions switch.
 
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -185,6 +192,199 @@ describe('Tandem web UI against tandem serve', () => {
     await shot('02b-chat-after-reload.png');
   });
 
+  test('an image for a text-only model blocks Send until removed, and a chat holding one recovers', async () => {
+    await byId('nav-chat').click();
+    await byId('new-chat').click();
+    // A 1x1 PNG attached through the file picker.
+    const png = Buffer.from('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==', 'base64');
+    await byId('chat-file-input').setInputFiles({ name: 'dot.png', mimeType: 'image/png', buffer: png });
+    await byId('attachment-preview').waitFor();
+    await byId('chat-input').fill('What is in this picture?');
+    await byId('vision-warning').waitFor();
+    assert.match(await byId('vision-warning').innerText(), /cannot take images/);
+    assert.equal(await byId('chat-send').isDisabled(), true, 'Send is blocked while an image is attached');
+    await shot('02c-image-blocked.png');
+    await byId('attachment-remove').click();
+    assert.equal(await byId('vision-warning').count(), 0);
+    assert.equal(await byId('chat-send').isDisabled(), false);
+
+    // A chat saved earlier with an image (as an older version let it happen): it opens with Send blocked,
+    // and removing the image lets it go on.
+    const id = `e2e-image-${Date.now()}`;
+    const now = Date.now();
+    const poisoned = {
+      id, title: 'Poisoned by an image', created: now, updated: now + 60_000, model: 'tandem-tiny', sampling: {},
+      messages: [
+        { id: 'm1', role: 'user', content: 'Look', images: [`data:image/png;base64,${png.toString('base64')}`], created: now },
+        { id: 'm2', role: 'assistant', content: '', error: 'remove the 1 image(s)', created: now },
+      ],
+    };
+    const put = await fetch(`${URL}/api/conversations/${id}`, { method: 'PUT', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(poisoned) });
+    assert.ok(put.ok, `PUT the conversation: ${put.status}`);
+    await page.reload({ waitUntil: 'load', timeout: 30_000 });
+    await page.locator(`[data-testid="conversation-item"].active[data-conversation-id="${id}"]`).waitFor();
+    await byId('message-image').waitFor();
+    await byId('chat-input').fill('Just say hello.');
+    assert.equal(await byId('chat-send').isDisabled(), true, 'Send is blocked while the chat holds an image');
+    assert.match(await byId('vision-warning').innerText(), /already holds 1 image/);
+    // The failed reply goes with its own Delete; the image with the warning's button.
+    await byId('message-assistant').getByTestId('message-delete').click();
+    assert.equal(await byId('message-assistant').count(), 0);
+    await byId('chat-drop-images').click();
+    assert.equal(await byId('message-image').count(), 0);
+    await byId('chat-send').click();
+    await page.locator('[data-testid="message-assistant"][data-streaming="false"]').last().waitFor({ timeout: GENERATION });
+    assert.equal(await byId('message-error').count(), 0, `no error: ${await byId('message-error').allInnerTexts()}`);
+    const saved = await (await fetch(`${URL}/api/conversations/${id}`)).json();
+    assert.ok(!JSON.stringify(saved).includes('data:image'), 'the image is gone from the saved chat');
+    assert.deepEqual(saved.messages.map((m) => m.role), ['user', 'user', 'assistant']);
+    await byId('chat-context').waitFor();
+    assert.match(await byId('chat-context').innerText(), /^[\d,]+ \/ [\d,]+ tokens$/);
+  });
+
+  test('a chat deleted while its reply streams stays deleted after a reload', async () => {
+    await byId('new-chat').click();
+    await byId('chat-input').fill('Tell me a very long story about a lighthouse keeper and the sea.');
+    await byId('chat-send').click();
+    await page.locator('[data-testid="message-assistant"][data-streaming="true"]').waitFor({ timeout: GENERATION });
+    const active = page.locator('[data-testid="conversation-item"].active');
+    await active.waitFor();
+    const id = await active.getAttribute('data-conversation-id');
+    const streaming = await page.locator('[data-testid="message-assistant"][data-streaming="true"]').count();
+    await active.hover();
+    await active.getByTestId('conversation-delete').click();
+    await byId('chat-send').waitFor({ timeout: GENERATION });
+    console.log(`deleted while streaming: ${streaming === 1}`);
+    await page.waitForTimeout(500);
+    assert.equal((await fetch(`${URL}/api/conversations/${id}`)).status, 404, 'the engine does not have it');
+    await page.reload({ waitUntil: 'load', timeout: 30_000 });
+    await page.locator('[data-testid="health-status"][data-online="true"]').waitFor();
+    await byId('conversation-list').waitFor();
+    await page.waitForTimeout(500);
+    assert.equal(await page.locator(`[data-testid="conversation-item"][data-conversation-id="${id}"]`).count(), 0, 'not listed after a reload');
+    assert.ok(!fs.existsSync(path.join(WORK, 'conversations', `${id}.json`)), 'no file');
+  });
+
+  test('a chat is renamed, found, exported, deleted and brought back, and imported again', async () => {
+    await byId('nav-chat').click();
+    const item = page.locator('[data-testid="conversation-item"]').first();
+    await item.locator('.conversation-open').click();
+    const id = await item.getAttribute('data-conversation-id');
+    const row = page.locator(`[data-testid="conversation-item"][data-conversation-id="${id}"]`);
+    await row.hover();
+    await row.getByTestId('conversation-rename').click();
+    await byId('conversation-rename-input').fill('Renamed in e2e');
+    await byId('conversation-rename-input').press('Enter');
+    await row.locator('.conversation-open', { hasText: 'Renamed in e2e' }).waitFor();
+    let title = '';
+    for (let i = 0; i < 50 && title !== 'Renamed in e2e'; i++) {
+      title = (await (await fetch(`${URL}/api/conversations/${id}`)).json()).title;
+      if (title !== 'Renamed in e2e') await page.waitForTimeout(100);
+    }
+    assert.equal(title, 'Renamed in e2e', 'the engine keeps the new title');
+
+    await byId('conversation-search').fill('renamed in');
+    assert.equal(await byId('conversation-item').count(), 1);
+    await byId('conversation-search').fill('');
+
+    const [download] = await Promise.all([page.waitForEvent('download'), byId('chat-export-json').click()]);
+    const file = path.join(WORK, 'export.json');
+    await download.saveAs(file);
+    const exported = JSON.parse(fs.readFileSync(file, 'utf8'));
+    assert.equal(exported.id, id);
+    assert.equal(exported.title, 'Renamed in e2e');
+    const [md] = await Promise.all([page.waitForEvent('download'), byId('chat-export-md').click()]);
+    assert.match(md.suggestedFilename(), /^Renamed-in-e2e\.md$/);
+
+    await row.hover();
+    await row.getByTestId('conversation-delete').click();
+    await byId('conversation-undo').waitFor();
+    await row.waitFor({ state: 'detached' });
+    await byId('conversation-undo').click();
+    await row.waitFor();
+    assert.equal((await fetch(`${URL}/api/conversations/${id}`)).status, 200, 'back in the engine');
+
+    const before = await byId('conversation-item').count();
+    await byId('chat-import-input').setInputFiles(file);
+    await page.waitForFunction((n) => document.querySelectorAll('[data-testid="conversation-item"]').length === n + 1, before, { timeout: SHORT });
+    assert.equal(await page.locator('[data-testid="conversation-item"] .conversation-open', { hasText: 'Renamed in e2e' }).count(), 2);
+  });
+
+  test("a new chat starts from the model's defaults; an edited message regenerates, keeping versions", async () => {
+    await byId('nav-chat').click();
+    await byId('new-chat').click();
+    await byId('chat-settings-toggle').click();
+    await byId('setting-max-tokens').fill('3000');
+    assert.match(await byId('setting-temperature').getAttribute('placeholder'), /^default 0$/);
+    await page.keyboard.press('Escape');
+    await byId('chat-settings').waitFor({ state: 'detached' });
+    await byId('new-chat').click();
+    await byId('chat-settings-toggle').click();
+    assert.equal(await byId('setting-max-tokens').inputValue(), '', 'the new chat does not inherit max_tokens');
+    await page.keyboard.press('Escape');
+
+    await byId('chat-input').fill('Name a colour.');
+    await byId('chat-send').click();
+    const idle = page.locator('[data-testid="message-assistant"][data-streaming="false"]');
+    await idle.last().waitFor({ timeout: GENERATION });
+    assert.equal(await byId('message-error').count(), 0, `no error: ${await byId('message-error').allInnerTexts()}`);
+    assert.match(await byId('chat-context').innerText(), /^[1-9][\d,]* \/ 4,096 tokens$/);
+
+    await byId('message-user').hover();
+    await byId('message-edit').click();
+    await byId('message-edit-input').fill('Name a fruit.');
+    await byId('message-edit-save').click();
+    await page.locator('[data-testid="message-assistant"][data-streaming="true"]').waitFor({ timeout: GENERATION }).catch(() => {});
+    await idle.last().waitFor({ timeout: GENERATION });
+    await byId('chat-send').waitFor({ timeout: GENERATION });
+    assert.equal((await byId('message-user').innerText()).trim().split('\n')[0], 'Name a fruit.');
+    await byId('chat-regenerate').last().click();
+    await byId('message-version').waitFor({ timeout: GENERATION });
+    await byId('chat-send').waitFor({ timeout: GENERATION });
+    assert.equal((await byId('message-version').innerText()).trim(), '2 / 2');
+    await byId('message-version-prev').click();
+    assert.equal((await byId('message-version').innerText()).trim(), '1 / 2');
+  });
+
+  test('at 720 px wide the conversation list, New chat and the Stats drawer are usable', async () => {
+    await page.setViewportSize({ width: 720, height: 760 });
+    try {
+      await byId('nav-chat').click();
+      await byId('new-chat').waitFor({ state: 'visible' });
+      assert.ok(await byId('conversation-list').isVisible(), 'the conversation list is shown');
+      for (const id of ['new-chat', 'chat-send', 'chat-settings-toggle', 'panel-toggle']) {
+        const box = await byId(id).boundingBox();
+        assert.ok(box && box.width > 0 && box.x >= 0 && box.x + box.width <= 720, `${id} is inside the window: ${JSON.stringify(box)}`);
+      }
+      const panel = byId('live-panel');
+      const shown = (await panel.count()) > 0 && (await panel.isVisible());
+      await byId('panel-toggle').click();
+      await panel.waitFor({ state: shown ? 'hidden' : 'visible' });
+      await shot(shown ? '09-narrow.png' : '09-narrow-stats.png');
+      await byId('panel-toggle').click();
+      await panel.waitFor({ state: shown ? 'visible' : 'hidden' });
+      await shot(shown ? '09-narrow-stats.png' : '09-narrow.png');
+      // The drawer, when open, closes with Escape.
+      if (await panel.isVisible()) {
+        await page.keyboard.press('Escape');
+        await panel.waitFor({ state: 'hidden' });
+      }
+      // New chat works there.
+      const before = await page.locator('[data-testid="conversation-item"].active').count();
+      await byId('new-chat').click();
+      assert.equal(await byId('message-user').count(), 0, 'a new, empty chat');
+      assert.ok(before >= 0);
+      // Models at this width: every row's controls inside the window.
+      await openModels();
+      const load = modelRow('tandem-tiny').locator('[data-testid="model-unload"], [data-testid="model-load"]');
+      const box = await load.boundingBox();
+      assert.ok(box && box.x + box.width <= 720, `Load/Unload is inside the window: ${JSON.stringify(box)}`);
+      await shot('09-narrow-models.png');
+    } finally {
+      await page.setViewportSize({ width: 1400, height: 900 });
+    }
+  });
+
   test('a model unloads and loads from Models', async () => {
     await openModels();
     const row = modelRow('tandem-tiny');
@@ -236,6 +436,25 @@ describe('Tandem web UI against tandem serve', () => {
     await shot('07-models-converted.png');
     await row.getByTestId('model-unload').click();
     await page.locator('[data-testid="model-row"][data-model-id="tandem-tiny-4bit"][data-loaded="false"]').waitFor({ timeout: GENERATION });
+  });
+
+  test('converting onto an existing name offers a choice, not an API hint', async () => {
+    await byId('nav-convert').click();
+    await byId('convert-src').fill(TINY);
+    await byId('convert-recipe').selectOption('mixed_4_6');
+    assert.match(await byId('convert-bits').innerText(), /4–6-bit \(mixed\)/);
+    await byId('convert-recipe').selectOption('uniform');
+    await byId('convert-bits').selectOption('4');
+    await byId('convert-name').fill('tandem-tiny-4bit');
+    await byId('convert-start').click();
+    await byId('convert-replace').waitFor();
+    const message = (await byId('convert-error').innerText()).trim();
+    assert.match(message, /tandem-tiny-4bit already exists\.$/);
+    assert.ok(!/force/.test(await byId('convert-form').innerText()), 'no "force" shown to a person');
+    await shot('07b-convert-exists.png');
+    await byId('convert-rename').click();
+    assert.equal(await byId('convert-replace').count(), 0);
+    assert.ok(await byId('convert-name').evaluate((el) => el === document.activeElement), 'the name field has the focus');
   });
 
   test('a folder that is not a model gets a clear error', async () => {

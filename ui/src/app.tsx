@@ -3,7 +3,7 @@
 
 import { useCallback, useEffect, useMemo, useState } from 'preact/hooks';
 import { api as defaultApi, type Api } from './api';
-import { ErrorBanner, showError } from './components/banner';
+import { dismissConnection, ErrorBanner, showError } from './components/banner';
 import { live } from './live';
 import { subscribeFolderDrops } from './shell';
 import { type ConversationStore, defaultStore } from './storage';
@@ -24,13 +24,15 @@ function viewFromHash(): View {
   return h === 'models' || h === 'convert' ? h : 'chat';
 }
 
+/** The rail's icons. Convert turns one model into another: two opposed arrows (not a download arrow). */
+export const ICONS: Record<View, string> = {
+  chat: 'M4 5h16v10H9l-5 4z',
+  models: 'M4 7l8-4 8 4-8 4zM4 12l8 4 8-4M4 17l8 4 8-4',
+  convert: 'M4 8h15M15 4l4 4-4 4M20 16H5M9 12l-4 4 4 4',
+};
+
 function Icon({ view }: { view: View }) {
-  const d =
-    view === 'chat'
-      ? 'M4 5h16v10H9l-5 4z'
-      : view === 'models'
-        ? 'M4 7l8-4 8 4-8 4zM4 12l8 4 8-4M4 17l8 4 8-4'
-        : 'M12 3v12M7 10l5 5 5-5M5 20h14';
+  const d = ICONS[view];
   return (
     <svg viewBox="0 0 24 24" width="20" height="20" aria-hidden="true">
       <path d={d} fill="none" stroke="currentColor" stroke-width="1.7" stroke-linejoin="round" stroke-linecap="round" />
@@ -46,7 +48,21 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
   const [adminModels, setAdminModels] = useState<ModelStatus[]>([]);
   const [loadingModels, setLoadingModels] = useState(false);
   const [online, setOnline] = useState<boolean | null>(null);
-  const [panel, setPanel] = useState(true);
+  // In a narrow window the panel is a drawer over the chat: closed until the Stats toggle opens it.
+  const [panel, setPanel] = useState(() => !globalThis.matchMedia?.('(max-width: 980px)').matches);
+
+  // In a narrow window the panel is a drawer over the chat: Escape closes it (before anything else uses the key).
+  useEffect(() => {
+    if (!panel || view !== 'chat') return;
+    const onKey = (e: KeyboardEvent) => {
+      if (e.key === 'Escape' && globalThis.matchMedia?.('(max-width: 980px)').matches) {
+        e.preventDefault();
+        setPanel(false);
+      }
+    };
+    document.addEventListener('keydown', onKey, true);
+    return () => document.removeEventListener('keydown', onKey, true);
+  }, [panel, view]);
 
   const go = useCallback((v: View) => {
     setView(v);
@@ -87,6 +103,7 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
       }
       if (stopped) return;
       setOnline(ok);
+      if (ok && wasOnline === false) dismissConnection();
       if (ok && wasOnline !== true) void reloadModels();
       wasOnline = ok;
       timer = setTimeout(check, ok ? 10000 : 3000);
@@ -168,7 +185,7 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
         </div>
       </nav>
       <main class="main">
-        <ErrorBanner />
+        <ErrorBanner offline={online === false} />
         {online === false && (
           <div class="offline" data-testid="engine-offline">
             Cannot reach the Tandem engine{client.base ? ` at ${client.base}` : ''}. Start it with <code>tandem serve</code>;

@@ -48,7 +48,7 @@ export interface SpecFigures {
   /** All phases' milliseconds per cycle. */
   msPerCycle: number | null;
   parkedCycles: number;
-  /** parked / cycles; null with no cycles. */
+  /** parked / all steps (parked plain steps are not counted in `cycles`); null with none. */
   parkedShare: number | null;
 }
 
@@ -109,7 +109,9 @@ export function figures(stats: Stats): Figures {
       phases,
       msPerCycle: cycles > 0 ? totalMs / cycles : null,
       parkedCycles: num(s.parked_cycles),
-      parkedShare: cycles > 0 ? num(s.parked_cycles) / cycles : null,
+      // A parked step is a plain decode step, not one of `cycles` (the engine counts it apart): the share
+      // is of every step, else it could pass 100%.
+      parkedShare: cycles + num(s.parked_cycles) > 0 ? num(s.parked_cycles) / (cycles + num(s.parked_cycles)) : null,
     };
   }
   return {
@@ -120,4 +122,15 @@ export function figures(stats: Stats): Figures {
     decodeTokS: positive(stats.decode_tok_s),
     spec,
   };
+}
+
+/** Above this share of parked steps, MTP does not pay for the model on this machine (the controller says so). */
+export const PARKED_MOSTLY = 0.5;
+
+/** True when the adaptive controller parked drafting for most of a generation's steps (enough of them to judge). */
+export function mtpMostlyParked(stats: Stats | null | undefined): boolean {
+  const s = stats?.spec;
+  if (!s || s.fallback) return false;
+  const steps = num(s.cycles) + num(s.parked_cycles);
+  return steps >= 16 && num(s.parked_cycles) / steps > PARKED_MOSTLY;
 }

@@ -33,3 +33,12 @@ export function integer(n: number | null | undefined): string {
   if (n == null || !Number.isFinite(n)) return '—';
   return Math.round(n).toLocaleString('en-US');
 }
+
+/**
+ * A setting's value as a person would write it: f32 noise from the server (0.699999988079071) reads 0.7.
+ * Six significant digits are more than any setting needs.
+ */
+export function num(x: number | null | undefined): string {
+  if (x == null || !Number.isFinite(x)) return '—';
+  return String(Number(x.toPrecision(6)));
+}

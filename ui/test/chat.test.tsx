@@ -4,6 +4,7 @@ import { afterEach, describe, expect, it, vi } from 'vitest';
 import { Api } from '../src/api';
 import { dismiss, ErrorBanner } from '../src/components/banner';
 import { LiveFeed } from '../src/live';
+import type { Conversation } from '../src/conversation';
 import { MemoryStore } from '../src/storage';
 import type { ChatCompletionChunk, ModelStatus, OpenAIModel } from '../src/generated';
 import { ChatView } from '../src/views/chat/view';
@@ -65,10 +66,9 @@ const q = (sel: string) => root!.querySelector(sel) as HTMLElement | null;
 const byId = (id: string) => q(`[data-testid="${id}"]`);
 const all = (id: string) => [...root!.querySelectorAll(`[data-testid="${id}"]`)] as HTMLElement[];
 
-async function mount(routes: Parameters<typeof mockFetch>[0]) {
+async function mount(routes: Parameters<typeof mockFetch>[0], store = new MemoryStore()) {
   const mock = mockFetch(routes);
   const client = new Api('', mock.fetch, null);
-  const store = new MemoryStore();
   const feed = new LiveFeed();
   root = document.createElement('div');
   document.body.appendChild(root);
@@ -198,5 +198,269 @@ describe('ChatView', () => {
     await waitFor(() => calls.length > 0, 'the request');
     expect(calls[0]!.body).toMatchObject({ temperature: 0.2, top_p: 0.9, max_tokens: 32, seed: 11 });
     stream.close();
+  });
+});
+
+const PNG = 'data:image/png;base64,iVBORw0KGgo=';
+
+/** A store holding one conversation: a user turn with an image, and its (failed) reply. */
+async function storeWithImage(): Promise<MemoryStore> {
+  const store = new MemoryStore();
+  const c: Conversation = {
+    id: 'c1',
+    title: 'Look',
+    created: 1,
+    updated: 2,
+    model: 'tandem-tiny',
+    sampling: {},
+    messages: [
+      { id: 'u1', role: 'user', content: 'What is this?', images: [PNG], created: 1 },
+      { id: 'a1', role: 'assistant', content: '', error: 'remove the 1 image(s)', created: 2 },
+      { id: 'u2', role: 'user', content: '', images: [PNG], created: 3 },
+    ],
+  };
+  await store.save(c);
+  return store;
+}
+
+function replyOnce(text: string) {
+  const s = controlledStream();
+  s.content(text);
+  s.send(`data: ${JSON.stringify(chunkOf({}, { choices: [], usage: { prompt_tokens: 30, completion_tokens: 12, total_tokens: 42 } }))}\n\n`);
+  s.send('data: [DONE]\n\n');
+  s.close();
+  return s.response;
+}
+
+describe('images and a text-only model', () => {
+  it('blocks Send while the chat holds an image, says why, and removes the images on request', async () => {
+    const store = await storeWithImage();
+    const { calls } = await mount({ 'POST /v1/chat/completions': () => replyOnce('Fine.') }, store);
+    await waitFor(() => all('message-image').length === 2, 'the stored images');
+    await type('And now?');
+    expect((byId('chat-send') as HTMLButtonElement).disabled).toBe(true);
+    expect(byId('vision-warning')!.textContent).toContain('cannot take images');
+    expect(byId('vision-warning')!.textContent).toContain('2 images');
+    // Enter does not send either.
+    await act(async () => {
+      byId('chat-input')!.dispatchEvent(new KeyboardEvent('keydown', { key: 'Enter', bubbles: true }));
+    });
+    expect(calls.filter((c) => c.method === 'POST')).toHaveLength(0);
+    // Asking again would send the images too: no Regenerate, no Edit.
+    expect(byId('chat-regenerate')).toBeNull();
+    expect(byId('message-edit')).toBeNull();
+
+    await click('chat-drop-images');
+    expect(byId('chat-regenerate')).not.toBeNull();
+    expect(all('message-image')).toHaveLength(0);
+    expect(byId('vision-warning')).toBeNull();
+    // The user turn that was only an image is gone; the one with text stays, without its image.
+    expect(all('message-user').map((m) => m.textContent)).toEqual([expect.stringContaining('What is this?')]);
+    await click('chat-send');
+    await waitFor(() => calls.some((c) => c.method === 'POST'), 'the request');
+    const body = calls.find((c) => c.method === 'POST')!.body as { messages: { content: unknown }[] };
+    expect(JSON.stringify(body.messages)).not.toContain('image_url');
+    const saved = await store.load('c1');
+    await waitFor(() => !!saved, 'saved');
+    expect(JSON.stringify((await store.load('c1'))!.messages)).not.toContain('data:image');
+  });
+
+  it('blocks Send with an attached image until the attachment is removed', async () => {
+    await mount({});
+    const input = byId('chat-file-input') as HTMLInputElement;
+    const file = new File([new Uint8Array([137, 80, 78, 71])], 'cat.png', { type: 'image/png' });
+    Object.defineProperty(input, 'files', { value: [file], configurable: true });
+    await act(async () => {
+      input.dispatchEvent(new Event('change', { bubbles: true }));
+    });
+    await waitFor(() => all('attachment-preview').length === 1, 'the preview');
+    expect((byId('chat-send') as HTMLButtonElement).disabled).toBe(true);
+    expect(byId('vision-warning')!.textContent).toContain('Remove the attached image to send');
+    await click('attachment-remove');
+    expect(all('attachment-preview')).toHaveLength(0);
+    expect(byId('vision-warning')).toBeNull();
+    await type('plain text');
+    expect((byId('chat-send') as HTMLButtonElement).disabled).toBe(false);
+  });
+
+  it('deletes single messages, user or assistant, and saves the conversation without them', async () => {
+    const store = await storeWithImage();
+    await mount({}, store);
+    await waitFor(() => all('message-user').length === 2, 'the messages');
+    const del = (role: string) =>
+      act(async () => {
+        (q(`[data-testid="message-${role}"] [data-testid="message-delete"]`) as HTMLElement).click();
+      });
+    await del('assistant');
+    expect(all('message-assistant')).toHaveLength(0);
+    await del('user');
+    await del('user');
+    expect(all('message-user')).toHaveLength(0);
+    await settle();
+    expect((await store.load('c1'))!.messages).toEqual([]);
+  });
+});
+
+describe('context and defaults', () => {
+  it("writes the model's defaults without float noise", async () => {
+    ADMIN[0] = modelStatus({ sampling: { temperature: 0.699999988079071, top_p: 0.949999988079071, top_k: 0, min_p: 0, repetition_penalty: 1, max_tokens: 512 } });
+    try {
+      await mount({});
+      await click('chat-settings-toggle');
+      expect((byId('setting-temperature') as HTMLInputElement).placeholder).toBe('default 0.7');
+      expect((byId('setting-top-p') as HTMLInputElement).placeholder).toBe('default 0.95');
+    } finally {
+      ADMIN[0] = modelStatus();
+    }
+  });
+
+  it('shows the tokens the conversation uses against the model context', async () => {
+    await mount({ 'POST /v1/chat/completions': () => replyOnce('Sure.') });
+    expect(byId('chat-context')!.textContent).toBe('0 / 2,048 tokens');
+    await type('Hi');
+    await click('chat-send');
+    await waitFor(() => byId('chat-context')!.textContent === '42 / 2,048 tokens', 'the usage');
+  });
+
+  it("starts a new chat from the model's defaults, not the previous chat's settings", async () => {
+    const { calls } = await mount({ 'POST /v1/chat/completions': () => replyOnce('ok') });
+    await click('chat-settings-toggle');
+    const el = byId('setting-max-tokens') as HTMLInputElement;
+    await act(async () => {
+      el.value = '3000';
+      el.dispatchEvent(new Event('input', { bubbles: true }));
+    });
+    await click('new-chat');
+    await click('chat-settings-toggle');
+    expect((byId('setting-max-tokens') as HTMLInputElement).value).toBe('');
+    await type('x');
+    await click('chat-send');
+    await waitFor(() => calls.some((c) => c.method === 'POST'), 'the request');
+    expect(calls.find((c) => c.method === 'POST')!.body).not.toHaveProperty('max_tokens');
+  });
+});
+
+describe('chat settings', () => {
+  it('sends top_k, min_p, repetition_penalty and thinking off, and Escape closes the popover', async () => {
+    const { calls } = await mount({ 'POST /v1/chat/completions': () => replyOnce('ok') });
+    await click('chat-settings-toggle');
+    for (const [id, v] of [
+      ['setting-top-k', '40'],
+      ['setting-min-p', '0.05'],
+      ['setting-repetition-penalty', '1.1'],
+    ] as const) {
+      const el = byId(id) as HTMLInputElement;
+      await act(async () => {
+        el.value = v;
+        el.dispatchEvent(new Event('input', { bubbles: true }));
+      });
+    }
+    const thinking = byId('setting-thinking') as HTMLSelectElement;
+    await act(async () => {
+      thinking.value = 'off';
+      thinking.dispatchEvent(new Event('change', { bubbles: true }));
+    });
+    expect((byId('setting-repetition-penalty') as HTMLInputElement).placeholder).toBe('default 1');
+    await act(async () => {
+      document.dispatchEvent(new KeyboardEvent('keydown', { key: 'Escape', bubbles: true }));
+    });
+    expect(byId('chat-settings')).toBeNull();
+    await type('x');
+    await click('chat-send');
+    await waitFor(() => calls.some((c) => c.method === 'POST'), 'the request');
+    expect(calls.find((c) => c.method === 'POST')!.body).toMatchObject({
+      top_k: 40,
+      min_p: 0.05,
+      repetition_penalty: 1.1,
+      chat_template_kwargs: { enable_thinking: false },
+    });
+  });
+});
+
+describe('copying', () => {
+  it('gives each code block a Copy button that copies its code and says Copied', async () => {
+    const writeText = vi.fn(() => Promise.resolve());
+    Object.defineProperty(navigator, 'clipboard', { value: { writeText }, configurable: true });
+    try {
+      await mount({ 'POST /v1/chat/completions': () => replyOnce('Here:\n\n```js\nconsole.log(1);\n```\n') });
+      await type('code please');
+      await click('chat-send');
+      await waitFor(() => byId('message-assistant')?.dataset.streaming === 'false' && !!byId('code-copy'), 'the code block');
+      await click('code-copy');
+      await settle();
+      expect(writeText).toHaveBeenCalledWith('console.log(1);\n');
+      expect(byId('code-copy')!.textContent).toBe('Copied');
+      await click('message-copy');
+      await settle();
+      expect(byId('message-copy')!.textContent).toBe('Copied');
+    } finally {
+      delete (navigator as { clipboard?: unknown }).clipboard;
+    }
+  });
+});
+
+describe('keys and the system prompt', () => {
+  it('Escape stops a reply, Ctrl+Shift+M and / focus the picker and the input, Ctrl+Shift+O starts a new chat, and a system prompt shows in the header', async () => {
+    const stream = controlledStream();
+    const { calls } = await mount({ 'POST /v1/chat/completions': () => stream.response });
+    await click('chat-settings-toggle');
+    const system = byId('setting-system') as HTMLTextAreaElement;
+    await act(async () => {
+      system.value = 'Answer in French.';
+      system.dispatchEvent(new Event('input', { bubbles: true }));
+    });
+    const press = (init: KeyboardEventInit) =>
+      act(async () => {
+        document.dispatchEvent(new KeyboardEvent('keydown', { bubbles: true, ...init }));
+      });
+    await press({ key: 'Escape' });
+    expect(byId('chat-settings')).toBeNull();
+    expect(byId('chat-system-indicator')!.title).toBe('System prompt: Answer in French.');
+    await type('Bonjour');
+    await click('chat-send');
+    stream.content('Salut');
+    await waitFor(() => byId('message-content')?.textContent?.trim() === 'Salut', 'the reply');
+    await press({ key: 'Escape' });
+    await waitFor(() => byId('message-assistant')!.dataset.streaming === 'false', 'the stop');
+    expect(calls[0]!.signal!.aborted).toBe(true);
+    await press({ key: 'M', ctrlKey: true, shiftKey: true });
+    expect(document.activeElement).toBe(byId('chat-model-picker'));
+    await press({ key: '/' });
+    expect(document.activeElement).toBe(byId('chat-input'));
+    await press({ key: 'O', ctrlKey: true, shiftKey: true });
+    expect(all('message-user')).toHaveLength(0);
+    expect(byId('chat-system-indicator')).toBeNull();
+  });
+});
+
+describe('regenerations', () => {
+  it('keeps earlier replies as versions to switch between, and saves the choice', async () => {
+    let n = 0;
+    const { store } = await mount({ 'POST /v1/chat/completions': () => replyOnce(`Reply ${++n}.`) });
+    const done = (text: string) => () => byId('message-content')?.textContent?.trim() === text && !byId('chat-stop');
+    await type('Hi');
+    await click('chat-send');
+    await waitFor(done('Reply 1.'), 'the first reply');
+    expect(byId('message-versions')).toBeNull();
+    await click('chat-regenerate');
+    await waitFor(done('Reply 2.'), 'the second reply');
+    await click('chat-regenerate');
+    await waitFor(done('Reply 3.'), 'the third reply');
+    expect(byId('message-version')!.textContent).toBe('3 / 3');
+    expect(all('message-assistant')).toHaveLength(1);
+    await click('message-version-prev');
+    expect(byId('message-content')!.textContent!.trim()).toBe('Reply 2.');
+    await click('message-version-prev');
+    expect(byId('message-content')!.textContent!.trim()).toBe('Reply 1.');
+    expect(byId('message-version')!.textContent).toBe('1 / 3');
+    expect((byId('message-version-prev') as HTMLButtonElement).disabled).toBe(true);
+    await settle();
+    const [summary] = await store.list();
+    const saved = await store.load(summary!.id);
+    expect(saved!.messages[1]!.content).toBe('Reply 1.');
+    expect(saved!.messages[1]!.versions!.map((v) => v.content)).toEqual(['Reply 2.', 'Reply 3.']);
+    // The history sent next is the version shown.
+    await click('message-version-next');
+    expect(byId('message-content')!.textContent!.trim()).toBe('Reply 2.');
   });
 });

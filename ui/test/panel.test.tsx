@@ -16,7 +16,7 @@ const STATE: LiveState = {
   series: [{ t: 1, tokS: 60 }],
   generating: false,
   model: 'tandem-tiny',
-  memory: { ...statsSnapshot().memory, active_bytes: 1_250_000_000, peak_bytes: 2_000_000_000 },
+  memory: { ...statsSnapshot().memory, rss_bytes: 1_600_000_000, active_bytes: 1_250_000_000, peak_bytes: 2_000_000_000 },
   loadedModels: ['tandem-tiny'],
   connected: true,
 };
@@ -53,7 +53,8 @@ describe('figures', () => {
       ['rollback', 2, 0.1],
     ]);
     expect(s.msPerCycle).toBe(20);
-    expect(s.parkedShare).toBeCloseTo(0.2);
+    // 2 parked steps beside 10 drafting cycles: 2 of 12 steps.
+    expect(s.parkedShare).toBeCloseTo(2 / 12);
     expect(f.decodeTokS).toBe(63.4);
   });
 
@@ -78,6 +79,28 @@ describe('figures', () => {
 });
 
 describe('LivePanelView', () => {
+  it('says when MTP does not pay: drafting parked for most steps', () => {
+    const parked: Stats = { ...SAMPLE_STATS, spec: { ...SAMPLE_STATS.spec!, cycles: 10, parked_cycles: 21 } };
+    expect(mount({ ...STATE, stats: parked }).querySelector('[data-testid="panel-mtp-slow"]')).not.toBeNull();
+    act(() => render(null, root!));
+    root!.remove();
+    expect(mount(STATE).querySelector('[data-testid="panel-mtp-slow"]')).toBeNull();
+  });
+
+  it("shows the process's memory as the tray does, not MLX's 0 B when no model is loaded", () => {
+    const el = mount({ ...STATE, memory: { ...statsSnapshot().memory, rss_bytes: 170_000_000 } });
+    expect(text(el, 'panel-memory')).toBe('memory 170 MB');
+  });
+
+  it('never shows a parked share above 100% (parked steps are not among the cycles)', () => {
+    const stats: Stats = { ...SAMPLE_STATS, spec: { ...SAMPLE_STATS.spec!, cycles: 10, parked_cycles: 21 } };
+    const el = mount({ ...STATE, stats });
+    const parked = el.querySelector('[data-testid="panel-parked"]')!.parentElement!.textContent!;
+    expect(parked).toContain('21');
+    expect(parked).toContain('(68%)');
+    expect(figures(stats).spec!.parkedShare).toBeLessThanOrEqual(1);
+  });
+
   it('renders the figures, ladder, histogram, phases and parked cycles', () => {
     const el = mount(STATE);
     expect(text(el, 'panel-tok-s')).toBe('63.4');

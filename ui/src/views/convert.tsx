@@ -1,7 +1,7 @@
 // Convert: a Hugging Face (or MLX) model folder -> an MLX quantized model that keeps its MTP head.
 
 import { useEffect, useRef, useState } from 'preact/hooks';
-import { api as defaultApi, type Api, errorMessage, isAbort } from '../api';
+import { api as defaultApi, type Api, ApiError, errorMessage, isAbort } from '../api';
 import { showError } from '../components/banner';
 import * as fmt from '../format';
 import { pathFromDroppedText, subscribeFolderDrops } from '../shell';
@@ -17,6 +17,8 @@ export const RECIPES: { value: Recipe; label: string; hint: string }[] = [
   { value: 'auto', label: 'Auto', hint: 'search for the best mix at a target bits per weight' },
 ];
 export const BITS = [2, 3, 4, 5, 6, 8];
+/** The (low, high) bits of a mixed recipe: sensitive layers get the high width. */
+export const MIXED_BITS: Partial<Record<Recipe, [number, number]>> = { mixed_3_6: [3, 6], mixed_4_6: [4, 6] };
 export const GROUP_SIZES = [32, 64, 128];
 
 export type JobPhase = 'idle' | 'starting' | 'running' | 'finished' | 'error' | 'cancelled';
@@ -31,6 +33,22 @@ export interface JobState {
   tensor: string | null;
   result: { path: string; bytes: number; bpw: number } | null;
   error: string | null;
+  /** The destination exists: the person may replace it (the request's `force`) or pick another name. */
+  exists?: boolean;
+  /** Recipe `auto` measures each module first: how far it is, and when it began (ms), for an ETA. */
+  calibration?: { done: number; total: number; module: string; since: number } | null;
+  /** When the first tensor was written (ms), for an ETA. */
+  writingSince?: number | null;
+}
+
+/** "about 40 s left" from the work done since `since`; null until there is enough to judge. */
+export function eta(done: number, total: number, since: number | null | undefined, now: number): string | null {
+  if (since == null || done <= 0 || done >= total) return null;
+  const left = ((now - since) / done) * (total - done) / 1000;
+  if (!Number.isFinite(left) || left < 1) return null;
+  if (left < 90) return `about ${Math.round(left)} s left`;
+  if (left < 90 * 60) return `about ${Math.round(left / 60)} min left`;
+  return `about ${(left / 3600).toFixed(1)} h left`;
 }
 
 export const IDLE: JobState = {
@@ -45,16 +63,21 @@ export const IDLE: JobState = {
   error: null,
 };
 
-/** The job's state after one event. */
-export function applyConvertEvent(s: JobState, ev: JobEvent): JobState {
+/** The job's state after one event (`now`: when it came, in ms). */
+export function applyConvertEvent(s: JobState, ev: JobEvent, now: number = Date.now()): JobState {
   switch (ev.event) {
     case 'validated':
-    case 'calibrating':
       return { ...s, phase: 'running' };
+    case 'calibrating':
+      return {
+        ...s,
+        phase: 'running',
+        calibration: { done: ev.done, total: ev.total, module: ev.module, since: s.calibration?.since ?? now },
+      };
     case 'planned':
       return { ...s, phase: 'running', predictedBytes: ev.predicted_bytes, predictedBpw: ev.predicted_bpw };
     case 'progress':
-      return { ...s, phase: 'running', done: ev.done, total: ev.total, tensor: ev.tensor };
+      return { ...s, phase: 'running', done: ev.done, total: ev.total, tensor: ev.tensor, writingSince: s.writingSince ?? now };
     case 'finished':
       return { ...s, phase: 'finished', done: s.total || s.done, result: { path: ev.path, bytes: ev.bytes, bpw: ev.bpw } };
     case 'error':
@@ -76,7 +99,7 @@ interface Form {
   mtpBits: string;
 }
 
-export function requestOf(f: Form): ConvertRequest {
+export function requestOf(f: Form, force = false): ConvertRequest {
   const req: ConvertRequest = {
     src: f.src.trim(),
     bits: f.bits,
@@ -84,6 +107,9 @@ export function requestOf(f: Form): ConvertRequest {
     recipe: f.recipe,
     mtp: f.mtp,
   };
+  // A mixed recipe sets its own bits (the server refuses another width than its low one).
+  if (MIXED_BITS[f.recipe]) delete req.bits;
+  if (force) req.force = true;
   // The name shown as the field's placeholder is the one used when the field is left empty.
   const name = f.name.trim() || suggestName(f.src, f.recipe, f.bits);
   if (name) req.dst = name;
@@ -93,6 +119,18 @@ export function requestOf(f: Form): ConvertRequest {
   }
   if (f.mtp === 'keep' && f.mtpBits !== '') req.mtp_bits = f.mtpBits === 'none' ? null : Number(f.mtpBits);
   return req;
+}
+
+/**
+ * The error for a conversion that could not start, as the Convert form says it. A destination that exists
+ * becomes a choice (replace it, or another name) instead of the API's advice to pass `"force": true`.
+ */
+export function startError(e: unknown): Pick<JobState, 'error' | 'exists'> {
+  if (e instanceof ApiError && e.code === 'already_exists') {
+    const what = e.message.split(/ already exists/)[0]?.trim();
+    return { error: `${what || 'The destination'} already exists.`, exists: true };
+  }
+  return { error: errorMessage(e), exists: false };
 }
 
 /** A name for the converted model from the source folder: "Qwen3.5-4B" + "-4bit". */
@@ -119,6 +157,7 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
   const [dropHint, setDropHint] = useState<string | null>(null);
   const [over, setOver] = useState(false);
   const controller = useRef<AbortController | null>(null);
+  const nameRef = useRef<HTMLInputElement>(null);
 
   const set = (patch: Partial<Form>) => setForm((f) => ({ ...f, ...patch }));
 
@@ -168,8 +207,8 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
     }
   }
 
-  async function start(e: Event) {
-    e.preventDefault();
+  async function start(e: Event | null, force = false) {
+    e?.preventDefault();
     if (active) return;
     if (!form.src.trim()) {
       showError('Give the folder of the model to convert.');
@@ -180,11 +219,13 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
     const c = new AbortController();
     controller.current = c;
     try {
-      const id = await client.startConvert(requestOf(form));
+      const id = await client.startConvert(requestOf(form, force));
       await follow(id, c.signal);
     } catch (err) {
-      setJob({ ...IDLE, phase: 'error', error: errorMessage(err) });
-      showError(err);
+      const why = startError(err);
+      setJob({ ...IDLE, phase: 'error', ...why });
+      // A choice to make is shown by the form, not as an error besides.
+      if (!why.exists) showError(err);
     }
   }
 
@@ -214,8 +255,13 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
     }
   }
 
-  const percent = job.total > 0 ? job.done / job.total : job.phase === 'finished' ? 1 : 0;
-  const mixed = form.recipe === 'mixed_3_6' || form.recipe === 'mixed_4_6';
+  // While `auto` calibrates (before any tensor is written), the bar follows the modules measured.
+  const cal = job.total === 0 && job.phase === 'running' ? job.calibration : null;
+  const percent =
+    job.total > 0 ? job.done / job.total : cal && cal.total > 0 ? cal.done / cal.total : job.phase === 'finished' ? 1 : 0;
+  const left = cal ? eta(cal.done, cal.total, cal.since, Date.now()) : eta(job.done, job.total, job.writingSince, Date.now());
+  const mixedBits = MIXED_BITS[form.recipe];
+  const mixed = mixedBits != null;
   const placeholderName = suggestName(form.src, form.recipe, form.bits);
 
   return (
@@ -287,15 +333,22 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
               <span class="field-label">Bits</span>
               <select
                 data-testid="convert-bits"
-                value={String(form.bits)}
+                value={mixedBits ? 'mixed' : String(form.bits)}
                 disabled={active || mixed}
                 onChange={(e) => set({ bits: Number((e.target as HTMLSelectElement).value) })}
               >
-                {BITS.map((b) => (
-                  <option key={b} value={String(b)}>
-                    {b}-bit
+                {/* A mixed recipe is not one width: it shows its range, not the last uniform choice. */}
+                {mixedBits ? (
+                  <option value="mixed">
+                    {mixedBits[0]}–{mixedBits[1]}-bit (mixed)
                   </option>
-                ))}
+                ) : (
+                  BITS.map((b) => (
+                    <option key={b} value={String(b)}>
+                      {b}-bit
+                    </option>
+                  ))
+                )}
               </select>
               {mixed && <span class="field-hint">set by the recipe</span>}
             </label>
@@ -351,6 +404,7 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
           <label class="field">
             <span class="field-label">Name</span>
             <input
+              ref={nameRef}
               type="text"
               data-testid="convert-name"
               value={form.name}
@@ -382,22 +436,36 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
 
         {job.phase !== 'idle' && (
           <div class="convert-status" data-testid="convert-status" data-state={job.phase}>
-            <div
-              class="progress"
-              data-testid="convert-progress"
-              role="progressbar"
-              aria-valuemin={0}
-              aria-valuemax={job.total || 1}
-              aria-valuenow={job.done}
-              data-done={job.done}
-              data-total={job.total}
-            >
-              <div class={`progress-fill ${job.phase}`} style={{ width: `${percent * 100}%` }} />
-            </div>
+            {/* A conversion refused before it started has no progress to show. */}
+            {!(job.phase === 'error' && job.job == null) && (
+              <div
+                class="progress"
+                data-testid="convert-progress"
+                role="progressbar"
+                aria-valuemin={0}
+                aria-valuemax={job.total || 1}
+                aria-valuenow={job.done}
+                data-done={job.done}
+                data-total={job.total}
+              >
+                <div class={`progress-fill ${job.phase}`} style={{ width: `${percent * 100}%` }} />
+              </div>
+            )}
             <div class="progress-text small">
               {job.phase === 'starting' && 'Starting…'}
               {job.phase === 'running' &&
-                (job.total > 0 ? `${job.done} / ${job.total} tensors (${fmt.percent(percent)})` : 'Planning…')}
+                (job.total > 0
+                  ? `${job.done} / ${job.total} tensors (${fmt.percent(percent)})`
+                  : cal
+                    ? `Calibrating: ${cal.done} / ${cal.total} modules measured`
+                    : 'Planning…')}
+              {job.phase === 'running' && left && <span class="dim" data-testid="convert-eta">{` · ${left}`}</span>}
+              {cal && cal.module && (
+                <span class="dim mono" data-testid="convert-calibrating">
+                  {' '}
+                  {cal.module}
+                </span>
+              )}
               {job.phase === 'running' && job.tensor && (
                 <span class="dim mono" data-testid="convert-tensor">
                   {' '}
@@ -408,6 +476,25 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
               {job.phase === 'error' && (
                 <span class="error-text" data-testid="convert-error">
                   {job.error}
+                </span>
+              )}
+              {job.phase === 'error' && job.exists && (
+                <span class="convert-choice">
+                  {' '}
+                  <button type="button" class="button" data-testid="convert-replace" onClick={() => void start(null, true)}>
+                    Replace it
+                  </button>{' '}
+                  <button
+                    type="button"
+                    class="link-button"
+                    data-testid="convert-rename"
+                    onClick={() => {
+                      setJob(IDLE);
+                      nameRef.current?.focus();
+                    }}
+                  >
+                    Choose another name
+                  </button>
                 </span>
               )}
             </div>

@@ -5,6 +5,8 @@ import { api as defaultApi, type Api } from '../api';
 import { showError } from '../components/banner';
 import { MtpHealth } from '../components/mtp_health';
 import * as fmt from '../format';
+import { mtpMostlyParked } from '../figures';
+import { useLive } from '../live';
 import type { ModelStatus } from '../generated';
 
 export const MAX_DEPTH = 6;
@@ -12,8 +14,9 @@ export const MAX_DEPTH = 6;
 export function quantizationLabel(m: Pick<ModelStatus, 'quantization' | 'dtype'>): string {
   const q = m.quantization;
   if (q == null) return m.dtype ? `${m.dtype} (unquantized)` : 'unquantized';
-  const parts = [q.bits != null ? `${q.bits}-bit` : 'quantized'];
-  if (q.mixed) parts[0] += ' (mixed)';
+  // A mixed model's `bits` is only its default (most modules'): the per-module widths are not listed by
+  // /api/models, so the label says "mixed" first and the default as what most layers use.
+  const parts = [q.mixed ? (q.bits != null ? `mixed precision (mostly ${q.bits}-bit)` : 'mixed precision') : q.bits != null ? `${q.bits}-bit` : 'quantized'];
   if (q.group_size) parts.push(`group ${q.group_size}`);
   if (q.mode && q.mode !== 'affine') parts.push(q.mode);
   return parts.join(', ');
@@ -25,7 +28,7 @@ function mtpLabel(m: ModelStatus): string {
   return `on · depth ${m.mtp.depth}`;
 }
 
-function ModelRow({ m, client, reload }: { m: ModelStatus; client: Api; reload: () => Promise<void> }) {
+function ModelRow({ m, client, reload, slow }: { m: ModelStatus; client: Api; reload: () => Promise<void>; slow: boolean }) {
   const [pending, setPending] = useState<string | null>(null);
 
   async function act(label: string, f: () => Promise<unknown>) {
@@ -96,6 +99,12 @@ function ModelRow({ m, client, reload }: { m: ModelStatus; client: Api; reload: 
         {m.mtp.reason && (
           <div class="notice notice-warn small" data-testid="model-mtp-reason">
             {m.mtp.reason}
+          </div>
+        )}
+        {slow && m.mtp.enabled && (
+          <div class="notice notice-warn small" data-testid="model-mtp-slow">
+            In its last generation the adaptive controller parked drafting for most steps: MTP does not pay for this
+            model on this machine. Turning it off may be as fast or faster.
           </div>
         )}
         {m.mtp.repaired && (
@@ -186,6 +195,9 @@ export function ModelsView(props: {
   onConvert: () => void;
 }) {
   const client = props.client ?? defaultApi;
+  // The last generation's statistics say whether MTP paid for its model here.
+  const live = useLive();
+  const slowModel = mtpMostlyParked(live.stats) ? live.model : null;
   return (
     <div class="page">
       <header class="page-header">
@@ -205,7 +217,7 @@ export function ModelsView(props: {
           </p>
         )}
         {props.models.map((m) => (
-          <ModelRow key={m.id} m={m} client={client} reload={props.reload} />
+          <ModelRow key={m.id} m={m} client={client} reload={props.reload} slow={slowModel != null && (slowModel === m.id || slowModel === m.name)} />
         ))}
       </div>
     </div>

@@ -1,7 +1,7 @@
 // The live panel beside the chat: throughput, MTP acceptance and where each cycle's time goes.
 
 import { TokChart } from '../components/chart';
-import { figures, type Figures } from '../figures';
+import { figures, type Figures, mtpMostlyParked } from '../figures';
 import * as fmt from '../format';
 import { useLive, type LiveState } from '../live';
 
@@ -150,6 +150,12 @@ export function LivePanelView({ state }: { state: LiveState }) {
         </div>
       )}
 
+      {mtpRunning && mtpMostlyParked(state.stats) && (
+        <div class="notice notice-warn small" data-testid="panel-mtp-slow">
+          Drafting was parked for most steps: MTP does not pay for this model on this machine. Turning it off under
+          Models may be as fast or faster.
+        </div>
+      )}
       {mtpRunning && (
         <>
           <div class="facts">
@@ -159,7 +165,7 @@ export function LivePanelView({ state }: { state: LiveState }) {
             <span>
               <b data-testid="panel-cycles">{fmt.integer(spec.cycles)}</b> cycles
             </span>
-            <span title="Cycles where the adaptive controller parked drafting (depth 0)">
+            <span title="Plain decode steps while the adaptive controller parked drafting, and their share of all steps">
               parked <b data-testid="panel-parked">{fmt.integer(spec.parkedCycles)}</b>
               {spec.parkedShare != null && spec.parkedCycles > 0 && <span class="dim"> ({fmt.percent(spec.parkedShare)})</span>}
             </span>
@@ -173,10 +179,16 @@ export function LivePanelView({ state }: { state: LiveState }) {
       {!f && <p class="dim panel-empty">Statistics appear here while a model generates.</p>}
 
       <footer class="panel-footer">
-        <div data-testid="panel-memory">
+        {/* The process's resident memory first, as the tray says it; MLX's own counters after it. */}
+        <div data-testid="panel-memory" title="Resident memory of the engine; models: MLX's allocator (active, peak)">
           memory{' '}
-          <b>{fmt.bytes(state.memory?.active_bytes ?? null)}</b>
-          {state.memory && <span class="dim"> · peak {fmt.bytes(state.memory.peak_bytes)}</span>}
+          <b>{fmt.bytes(state.memory?.rss_bytes ?? null)}</b>
+          {state.memory && state.memory.active_bytes > 0 && (
+            <span class="dim">
+              {' '}
+              · models {fmt.bytes(state.memory.active_bytes)}, peak {fmt.bytes(state.memory.peak_bytes)}
+            </span>
+          )}
         </div>
         <div class="dim" data-testid="panel-loaded">
           {!state.connected

@@ -1,14 +1,74 @@
 // One message of a chat: the user's (text and images) or the assistant's (markdown, thinking, statistics).
 
-import { useMemo } from 'preact/hooks';
-import type { StoredMessage } from '../../conversation';
+import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
+import { type StoredMessage, versionsOf } from '../../conversation';
 import * as fmt from '../../format';
 import type { Stats } from '../../generated';
 import { renderMarkdown, splitThinking } from '../../markdown';
 
+/** Puts text on the clipboard: the Clipboard API, else the older copy command (an insecure origin). */
+export async function copyText(text: string): Promise<void> {
+  if (navigator.clipboard?.writeText) return navigator.clipboard.writeText(text);
+  const area = document.createElement('textarea');
+  area.value = text;
+  area.style.position = 'fixed';
+  area.style.opacity = '0';
+  document.body.appendChild(area);
+  area.select();
+  const ok = document.execCommand?.('copy');
+  area.remove();
+  if (!ok) throw new Error('copy is not available here');
+}
+
+/** "Copy" that reads "Copied" (or "Copy failed") for a moment after a click. */
+function useCopied(): [string | null, (text: string) => void] {
+  const [state, setState] = useState<string | null>(null);
+  const timer = useRef<ReturnType<typeof setTimeout>>();
+  useEffect(() => () => clearTimeout(timer.current), []);
+  const copy = (text: string) => {
+    const show = (label: string) => {
+      setState(label);
+      clearTimeout(timer.current);
+      timer.current = setTimeout(() => setState(null), 1500);
+    };
+    copyText(text).then(
+      () => show('Copied'),
+      () => show('Copy failed'),
+    );
+  };
+  return [state, copy];
+}
+
+/**
+ * Rendered markdown; each code block gets a Copy button. The sanitiser forbids buttons in model output,
+ * so they are added to the DOM after it is rendered, and one handler serves them all.
+ */
 function Markdown({ text }: { text: string }) {
   const html = useMemo(() => renderMarkdown(text), [text]);
-  return <div class="markdown" dangerouslySetInnerHTML={{ __html: html }} />;
+  const ref = useRef<HTMLDivElement>(null);
+  useEffect(() => {
+    for (const pre of ref.current?.querySelectorAll('pre') ?? []) {
+      if (pre.querySelector(':scope > .code-copy')) continue;
+      const button = document.createElement('button');
+      button.type = 'button';
+      button.className = 'code-copy';
+      button.textContent = 'Copy';
+      button.title = 'Copy the code';
+      button.setAttribute('data-testid', 'code-copy');
+      pre.appendChild(button);
+    }
+  }, [html]);
+  const onClick = (e: MouseEvent) => {
+    const button = (e.target as HTMLElement).closest?.('.code-copy') as HTMLButtonElement | null;
+    if (!button) return;
+    const code = button.parentElement?.querySelector('code')?.textContent ?? '';
+    copyText(code).then(
+      () => (button.textContent = 'Copied'),
+      () => (button.textContent = 'Copy failed'),
+    );
+    setTimeout(() => (button.textContent = 'Copy'), 1500);
+  };
+  return <div class="markdown" ref={ref} onClick={onClick} dangerouslySetInnerHTML={{ __html: html }} />;
 }
 
 export function statsLine(stats: Stats | null | undefined): string | null {
@@ -29,15 +89,17 @@ export function AssistantMessage(props: {
   last: boolean;
   canRegenerate: boolean;
   onRegenerate: () => void;
+  /** Absent while a reply streams in this chat. */
+  onDelete?: () => void;
+  /** Shows another version of this reply; absent while a reply streams in this chat. */
+  onVersion?: (k: number) => void;
 }) {
   const { m, streaming } = props;
   const split = splitThinking(m.content);
   const thinking = m.reasoning ? m.reasoning : split.thinking;
   const thinkingDone = m.reasoning ? !!split.answer || !streaming : split.thinkingDone;
   const line = statsLine(m.stats);
-  const copy = () => {
-    navigator.clipboard?.writeText(split.answer).catch(() => {});
-  };
+  const [copied, copy] = useCopied();
   return (
     <div
       class="message message-assistant"
@@ -63,8 +125,14 @@ export function AssistantMessage(props: {
       )}
       {!streaming && (
         <div class="message-meta">
+          {m.versions?.length && props.onVersion ? <Versions m={m} onVersion={props.onVersion} /> : null}
           {m.stopped && <span class="tag">stopped</span>}
           {m.finish_reason === 'length' && <span class="tag">max tokens reached</span>}
+          {m.leftOut ? (
+            <span class="tag" data-testid="message-left-out" title="Left out of the request to fit the model's context; the chat keeps them">
+              {m.leftOut} earlier turn{m.leftOut > 1 ? 's' : ''} left out
+            </span>
+          ) : null}
           {line && (
             <span class="dim" data-testid="message-stats">
               {line}
@@ -72,8 +140,8 @@ export function AssistantMessage(props: {
           )}
           <span class="spacer" />
           {split.answer && (
-            <button class="link-button" onClick={copy} title="Copy the reply">
-              Copy
+            <button class="link-button" data-testid="message-copy" onClick={() => copy(split.answer)} title="Copy the reply">
+              {copied ?? 'Copy'}
             </button>
           )}
           {props.last && props.canRegenerate && (
@@ -81,13 +149,85 @@ export function AssistantMessage(props: {
               Regenerate
             </button>
           )}
+          {props.onDelete && <DeleteButton onDelete={props.onDelete} />}
         </div>
       )}
     </div>
   );
 }
 
-export function UserMessage({ m }: { m: StoredMessage }) {
+/** "‹ 2 / 3 ›": the versions of a regenerated reply. */
+function Versions({ m, onVersion }: { m: StoredMessage; onVersion: (k: number) => void }) {
+  const { all, at } = versionsOf(m);
+  return (
+    <span class="versions" data-testid="message-versions">
+      <button class="link-button" data-testid="message-version-prev" aria-label="Earlier version" disabled={at <= 0} onClick={() => onVersion(at - 1)}>
+        ‹
+      </button>
+      <span class="dim" data-testid="message-version">
+        {at + 1} / {all.length}
+      </span>
+      <button
+        class="link-button"
+        data-testid="message-version-next"
+        aria-label="Later version"
+        disabled={at >= all.length - 1}
+        onClick={() => onVersion(at + 1)}
+      >
+        ›
+      </button>
+    </span>
+  );
+}
+
+function DeleteButton({ onDelete }: { onDelete: () => void }) {
+  return (
+    <button class="link-button message-delete" data-testid="message-delete" onClick={onDelete} title="Delete this message from the conversation">
+      Delete
+    </button>
+  );
+}
+
+/** A user's message; Edit turns it into a text field whose Save asks again from there. */
+export function UserMessage({ m, onDelete, onEdit }: { m: StoredMessage; onDelete?: () => void; onEdit?: (text: string) => void }) {
+  const [editing, setEditing] = useState(false);
+  const [draft, setDraft] = useState(m.content);
+  if (editing && onEdit) {
+    const save = () => {
+      setEditing(false);
+      if (draft.trim() || m.images?.length) onEdit(draft.trim());
+    };
+    return (
+      <div class="message message-user editing" data-testid="message-user" data-role="user" data-message-id={m.id}>
+        <textarea
+          class="message-edit-input"
+          data-testid="message-edit-input"
+          rows={3}
+          value={draft}
+          ref={(el) => el?.focus()}
+          onInput={(e) => setDraft((e.target as HTMLTextAreaElement).value)}
+          onKeyDown={(e) => {
+            if (e.key === 'Escape') {
+              e.preventDefault();
+              setEditing(false);
+            }
+            if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+              e.preventDefault();
+              save();
+            }
+          }}
+        />
+        <div class="message-edit-actions">
+          <button class="link-button" data-testid="message-edit-cancel" onClick={() => setEditing(false)}>
+            Cancel
+          </button>
+          <button class="button button-primary" data-testid="message-edit-save" onClick={save}>
+            Save and regenerate
+          </button>
+        </div>
+      </div>
+    );
+  }
   return (
     <div class="message message-user" data-testid="message-user" data-role="user" data-message-id={m.id}>
       {m.images && m.images.length > 0 && (
@@ -98,6 +238,24 @@ export function UserMessage({ m }: { m: StoredMessage }) {
         </div>
       )}
       {m.content && <div class="message-text">{m.content}</div>}
+      {(onDelete || onEdit) && (
+        <div class="message-actions">
+          {onEdit && (
+            <button
+              class="link-button"
+              data-testid="message-edit"
+              title="Edit this message and regenerate the reply from it"
+              onClick={() => {
+                setDraft(m.content);
+                setEditing(true);
+              }}
+            >
+              Edit
+            </button>
+          )}
+          {onDelete && <DeleteButton onDelete={onDelete} />}
+        </div>
+      )}
     </div>
   );
 }

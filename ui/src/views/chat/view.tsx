@@ -4,14 +4,18 @@
 import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { api as defaultApi, type Api } from '../../api';
 import { attach, type Attachment } from '../../attachments';
-import { ChatStore, type ChatState } from '../../chats';
+import { ChatStore, type ChatState, contextUsed } from '../../chats';
 import { showError } from '../../components/banner';
+import { ContextMenu, type Menu, type MenuItem } from '../../components/menu';
 import { MtpHealth } from '../../components/mtp_health';
+import * as fmt from '../../format';
 import type { ModelStatus, OpenAIModel } from '../../generated';
 import { live as defaultLive, type LiveFeed } from '../../live';
+import { splitThinking } from '../../markdown';
 import type { ConversationStore } from '../../storage';
+import { fileName, fromJson, readText, toJson, toMarkdown } from '../../transfer';
 import { LivePanel } from '../panel';
-import { AssistantMessage, UserMessage } from './message';
+import { AssistantMessage, copyText, UserMessage } from './message';
 import { SamplingSettings } from './settings';
 
 export interface ChatProps {
@@ -22,6 +26,21 @@ export interface ChatProps {
   feed?: LiveFeed;
   showPanel?: boolean;
 }
+
+/** Hands `text` to the browser as a file download. */
+function download(name: string, type: string, text: string): void {
+  const url = URL.createObjectURL(new Blob([text], { type }));
+  const a = document.createElement('a');
+  a.href = url;
+  a.download = name;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+/** How long a delete can be undone. */
+export const UNDO_MS = 10_000;
 
 /** The store's state, re-rendering on each change. */
 function useChats(chats: ChatStore): ChatState {
@@ -35,15 +54,59 @@ function useChats(chats: ChatStore): ChatState {
 
 export function ChatView({ store, models, adminModels, client = defaultApi, feed = defaultLive, showPanel = true }: ChatProps) {
   const chats = useMemo(() => new ChatStore(store, client, feed, showError), [store, client, feed]);
-  const { summaries, conversation, streaming } = useChats(chats);
+  const { summaries, conversation, streaming, deleted } = useChats(chats);
+  const [search, setSearch] = useState('');
+  const [renaming, setRenaming] = useState<string | null>(null);
+  const importRef = useRef<HTMLInputElement>(null);
   const [input, setInput] = useState('');
   const [attachments, setAttachments] = useState<Attachment[]>([]);
   const [dragging, setDragging] = useState(false);
   const [settingsOpen, setSettingsOpen] = useState(false);
+  const [menu, setMenu] = useState<Menu | null>(null);
   const listRef = useRef<HTMLDivElement>(null);
   const inputRef = useRef<HTMLTextAreaElement>(null);
   const fileRef = useRef<HTMLInputElement>(null);
+  const pickerRef = useRef<HTMLSelectElement>(null);
   const stick = useRef(true);
+
+  // Keys: Escape closes the settings, else stops a reply; Ctrl/Cmd+Shift+O starts a new chat;
+  // Ctrl/Cmd+Shift+S opens the settings; Ctrl/Cmd+Shift+M goes to the model picker; "/" to the message field.
+  const keys = useRef({ settingsOpen, busy: false, startNew: () => {}, stop: () => {} });
+  useEffect(() => {
+    const onKey = (e: KeyboardEvent) => {
+      const k = keys.current;
+      const mod = e.ctrlKey || e.metaKey;
+      // Only while the chat is the view shown (the app keeps every view mounted).
+      if (!listRef.current || listRef.current.closest('[hidden]')) return;
+      if (e.key === 'Escape') {
+        // A field that used Escape itself (rename, edit, search) has prevented its default.
+        if (e.defaultPrevented) return;
+        if (k.settingsOpen) setSettingsOpen(false);
+        else if (k.busy) k.stop();
+      } else if (mod && e.shiftKey && e.key.toLowerCase() === 'o') {
+        e.preventDefault();
+        k.startNew();
+      } else if (mod && e.shiftKey && e.key.toLowerCase() === 's') {
+        e.preventDefault();
+        setSettingsOpen((o) => !o);
+      } else if (mod && e.shiftKey && e.key.toLowerCase() === 'm') {
+        e.preventDefault();
+        pickerRef.current?.focus();
+      } else if (e.key === '/' && !mod && !(e.target as HTMLElement).closest?.('input, textarea, select, [contenteditable]')) {
+        e.preventDefault();
+        inputRef.current?.focus();
+      }
+    };
+    document.addEventListener('keydown', onKey);
+    return () => document.removeEventListener('keydown', onKey);
+  }, []);
+
+  // A delete can be undone for a while.
+  useEffect(() => {
+    if (!deleted) return;
+    const t = setTimeout(() => chats.forgetRemoved(), UNDO_MS);
+    return () => clearTimeout(t);
+  }, [chats, deleted]);
 
   // Open the most recent conversation (or a new one) at start.
   useEffect(() => {
@@ -74,7 +137,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
   const generating = busy && streaming?.conversationId === conversation?.id;
 
   async function send() {
-    if (!conversation || busy) return;
+    if (!conversation || busy || blocked) return;
     const text = input.trim();
     if (!text && attachments.length === 0) return;
     const images = attachments.map((a) => a.url);
@@ -83,6 +146,11 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
     if (inputRef.current) inputRef.current.style.height = '';
     stick.current = true;
     await chats.send(text, images, currentModel);
+  }
+
+  function edit(id: string, text: string) {
+    stick.current = true;
+    void chats.editAndRegenerate(id, text, currentModel);
   }
 
   function regenerate() {
@@ -108,6 +176,54 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
     if (added.length) setAttachments((a) => [...a, ...added]);
     if (rejected.length) showError(`Not attached: ${rejected.join('; ')}`);
   }
+
+  async function importFile(file: File) {
+    try {
+      const c = fromJson(await readText(file), (id) => summaries.some((s) => s.id === id));
+      await chats.importConversation(c);
+    } catch (e) {
+      showError(`Could not import ${file.name}: ${e instanceof Error ? e.message : String(e)}`);
+    }
+  }
+
+  const needle = search.trim().toLowerCase();
+  // Titles match at once; the messages' text is searched (each chat read once) a moment after typing stops.
+  const [textMatches, setTextMatches] = useState<{ needle: string; ids: Set<string> } | null>(null);
+  useEffect(() => {
+    if (!needle) return;
+    let live = true;
+    const t = setTimeout(() => {
+      void chats.search(needle).then((ids) => live && setTextMatches({ needle, ids }));
+    }, 200);
+    return () => {
+      live = false;
+      clearTimeout(t);
+    };
+  }, [chats, needle, summaries]);
+  const matched = textMatches?.needle === needle ? textMatches.ids : null;
+  const shownSummaries = needle
+    ? summaries.filter((s) => s.title.toLowerCase().includes(needle) || matched?.has(s.id))
+    : summaries;
+
+  // A message's own context menu; text fields keep the browser's (spelling, paste).
+  function onContextMenu(e: MouseEvent) {
+    const target = e.target as HTMLElement;
+    if (target.closest('input, textarea, [contenteditable]')) return;
+    const id = target.closest('[data-message-id]')?.getAttribute('data-message-id');
+    const m = conversation?.messages.find((x) => x.id === id);
+    if (!m) return;
+    e.preventDefault();
+    const items: MenuItem[] = [];
+    const selected = globalThis.getSelection?.()?.toString() ?? '';
+    if (selected) items.push({ label: 'Copy selection', run: () => void copyText(selected).catch(showError) });
+    const text = m.role === 'assistant' ? splitThinking(m.content).answer : m.content;
+    if (text) items.push({ label: m.role === 'assistant' ? 'Copy reply' : 'Copy message', run: () => void copyText(text).catch(showError) });
+    if (canAsk && m.role === 'assistant' && m === messages[lastIndex]) items.push({ label: 'Regenerate', run: regenerate });
+    if (!generating) items.push({ label: 'Delete message', run: () => chats.deleteMessage(m.id) });
+    if (items.length) setMenu({ x: e.clientX, y: e.clientY, items });
+  }
+
+  const closeMenu = useMemo(() => () => setMenu(null), []);
 
   function onPaste(e: ClipboardEvent) {
     const files = [...(e.clipboardData?.files ?? [])].filter((f) => f.type.startsWith('image/'));
@@ -136,38 +252,142 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
     el.style.height = `${Math.min(el.scrollHeight, 240)}px`;
   }
 
+  keys.current = { settingsOpen, busy, startNew, stop: () => chats.stop() };
+
   const messages = conversation?.messages ?? [];
   const lastIndex = messages.length - 1;
-  const hasImages = attachments.length > 0 || messages.some((m) => m.images?.length);
+  // A text-only model refuses every request that holds an image: Send is blocked until they are gone.
+  const textOnly = modelInfo?.vision === false;
+  const heldImages = messages.reduce((n, m) => n + (m.images?.length ?? 0), 0);
+  const blocked = textOnly && (attachments.length > 0 || heldImages > 0);
+  // Asking again sends the images held too: not while the model cannot take them.
+  const canAsk = !busy && !(textOnly && heldImages > 0);
+  const used = contextUsed(conversation);
+  const contextLength = modelInfo?.context_length ?? null;
 
   return (
     <div class={`chat-layout ${showPanel ? 'with-panel' : ''}`}>
       <nav class="conversations" aria-label="Conversations">
-        <button class="button button-primary new-chat" data-testid="new-chat" onClick={startNew}>
+        <button class="button button-primary new-chat" data-testid="new-chat" onClick={startNew} title="New chat (Ctrl+Shift+O)">
           New chat
         </button>
+        <input
+          type="search"
+          class="conversation-search"
+          data-testid="conversation-search"
+          placeholder="Search chats"
+          aria-label="Search chats (titles and messages)"
+          value={search}
+          onInput={(e) => setSearch((e.target as HTMLInputElement).value)}
+          onKeyDown={(e) => {
+            if (e.key === 'Escape' && search) {
+              e.preventDefault();
+              setSearch('');
+            }
+          }}
+        />
         <ul data-testid="conversation-list">
-          {summaries.map((s) => (
+          {shownSummaries.map((s) => (
             <li
               key={s.id}
               class={`conversation-item ${s.id === conversation?.id ? 'active' : ''}`}
               data-testid="conversation-item"
               data-conversation-id={s.id}
             >
-              <button class="conversation-open" onClick={() => open(s.id)} title={s.title}>
-                {s.title}
+              {renaming === s.id ? (
+                <input
+                  class="conversation-rename-input"
+                  data-testid="conversation-rename-input"
+                  aria-label="New title"
+                  value={s.title}
+                  ref={(el) => el?.focus()}
+                  onKeyDown={(e) => {
+                    const el = e.target as HTMLInputElement;
+                    if (e.key === 'Enter') {
+                      setRenaming(null);
+                      void chats.rename(s.id, el.value);
+                    } else if (e.key === 'Escape') {
+                      e.preventDefault();
+                      setRenaming(null);
+                    }
+                  }}
+                  onBlur={(e) => {
+                    if (renaming !== s.id) return;
+                    setRenaming(null);
+                    void chats.rename(s.id, (e.target as HTMLInputElement).value);
+                  }}
+                />
+              ) : (
+                <button class="conversation-open" onClick={() => open(s.id)} onDblClick={() => setRenaming(s.id)} title={s.title}>
+                  {s.title}
+                </button>
+              )}
+              <button
+                class="icon-button conversation-rename"
+                data-testid="conversation-rename"
+                aria-label={`Rename ${s.title}`}
+                title="Rename"
+                onClick={() => setRenaming(s.id)}
+              >
+                ✎
               </button>
               <button
                 class="icon-button conversation-delete"
                 data-testid="conversation-delete"
                 aria-label={`Delete ${s.title}`}
+                title="Delete"
                 onClick={() => void chats.remove(s.id, currentModel)}
               >
                 ×
               </button>
             </li>
           ))}
+          {needle && shownSummaries.length === 0 && <li class="dim small conversation-none">{matched ? 'No chat matches.' : 'Searching…'}</li>}
         </ul>
+        {deleted && (
+          <div class="notice small undo-bar" data-testid="conversation-undo-bar">
+            Deleted “{deleted.title}”.{' '}
+            <button class="link-button" data-testid="conversation-undo" onClick={() => void chats.undoRemove()}>
+              Undo
+            </button>
+          </div>
+        )}
+        <div class="conversation-tools">
+          <span class="dim small">Export</span>
+          <button
+            class="link-button"
+            data-testid="chat-export-md"
+            disabled={!conversation?.messages.length}
+            onClick={() => conversation && download(fileName(conversation, 'md'), 'text/markdown', toMarkdown(conversation))}
+          >
+            Markdown
+          </button>
+          <button
+            class="link-button"
+            data-testid="chat-export-json"
+            disabled={!conversation?.messages.length}
+            onClick={() => conversation && download(fileName(conversation, 'json'), 'application/json', toJson(conversation))}
+          >
+            JSON
+          </button>
+          <span class="spacer" />
+          <button class="link-button" data-testid="chat-import" onClick={() => importRef.current?.click()} title="Import a chat exported as JSON">
+            Import…
+          </button>
+          <input
+            ref={importRef}
+            type="file"
+            accept="application/json,.json"
+            hidden
+            data-testid="chat-import-input"
+            onChange={(e) => {
+              const el = e.target as HTMLInputElement;
+              const file = el.files?.[0];
+              if (file) void importFile(file);
+              el.value = '';
+            }}
+          />
+        </div>
       </nav>
 
       <section
@@ -187,6 +407,8 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
           <label class="model-picker">
             <span class="sr-only">Model</span>
             <select
+              ref={pickerRef}
+              title="Model (Ctrl+Shift+M)"
               data-testid="chat-model-picker"
               value={currentModel ?? ''}
               onChange={(e) => chats.changeModel((e.target as HTMLSelectElement).value)}
@@ -210,11 +432,32 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
             <MtpHealth mtp={modelInfo.mtp} compact />
           )}
           <span class="spacer" />
+          {(used != null || contextLength != null) && (
+            <span
+              class={`dim small context-meter ${used != null && contextLength != null && used > 0.9 * contextLength ? 'warn' : ''}`}
+              data-testid="chat-context"
+              title="Tokens this conversation holds / the model's context length"
+            >
+              {used != null ? fmt.integer(used) : '0'}
+              {contextLength != null && ` / ${fmt.integer(contextLength)}`} tokens
+            </span>
+          )}
+          {conversation?.system && (
+            <button
+              class="tag system-tag"
+              data-testid="chat-system-indicator"
+              title={`System prompt: ${conversation.system}`}
+              onClick={() => setSettingsOpen(true)}
+            >
+              system prompt
+            </button>
+          )}
           <button
             class={`button ${settingsOpen ? 'active' : ''}`}
             data-testid="chat-settings-toggle"
             onClick={() => setSettingsOpen((o) => !o)}
             aria-expanded={settingsOpen}
+            title="This chat's sampling and system prompt (Ctrl+Shift+S)"
           >
             Sampling
           </button>
@@ -222,13 +465,14 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
             <SamplingSettings
               conversation={conversation}
               defaults={modelInfo?.sampling}
-              onChange={(sampling, system) => chats.changeSettings(sampling, system)}
+              onChange={(sampling, system, thinking) => chats.changeSettings(sampling, system, thinking)}
+              onPolicy={(policy) => chats.changeContextPolicy(policy)}
               onClose={() => setSettingsOpen(false)}
             />
           )}
         </header>
 
-        <div class="message-list" data-testid="message-list" ref={listRef} onScroll={onScroll}>
+        <div class="message-list" data-testid="message-list" ref={listRef} onScroll={onScroll} onContextMenu={onContextMenu}>
           {messages.length === 0 && (
             <div class="empty-chat">
               <h2>What shall we work on?</h2>
@@ -245,14 +489,21 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
                 m={m}
                 streaming={generating && streaming?.messageId === m.id}
                 last={i === lastIndex}
-                canRegenerate={!busy}
+                canRegenerate={canAsk}
                 onRegenerate={regenerate}
+                onDelete={generating ? undefined : () => chats.deleteMessage(m.id)}
+                onVersion={generating ? undefined : (k) => chats.chooseVersion(m.id, k)}
               />
             ) : m.role === 'user' ? (
-              <UserMessage key={m.id} m={m} />
+              <UserMessage
+                key={m.id}
+                m={m}
+                onDelete={generating ? undefined : () => chats.deleteMessage(m.id)}
+                onEdit={canAsk ? (text) => edit(m.id, text) : undefined}
+              />
             ) : null,
           )}
-          {!busy && lastIndex >= 0 && messages[lastIndex]!.role === 'user' && (
+          {canAsk && lastIndex >= 0 && messages[lastIndex]!.role === 'user' && (
             <div class="message-meta retry">
               <button class="link-button" data-testid="chat-regenerate" onClick={regenerate}>
                 Generate a reply
@@ -279,8 +530,19 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
               ))}
             </div>
           )}
-          {hasImages && modelInfo && modelInfo.vision === false && (
-            <div class="notice notice-warn small">This model has no vision tower; it cannot see images.</div>
+          {blocked && (
+            <div class="notice notice-warn small vision-warning" data-testid="vision-warning">
+              {currentModel} has no vision tower and cannot take images.{' '}
+              {attachments.length > 0 && 'Remove the attached image' + (attachments.length > 1 ? 's' : '') + ' to send. '}
+              {heldImages > 0 && (
+                <>
+                  This chat already holds {heldImages} image{heldImages > 1 ? 's' : ''}.{' '}
+                  <button class="link-button" data-testid="chat-drop-images" onClick={() => chats.dropImages()} disabled={generating}>
+                    Remove {heldImages > 1 ? 'them' : 'it'} from this chat
+                  </button>
+                </>
+              )}
+            </div>
           )}
           <div class="composer-row">
             <button
@@ -333,7 +595,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
                 class="button button-stop"
                 data-testid="chat-stop"
                 onClick={() => chats.stop()}
-                title={generating ? 'Stop the reply' : 'Stop the reply streaming in another chat'}
+                title={generating ? 'Stop the reply (Esc)' : 'Stop the reply streaming in another chat (Esc)'}
               >
                 Stop
               </button>
@@ -342,7 +604,8 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
                 class="button button-primary"
                 data-testid="chat-send"
                 onClick={() => void send()}
-                disabled={!input.trim() && attachments.length === 0}
+                disabled={blocked || (!input.trim() && attachments.length === 0)}
+                title={blocked ? 'This model cannot take images' : undefined}
               >
                 Send
               </button>
@@ -350,6 +613,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
           </div>
         </div>
         {dragging && <div class="drop-overlay">Drop images to attach them</div>}
+        {menu && <ContextMenu menu={menu} onClose={closeMenu} />}
       </section>
 
       {showPanel && <LivePanel />}

@@ -1,0 +1,160 @@
+import { render } from 'preact';
+import { act } from 'preact/test-utils';
+import { afterEach, describe, expect, it } from 'vitest';
+import { Api } from '../src/api';
+import { dismiss, ErrorBanner } from '../src/components/banner';
+import { ConvertView, requestOf, startError } from '../src/views/convert';
+import { quantizationLabel } from '../src/views/models';
+import { ApiError } from '../src/api';
+import { json, mockFetch, sse } from './helpers';
+
+let root: HTMLElement | null = null;
+afterEach(() => {
+  if (root) {
+    act(() => render(null, root!));
+    root.remove();
+    root = null;
+  }
+  dismiss();
+});
+const byId = (id: string) => root!.querySelector(`[data-testid="${id}"]`) as HTMLElement | null;
+async function settle(ms = 20) {
+  await act(async () => {
+    await new Promise((r) => setTimeout(r, ms));
+  });
+}
+async function waitFor(check: () => boolean, what: string) {
+  for (let i = 0; i < 100; i++) {
+    if (check()) return;
+    await settle(10);
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
+async function setValue(id: string, v: string, event = 'input') {
+  const el = byId(id) as HTMLInputElement | HTMLSelectElement;
+  await act(async () => {
+    el.value = v;
+    el.dispatchEvent(new Event(event, { bubbles: true }));
+  });
+}
+
+const EXISTS = '/m/models/tiny-4bit already exists; pick another name, or pass "force": true to replace it';
+
+describe('mixed recipes', () => {
+  const form = { src: '/m/tiny', name: '', recipe: 'mixed_4_6' as const, bits: 5, groupSize: 64, targetBpw: '4.5', mtp: 'keep' as const, mtpBits: '' };
+  it('send no bits of their own (the recipe sets them)', () => {
+    expect(requestOf(form)).not.toHaveProperty('bits');
+    expect(requestOf({ ...form, recipe: 'uniform' })).toMatchObject({ bits: 5 });
+  });
+  it('are labelled as mixed, never as one width', () => {
+    expect(quantizationLabel({ dtype: null, quantization: { bits: 5, group_size: 64, mixed: true } })).toBe('mixed precision (mostly 5-bit), group 64');
+    expect(quantizationLabel({ dtype: null, quantization: { bits: 4, group_size: 64, mixed: false } })).toBe('4-bit, group 64');
+  });
+});
+
+describe('a destination that exists', () => {
+  it('is a choice, not advice to pass "force": true', () => {
+    expect(startError(new ApiError(EXISTS, 409, 'invalid_request_error', 'already_exists'))).toEqual({
+      error: '/m/models/tiny-4bit already exists.',
+      exists: true,
+    });
+  });
+
+  it('offers Replace it, which sends force, and the mixed bits show their range', async () => {
+    let n = 0;
+    const mock = mockFetch({
+      'POST /api/convert': (call) => {
+        n++;
+        if (!(call.body as { force?: boolean }).force) return json({ error: { message: EXISTS, type: 'invalid_request_error', code: 'already_exists' } }, 409);
+        return json({ job: 'j1', state: 'running' });
+      },
+      'GET /api/convert/j1/events': () => sse([`data: ${JSON.stringify({ event: 'cancelled' })}\n\n`]),
+    });
+    root = document.createElement('div');
+    document.body.appendChild(root);
+    act(() =>
+      render(
+        <>
+          <ErrorBanner />
+          <ConvertView client={new Api('', mock.fetch, null)} onFinished={() => {}} onShowModels={() => {}} />
+        </>,
+        root!,
+      ),
+    );
+    await setValue('convert-bits', '5', 'change');
+    await setValue('convert-recipe', 'mixed_4_6', 'change');
+    expect(byId('convert-bits')!.textContent).toBe('4–6-bit (mixed)');
+    await setValue('convert-recipe', 'uniform', 'change');
+    await setValue('convert-src', '/m/tiny');
+    await act(async () => {
+      byId('convert-start')!.click();
+    });
+    await waitFor(() => !!byId('convert-replace'), 'the choice');
+    expect(byId('convert-error')!.textContent).toBe('/m/models/tiny-4bit already exists.');
+    expect(root.textContent).not.toContain('force');
+    expect(byId('error-banner')).toBeNull();
+    await act(async () => {
+      byId('convert-replace')!.click();
+    });
+    await waitFor(() => n === 2, 'the second request');
+    expect(mock.calls.filter((c) => c.method === 'POST').map((c) => (c.body as { force?: boolean }).force)).toEqual([undefined, true]);
+  });
+});
+
+describe('the Convert icon', () => {
+  it('is not drawn as a download arrow', async () => {
+    const { ICONS } = await import('../src/app');
+    // A download arrow: a vertical stroke with a downward head over a baseline.
+    expect(ICONS.convert).not.toMatch(/^M12 3v12M7 10l5 5 5-5/);
+    expect(new Set(Object.values(ICONS)).size).toBe(3);
+  });
+});
+
+describe('the Models page', () => {
+  it('says where MTP is chosen when the last generation of a model was mostly parked', async () => {
+    const { live } = await import('../src/live');
+    const { ModelsView } = await import('../src/views/models');
+    const { modelStatus, SAMPLE_STATS, statsSnapshot } = await import('./helpers');
+    const stats = { ...SAMPLE_STATS, spec: { ...SAMPLE_STATS.spec!, cycles: 10, parked_cycles: 21 } };
+    act(() => live.snapshot(statsSnapshot({ model: 'tandem-tiny', stats })));
+    root = document.createElement('div');
+    document.body.appendChild(root);
+    const models = [modelStatus(), modelStatus({ id: 'other', name: 'other' })];
+    act(() => render(<ModelsView models={models} loading={false} reload={async () => {}} onConvert={() => {}} />, root!));
+    expect(root.querySelectorAll('[data-testid="model-mtp-slow"]')).toHaveLength(1);
+    expect(root.querySelector('[data-model-id="tandem-tiny"] [data-testid="model-mtp-slow"]')).not.toBeNull();
+    act(() => live.snapshot(statsSnapshot({ model: 'tandem-tiny', stats: SAMPLE_STATS })));
+    expect(root.querySelector('[data-testid="model-mtp-slow"]')).toBeNull();
+  });
+});
+
+describe('calibration progress', () => {
+  it('follows the modules measured, with the module and an ETA', async () => {
+    const { applyConvertEvent, eta, IDLE } = await import('../src/views/convert');
+    let s: import('../src/views/convert').JobState = { ...IDLE, phase: 'running', job: 'j' };
+    s = applyConvertEvent(s, { event: 'calibrating', module: 'model.layers.0.mlp', done: 0, total: 12 }, 1000);
+    s = applyConvertEvent(s, { event: 'calibrating', module: 'model.layers.3.mlp', done: 3, total: 12 }, 7000);
+    expect(s.calibration).toEqual({ done: 3, total: 12, module: 'model.layers.3.mlp', since: 1000 });
+    expect(eta(3, 12, 1000, 7000)).toBe('about 18 s left');
+    expect(eta(1, 100, 0, 120_000)).toBe('about 3.3 h left');
+    expect(eta(0, 12, 1000, 7000)).toBeNull();
+
+    const mock = mockFetch({
+      'POST /api/convert': () => json({ job: 'j2', state: 'running' }),
+      'GET /api/convert/j2/events': () =>
+        sse([`data: ${JSON.stringify({ event: 'calibrating', module: 'model.layers.3.mlp', done: 3, total: 12 })}\n\n`], { hang: true }),
+    });
+    root = document.createElement('div');
+    document.body.appendChild(root);
+    act(() => render(<ConvertView client={new Api('', mock.fetch, null)} onFinished={() => {}} onShowModels={() => {}} />, root!));
+    await setValue('convert-recipe', 'auto', 'change');
+    await setValue('convert-src', '/m/tiny');
+    await act(async () => {
+      byId('convert-start')!.click();
+    });
+    await waitFor(() => !!byId('convert-calibrating'), 'the calibration');
+    expect(root.querySelector('.progress-text')!.textContent).toContain('Calibrating: 3 / 12 modules measured');
+    expect(byId('convert-calibrating')!.textContent!.trim()).toBe('model.layers.3.mlp');
+    expect((root.querySelector('.progress-fill') as HTMLElement).style.width).toBe('25%');
+  });
+});
