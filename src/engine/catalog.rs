@@ -99,6 +99,11 @@ pub struct QuantizationSummary {
     pub mode: Option<String>,
     /// Some modules have their own bits.
     pub mixed: bool,
+    /// The smallest and largest bit widths of any module, the default included (a mixed recipe's
+    /// range, e.g. 4 and 6).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub bits_range: Option<(u64, u64)>,
     /// The block's other plain values as written (e.g. `quant_method` of a Hugging Face checkpoint).
     #[serde(flatten)]
     #[ts(skip)]
@@ -110,9 +115,13 @@ pub struct QuantizationSummary {
 fn summarize_quantization(block: &serde_json::Value) -> Option<QuantizationSummary> {
     let mut out = QuantizationSummary::default();
     let map = block.as_object()?;
+    let mut widths = Vec::new();
     for (k, v) in map {
         if v.is_object() || v.is_boolean() && k.contains('.') {
             out.mixed |= v.is_object();
+            if let Some(b) = v.get("bits").and_then(|b| b.as_u64()) {
+                widths.push(b);
+            }
             continue;
         }
         match (k.as_str(), v) {
@@ -124,6 +133,8 @@ fn summarize_quantization(block: &serde_json::Value) -> Option<QuantizationSumma
             }
         }
     }
+    widths.extend(out.bits);
+    out.bits_range = widths.iter().min().zip(widths.iter().max()).map(|(&lo, &hi)| (lo, hi));
     Some(out)
 }
 
@@ -158,12 +169,16 @@ mod tests {
         let mixed = json!({"group_size": 64, "bits": 4, "mode": "affine", "model.layers.0.mlp.up_proj": {"bits": 6, "group_size": 64}});
         let q = summarize_quantization(&mixed).unwrap();
         assert_eq!((q.bits, q.group_size, q.mode.as_deref(), q.mixed), (Some(4), Some(64), Some("affine"), true));
+        assert_eq!(q.bits_range, Some((4, 6)), "the default and the module's own bits");
         assert!(q.other.is_empty(), "{:?}", q.other);
         // A Hugging Face block: what it names besides bits stays in the JSON as written.
         let hf = json!({"quant_method": "awq", "bits": 4});
         let q = summarize_quantization(&hf).unwrap();
         assert_eq!((q.bits, q.mixed), (Some(4), false));
-        assert_eq!(serde_json::to_value(&q).unwrap(), json!({"bits": 4, "mixed": false, "quant_method": "awq"}));
+        assert_eq!(
+            serde_json::to_value(&q).unwrap(),
+            json!({"bits": 4, "mixed": false, "bits_range": [4, 4], "quant_method": "awq"})
+        );
         // Not an object: nothing to show.
         assert_eq!(summarize_quantization(&json!("4bit")), None);
         assert_eq!(summarize_quantization(&json!(null)), None);

@@ -26,6 +26,12 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Json<Health> {
         uptime_s: state.started.elapsed().as_secs_f64(),
         models_loaded: state.engine.loaded(),
         api_key_required: state.policy.api_key.is_some(),
+        backend: match mlx::device::backend() {
+            mlx::device::Backend::Metal => "metal",
+            mlx::device::Backend::Cuda => "cuda",
+            mlx::device::Backend::Cpu => "cpu",
+        }
+        .into(),
     })
 }
 

@@ -41,6 +41,9 @@ pub struct Health {
     pub models_loaded: Vec<String>,
     /// /v1 and /api (except this endpoint) need `Authorization: Bearer <key>`.
     pub api_key_required: bool,
+    /// Where MLX computes: "metal", "cuda" or "cpu" (the UI says what that means for quantized
+    /// models: on the CPU build they decode slower than bf16).
+    pub backend: String,
 }
 
 /// `GET /api/models`

@@ -269,7 +269,10 @@ async fn api_key_and_binding() {
     get(a, "/v1/models").await.error(401, "invalid_api_key");
     send(a, "GET", "/api/models", &["Authorization: Bearer wrong"], b"").await.error(401, "invalid_api_key");
     assert_eq!(send(a, "GET", "/v1/models", &["Authorization: Bearer s3cret"], b"").await.status, 200);
-    assert_eq!(get(a, "/api/health").await.status, 200, "health stays open");
+    let health = get(a, "/api/health").await;
+    assert_eq!(health.status, 200, "health stays open");
+    let backend = format!("{:?}", mlx::device::backend()).to_lowercase();
+    assert_eq!(health.json()["backend"], backend.as_str(), "health names where MLX computes");
     server.shutdown().await.unwrap();
 
     // Beyond loopback without a key: refused before binding anything.

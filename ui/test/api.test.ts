@@ -135,7 +135,7 @@ describe('chat', () => {
 
   it('sends the API key as a bearer token when one is set', async () => {
     const { fetch, calls } = mockFetch({
-      'GET /api/health': () => json({ status: 'ok', version: '0.1.0', uptime_s: 1, models_loaded: [], api_key_required: true }),
+      'GET /api/health': () => json({ status: 'ok', version: '0.1.0', uptime_s: 1, models_loaded: [], api_key_required: true, backend: 'cpu' }),
     });
     await new Api(BASE, fetch, 'secret').health();
     expect(calls[0]!.headers.Authorization).toBe('Bearer secret');

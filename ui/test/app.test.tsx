@@ -24,7 +24,7 @@ describe('the window at 720 px', () => {
     // A narrow window, as `(max-width: 980px)` reports it.
     window.matchMedia = ((query: string) => ({ ...realMatchMedia(query), matches: query.includes('max-width: 980px') })) as typeof window.matchMedia;
     const { fetch } = mockFetch({
-      'GET /api/health': () => json({ status: 'ok', version: 'test', uptime_s: 1, models_loaded: [], api_key_required: false }),
+      'GET /api/health': () => json({ status: 'ok', version: 'test', uptime_s: 1, models_loaded: [], api_key_required: false, backend: 'cpu' }),
       'GET /v1/models': () => json({ object: 'list', data: [] }),
       'GET /api/models': () => json({ models: [] }),
       'GET /api/stats': () => json(statsSnapshot()),

@@ -48,6 +48,8 @@ describe('mixed recipes', () => {
   });
   it('are labelled as mixed, never as one width', () => {
     expect(quantizationLabel({ dtype: null, quantization: { bits: 5, group_size: 64, mixed: true } })).toBe('mixed precision (mostly 5-bit), group 64');
+    // With the range of widths from /api/models, the label gives it.
+    expect(quantizationLabel({ dtype: null, quantization: { bits: 4, group_size: 64, mixed: true, bits_range: [4, 6] } })).toBe('mixed precision (4–6-bit), group 64');
     expect(quantizationLabel({ dtype: null, quantization: { bits: 4, group_size: 64, mixed: false } })).toBe('4-bit, group 64');
   });
 });

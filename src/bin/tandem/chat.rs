@@ -45,6 +45,9 @@ pub struct ChatArgs {
     /// tokens). Default: the model's setting.
     #[arg(long, value_parser = ["on", "off"])]
     adaptive: Option<String>,
+    /// Keep generating past the end-of-sequence token, up to --max-tokens (benchmarks, tests).
+    #[arg(long)]
+    ignore_eos: bool,
     /// Print one JSON object {model, text, token_ids, stats} at the end.
     #[arg(long)]
     json: bool,
@@ -69,7 +72,8 @@ pub fn run(a: ChatArgs) -> Result<()> {
         },
         max_tokens: a.max_tokens,
     };
-    let opts = generate_options(&loaded.entry, &overrides, 0, None, loaded.tokenizer.stop_ids().to_vec())?;
+    let stop_ids = if a.ignore_eos { Vec::new() } else { loaded.tokenizer.stop_ids().to_vec() };
+    let opts = generate_options(&loaded.entry, &overrides, 0, None, stop_ids)?;
     match &a.prompt {
         Some(p) => {
             let ids = if a.raw {
@@ -116,10 +120,24 @@ fn load_images(l: &Loaded, paths: &[std::path::PathBuf]) -> Result<Vec<ImageInpu
 
 /// Generates from `prompt`, streaming text to stdout when `stream` is set; returns the full text.
 fn complete(l: &Loaded, prompt: &Prompt, opts: &GenerateOptions, stream: bool) -> Result<(String, Output)> {
+    complete_until(l, prompt, opts, stream, &|| false)
+}
+
+/// [`complete`], stopping early once `stop()` says so (Ctrl-C in the interactive chat).
+fn complete_until(
+    l: &Loaded,
+    prompt: &Prompt,
+    opts: &GenerateOptions,
+    stream: bool,
+    stop: &dyn Fn() -> bool,
+) -> Result<(String, Output)> {
     let mut dec = l.tokenizer.stream_decoder(true);
     let mut text = String::new();
     let mut err = None;
     let out = generate_prompt(&l.model, prompt, opts, &mut |p| {
+        if stop() {
+            return Control::Stop;
+        }
         for &t in p.new_tokens {
             match dec.step(t) {
                 Ok(Some(s)) => {
@@ -149,22 +167,130 @@ fn complete(l: &Loaded, prompt: &Prompt, opts: &GenerateOptions, stream: bool) -
     Ok((text, out))
 }
 
+const HELP: &str = "Commands: /help this list, /clear start a new conversation, /save FILE write the conversation \
+(.md: Markdown, else JSON), /model the model and its settings, /exit quit (Ctrl-D too). Ctrl-C stops a reply.";
+
+/// What the interactive chat does with a line.
+#[derive(Debug, PartialEq)]
+enum Line {
+    Say(String),
+    Help,
+    Clear,
+    Save(std::path::PathBuf),
+    Model,
+    Exit,
+    Nothing,
+    Unknown(String),
+}
+
+fn parse_line(line: &str) -> Line {
+    let t = line.trim();
+    let Some(cmd) = t.strip_prefix('/') else {
+        return if t.is_empty() { Line::Nothing } else { Line::Say(line.trim_end_matches(['\n', '\r']).to_string()) };
+    };
+    let (name, arg) = cmd.split_once(char::is_whitespace).map_or((cmd, ""), |(n, a)| (n, a.trim()));
+    match (name, arg) {
+        ("help" | "?", _) => Line::Help,
+        ("clear" | "new", _) => Line::Clear,
+        ("model", _) => Line::Model,
+        ("exit" | "quit" | "bye", _) => Line::Exit,
+        ("save", "") => Line::Unknown("/save needs a file name: /save chat.md".into()),
+        ("save", f) => Line::Save(f.into()),
+        _ => Line::Unknown(format!("unknown command /{name} (/help lists them)")),
+    }
+}
+
+/// The conversation as Markdown (`.md`) or JSON (`[{role, content}]`).
+fn render(messages: &[Message], markdown: bool) -> Result<String> {
+    let text = |m: &Message| {
+        m.content
+            .iter()
+            .filter_map(|p| if let ContentPart::Text(t) = p { Some(t.as_str()) } else { None })
+            .collect::<String>()
+    };
+    if markdown {
+        Ok(messages.iter().map(|m| format!("**{}**\n\n{}\n", m.role, text(m))).collect::<Vec<_>>().join("\n"))
+    } else {
+        let v: Vec<_> = messages.iter().map(|m| serde_json::json!({"role": m.role, "content": text(m)})).collect();
+        Ok(serde_json::to_string_pretty(&v)? + "\n")
+    }
+}
+
 fn interactive(l: &Loaded, opts: &GenerateOptions) -> Result<()> {
-    eprintln!("Chatting with {} (empty line or Ctrl-D to quit)", l.entry.name);
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    eprintln!("Chatting with {}. /help lists commands; Ctrl-C stops a reply, /exit or Ctrl-D quits.", l.entry.name);
+    // Ctrl-C stops the reply being written and comes back to the prompt; at the prompt it says how
+    // to quit. The conversation is never lost to a stray Ctrl-C.
+    let generating = Arc::new(AtomicBool::new(false));
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let (generating, interrupted) = (generating.clone(), interrupted.clone());
+        ctrlc::set_handler(move || {
+            if generating.load(Ordering::SeqCst) {
+                interrupted.store(true, Ordering::SeqCst);
+            } else {
+                eprint!("\n(/exit or Ctrl-D quits)\n> ");
+            }
+        })
+        .context("cannot install the Ctrl-C handler")?;
+    }
     let mut messages: Vec<Message> = Vec::new();
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");
         let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
+        if stdin.lock().read_line(&mut line)? == 0 {
             return Ok(());
         }
-        messages.push(Message::user(line.trim_end().to_string()));
-        let ids = l.tokenizer.encode_chat(&messages, true)?;
-        let (text, out) = complete(l, &Prompt::text(ids), opts, true)?;
-        crate::out::line("");
-        eprintln!("{}", summary(&out.stats));
-        messages.push(Message::new("assistant", vec![ContentPart::Text(text)]));
+        match parse_line(&line) {
+            Line::Nothing => {}
+            Line::Exit => return Ok(()),
+            Line::Help => eprintln!("{HELP}"),
+            Line::Unknown(why) => eprintln!("{why}"),
+            Line::Clear => {
+                messages.clear();
+                eprintln!("(new conversation)");
+            }
+            Line::Model => eprintln!(
+                "{} ({}): max_tokens {}, temperature {}, MTP {}",
+                l.entry.name,
+                l.entry.path.display(),
+                opts.max_tokens,
+                opts.sampling.temperature,
+                if opts.mtp.enabled { format!("on, depth {}", opts.mtp.depth) } else { "off".into() }
+            ),
+            Line::Save(path) => {
+                let markdown = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("md"));
+                match render(&messages, markdown).and_then(|t| Ok(std::fs::write(&path, t)?)) {
+                    Ok(()) => eprintln!("(saved {} messages to {})", messages.len(), path.display()),
+                    Err(e) => eprintln!("cannot save {}: {e:#}", path.display()),
+                }
+            }
+            Line::Say(text) => {
+                messages.push(Message::user(text));
+                let ids = l.tokenizer.encode_chat(&messages, true)?;
+                interrupted.store(false, Ordering::SeqCst);
+                generating.store(true, Ordering::SeqCst);
+                let result = complete_until(l, &Prompt::text(ids), opts, true, &|| interrupted.load(Ordering::SeqCst));
+                generating.store(false, Ordering::SeqCst);
+                let (text, out) = match result {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // The turn failed: it leaves the conversation as it was.
+                        messages.pop();
+                        eprintln!("\nerror: {e:#}");
+                        continue;
+                    }
+                };
+                crate::out::line("");
+                if interrupted.load(Ordering::SeqCst) {
+                    eprintln!("(stopped)");
+                }
+                eprintln!("{}", summary(&out.stats));
+                messages.push(Message::new("assistant", vec![ContentPart::Text(text)]));
+            }
+        }
     }
 }
 
@@ -187,4 +313,32 @@ pub fn summary(s: &Stats) -> String {
     }
     line.push(']');
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_become_messages_or_commands() {
+        assert_eq!(parse_line("hello there\n"), Line::Say("hello there".into()));
+        assert_eq!(parse_line("  \n"), Line::Nothing);
+        assert_eq!(parse_line("/help\n"), Line::Help);
+        assert_eq!(parse_line("/clear"), Line::Clear);
+        assert_eq!(parse_line("/save  notes/chat.md \n"), Line::Save("notes/chat.md".into()));
+        assert!(matches!(parse_line("/save"), Line::Unknown(w) if w.contains("needs a file name")));
+        assert!(matches!(parse_line("/frobnicate x"), Line::Unknown(w) if w.contains("/frobnicate")));
+        assert_eq!(parse_line("/exit"), Line::Exit);
+    }
+
+    #[test]
+    fn a_conversation_saves_as_markdown_or_json() {
+        let m = [Message::user("hi".to_string()), Message::new("assistant", vec![ContentPart::Text("hello".into())])];
+        assert_eq!(render(&m, true).unwrap(), "**user**\n\nhi\n\n**assistant**\n\nhello\n");
+        let v: serde_json::Value = serde_json::from_str(&render(&m, false).unwrap()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+        );
+    }
 }

@@ -41,6 +41,16 @@ pub fn run(a: ModelsArgs) -> Result<()> {
         crate::out::line(serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
+    if rows.is_empty() {
+        eprintln!(
+            "No models: {} lists none and {} holds none. Add a [[model]] entry, or convert a checkpoint into the \
+             models folder: tandem convert SRC --out {}",
+            reg.path().display(),
+            reg.models_dir().display(),
+            reg.models_dir().join("NAME").display()
+        );
+        return Ok(());
+    }
     for r in rows {
         let mtp = if r.mtp.enabled { format!("MTP depth {}", r.mtp.depth) } else { "MTP off".into() };
         crate::out::line(format!(

@@ -11,4 +11,9 @@ status: string, version: string, uptime_s: number, models_loaded: Array<string>,
 /**
  * /v1 and /api (except this endpoint) need `Authorization: Bearer <key>`.
  */
-api_key_required: boolean, };
+api_key_required: boolean, 
+/**
+ * Where MLX computes: "metal", "cuda" or "cpu" (the UI says what that means for quantized
+ * models: on the CPU build they decode slower than bf16).
+ */
+backend: string, };

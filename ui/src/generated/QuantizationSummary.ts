@@ -15,4 +15,9 @@ mode?: string,
 /**
  * Some modules have their own bits.
  */
-mixed: boolean, };
+mixed: boolean, 
+/**
+ * The smallest and largest bit widths of any module, the default included (a mixed recipe's
+ * range, e.g. 4 and 6).
+ */
+bits_range?: [number, number], };

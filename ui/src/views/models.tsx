@@ -14,9 +14,10 @@ export const MAX_DEPTH = 6;
 export function quantizationLabel(m: Pick<ModelStatus, 'quantization' | 'dtype'>): string {
   const q = m.quantization;
   if (q == null) return m.dtype ? `${m.dtype} (unquantized)` : 'unquantized';
-  // A mixed model's `bits` is only its default (most modules'): the per-module widths are not listed by
-  // /api/models, so the label says "mixed" first and the default as what most layers use.
-  const parts = [q.mixed ? (q.bits != null ? `mixed precision (mostly ${q.bits}-bit)` : 'mixed precision') : q.bits != null ? `${q.bits}-bit` : 'quantized'];
+  // A mixed model's `bits` is only its default: the label gives its range of widths when the API has it.
+  const range = q.bits_range && q.bits_range[0] !== q.bits_range[1] ? `${q.bits_range[0]}–${q.bits_range[1]}-bit` : null;
+  const mixed = range ? `mixed precision (${range})` : q.bits != null ? `mixed precision (mostly ${q.bits}-bit)` : 'mixed precision';
+  const parts = [q.mixed ? mixed : q.bits != null ? `${q.bits}-bit` : 'quantized'];
   if (q.group_size) parts.push(`group ${q.group_size}`);
   if (q.mode && q.mode !== 'affine') parts.push(q.mode);
   return parts.join(', ');

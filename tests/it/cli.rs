@@ -1,0 +1,100 @@
+//! The CLI as a person meets it: `tandem chat` without --prompt (the interactive conversation through
+//! stdin, its slash commands, and Ctrl-C stopping a reply without ending the session or losing the
+//! conversation), and `tandem models` with nothing to list.
+
+use crate::common::*;
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn chat(extra: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["chat", "--model", tiny_model_dir().to_str().unwrap(), "--temp", "0"])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tandem chat")
+}
+
+#[test]
+fn slash_commands_keep_save_and_clear_the_conversation() {
+    let dir = tempdir();
+    let (md, json, empty) = (dir.path().join("c.md"), dir.path().join("c.json"), dir.path().join("e.json"));
+    let mut child = chat(&["--max-tokens", "8"]);
+    let script = format!(
+        "/help\nThe State of the Union\n/save {}\n/save {}\n/frobnicate\n/clear\n/save {}\n/exit\nnever read\n",
+        md.display(),
+        json.display(),
+        empty.display()
+    );
+    child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("/clear") && err.contains("Ctrl-C stops a reply"), "/help lists the commands: {err}");
+    assert!(err.contains("unknown command /frobnicate"), "{err}");
+    let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let turns = saved.as_array().unwrap();
+    assert_eq!(turns.len(), 2, "{saved}");
+    assert_eq!(
+        (turns[0]["role"].as_str(), turns[0]["content"].as_str()),
+        (Some("user"), Some("The State of the Union"))
+    );
+    let answer = turns[1]["content"].as_str().unwrap();
+    assert!(turns[1]["role"] == "assistant" && !answer.is_empty(), "{saved}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(answer.trim()), "the reply was streamed to stdout");
+    let markdown = std::fs::read_to_string(&md).unwrap();
+    assert!(markdown.starts_with("**user**\n\nThe State of the Union\n") && markdown.contains("**assistant**"));
+    assert_eq!(std::fs::read_to_string(&empty).unwrap().trim(), "[]", "/clear starts a new conversation");
+}
+
+/// SIGINT while a reply streams stops that reply; the session goes on, and the stopped reply stays
+/// in the conversation.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_the_reply_and_the_session_goes_on() {
+    let dir = tempdir();
+    let saved = dir.path().join("c.json");
+    let mut child = chat(&["--max-tokens", "1500", "--ignore-eos", "--mtp", "off"]);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"Call me Ishmael. Some years ago\n").unwrap();
+    // Wait for the reply to start streaming, then interrupt it.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    let t0 = Instant::now();
+    let kill = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    stdin.write_all(format!("/save {}\n/exit\n", saved.display()).as_bytes()).unwrap();
+    drop(stdin);
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the session ended cleanly after Ctrl-C: {:?}\n{err}", out.status);
+    assert!(err.contains("(stopped)"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(60));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    let turns = v.as_array().unwrap();
+    assert_eq!(turns.len(), 2, "the stopped reply stays in the conversation: {v}");
+    let stats = err.lines().find(|l| l.starts_with('[')).unwrap_or_default().to_string();
+    let generated: usize =
+        stats.split(" + ").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap();
+    assert!(generated < 1500, "the reply stopped early: {stats}");
+}
+
+#[test]
+fn models_with_nothing_to_list_says_how_to_get_one() {
+    let dir = tempdir();
+    std::fs::create_dir_all(dir.path().join("models")).unwrap();
+    let toml = dir.path().join("models.toml");
+    std::fs::write(&toml, format!("models_dir = {:?}\n", dir.path().join("models").to_str().unwrap())).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tandem")).arg("models").env("TANDEM_CONFIG", &toml).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(out.stdout.is_empty(), "nothing on stdout: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(err.contains("No models") && err.contains("tandem convert") && err.contains("models.toml"), "{err}");
+}
