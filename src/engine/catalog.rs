@@ -74,7 +74,7 @@ pub fn inspect_folder(dir: &Path) -> FolderInfo {
     let layout = info.format.unwrap_or(Layout::Hf);
     let names: std::collections::BTreeSet<String> =
         checkpoint.tensors.keys().map(|k| qwen3_5::sanitize(k, layout).0).collect();
-    let present = names.iter().filter(|n| n.starts_with("mtp.")).count();
+    let present = names.iter().filter(|n| qwen3_5::is_mtp(n)).count();
     info.mtp_reason = match Config::from_json(&config) {
         Ok(c) => HeadFiles::judge(&c.text, &|n| names.contains(n), present).reason,
         Err(e) => Some(e.to_string()),

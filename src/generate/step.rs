@@ -52,6 +52,49 @@ pub fn start(model: &Qwen35, cache: &mut [LayerCache], sampler: &mut Sampler, to
     Ok(Started { hidden, token })
 }
 
+/// Plain steps in a row, pipelined where sampling allows: the step after this one is built and
+/// started before this one's token is read, so the host builds a graph while the device computes.
+/// Plain decoding and a parked MTP decoder both step through this.
+#[derive(Default)]
+pub struct Pipeline {
+    /// The step that feeds the next `last`, already running.
+    ahead: Option<Started>,
+}
+
+impl Pipeline {
+    /// Feeds `last` (appending it to `history`); returns the post-norm hidden state `[1, 1, D]` at
+    /// it and the token sampled after it. `start_next`: the following step will be plain too, so it
+    /// may be started now.
+    pub fn step(
+        &mut self,
+        model: &Qwen35,
+        cache: &mut [LayerCache],
+        sampler: &mut Sampler,
+        history: &mut Vec<u32>,
+        last: u32,
+        start_next: bool,
+    ) -> Result<(Array, u32)> {
+        if !can_pipeline(sampler) {
+            return step(model, cache, sampler, history, last);
+        }
+        let current = match self.ahead.take() {
+            Some(s) => s,
+            None => start(model, cache, sampler, &token_input(last)?)?,
+        };
+        history.push(last);
+        if start_next {
+            let token = current.token.reshape(&[1, 1])?;
+            self.ahead = Some(start(model, cache, sampler, &token)?);
+        }
+        Ok((current.hidden, current.token.item::<u32>()?))
+    }
+
+    /// Whether a step is already running.
+    pub fn is_running(&self) -> bool {
+        self.ahead.is_some()
+    }
+}
+
 /// A token id as the `[1, 1]` input of a step.
 pub fn token_input(token: u32) -> Result<Array> {
     Ok(Array::from_slice(&[token as i32], &[1, 1])?)

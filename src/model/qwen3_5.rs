@@ -154,9 +154,42 @@ const LAYER_NORMS: &[&str] = &[
     "self_attn.k_norm.weight",
 ];
 
+/// The part of a Qwen3.5 checkpoint a canonical tensor name belongs to: the quantizer, the catalog
+/// and inspect ask this instead of matching prefixes themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The text model (embedding, decoder layers, final norm, `lm_head`).
+    Body,
+    /// The MTP head (`mtp.*`).
+    Mtp,
+    /// The vision tower (`visual.*`).
+    Vision,
+}
+
+/// Which part `name` (canonical) belongs to.
+pub fn part(name: &str) -> Part {
+    if name.starts_with("mtp.") {
+        Part::Mtp
+    } else if name.starts_with("visual.") {
+        Part::Vision
+    } else {
+        Part::Body
+    }
+}
+
+/// Whether `name` (canonical) is the MTP head's.
+pub fn is_mtp(name: &str) -> bool {
+    part(name) == Part::Mtp
+}
+
+/// Whether `name` (canonical) is the output head's (`lm_head.*`, absent when embeddings are tied).
+pub fn is_lm_head(name: &str) -> bool {
+    name.starts_with("lm_head.")
+}
+
 /// Classifies a canonical tensor name.
 pub fn role(name: &str) -> Role {
-    if name.starts_with("visual.") {
+    if part(name) == Part::Vision {
         return Role::Vision;
     }
     let linear = |module: &str, kind| Role::Linear { module: module.into(), kind };

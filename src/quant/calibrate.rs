@@ -113,7 +113,7 @@ pub fn measure(
         for (name, h) in heads {
             observe(name, &h);
         }
-        let want_mtp = wanted.keys().any(|k| k.starts_with("mtp."));
+        let want_mtp = wanted.keys().any(|k| crate::model::qwen3_5::is_mtp(k));
         if want_mtp && model.has_mtp() && ids.len() > 1 {
             let t = ids.len() as i32;
             let h = hidden.slice_axis(1, 0, t - 1).map_err(|e| mlx_err("calibration", e))?;

@@ -155,7 +155,7 @@ fn modules(src: &Source, keep_mtp: bool) -> Vec<Module> {
         .iter()
         .filter_map(|t| match arch::role(&t.name) {
             Role::Linear { module, kind } if t.tensor.shape.len() == 2 => {
-                let is_mtp = module.starts_with("mtp.");
+                let is_mtp = arch::is_mtp(&module);
                 if (is_mtp && !keep_mtp) || (kind == LinearKind::LmHead && tied) {
                     return None;
                 }
@@ -186,8 +186,8 @@ fn units(
     let mut out = Vec::new();
     for (i, t) in src.tensors.iter().enumerate() {
         let name = &t.name;
-        let is_mtp = name.starts_with("mtp.");
-        if (is_mtp && !keep_mtp) || (tied && name.starts_with("lm_head.")) {
+        let is_mtp = arch::is_mtp(name);
+        if (is_mtp && !keep_mtp) || (tied && arch::is_lm_head(name)) {
             continue;
         }
         let role = arch::role(name);
@@ -483,7 +483,7 @@ pub fn convert(
     if head.declared_layers == 0 && head.tensors_found > 0 {
         notes.push(head.message.clone());
     }
-    let vision = source.tensors.iter().filter(|t| t.name.starts_with("visual.")).count();
+    let vision = source.tensors.iter().filter(|t| arch::part(&t.name) == arch::Part::Vision).count();
     if vision > 0 {
         notes.push(format!(
             "vision tower kept as vision_tower.* ({vision} tensors, cast to {}, not quantized)",
@@ -584,7 +584,7 @@ pub fn convert(
     let seconds = t0.elapsed().as_secs_f64();
     let bpw = plan.bpw();
     let _ = on_event(&ConvertEvent::Finished { dst: dst.to_path_buf(), bytes, bpw, params: plan.params(), seconds });
-    let mtp_parts: Vec<&Unit> = plan.units.iter().filter(|u| u.name.starts_with("mtp.")).collect();
+    let mtp_parts: Vec<&Unit> = plan.units.iter().filter(|u| arch::is_mtp(&u.name)).collect();
     let mtp = MtpOutcome {
         kept: keep_mtp,
         tensors: mtp_parts.iter().map(|u| u.parts.len()).sum(),

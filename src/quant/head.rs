@@ -77,7 +77,7 @@ impl HeadAnalysis {
 }
 
 pub fn analyse(src: &Source) -> Result<HeadAnalysis, ConvertError> {
-    let present = src.tensors.iter().filter(|t| t.name.starts_with("mtp.")).count();
+    let present = src.tensors.iter().filter(|t| crate::model::qwen3_5::is_mtp(&t.name)).count();
     let files = HeadFiles::judge(&src.model.text, &|n| src.has(n), present);
     let head_provenance = src.get("mtp.fc.weight").or_else(|| src.get("mtp.norm.weight")).map(|t| t.provenance);
     let mut a = HeadAnalysis {

@@ -75,7 +75,7 @@ pub fn summarise<'a>(
     let mut groups: BTreeMap<String, GroupQuant> = BTreeMap::new();
     let mut any = false;
     for (name, kind, q) in modules {
-        let group = if name.starts_with("mtp.") { "mtp" } else { kind.group() };
+        let group = if arch::is_mtp(name) { "mtp" } else { kind.group() };
         let g = groups.entry(group.to_string()).or_default();
         g.modules += 1;
         match q {

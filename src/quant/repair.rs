@@ -71,7 +71,7 @@ pub fn repair_with(
     let mut fixed = Vec::new();
     let mut units = Vec::with_capacity(source.tensors.len());
     for (i, t) in source.tensors.iter().enumerate() {
-        let is_head = t.name.starts_with("mtp.");
+        let is_head = arch::is_mtp(&t.name);
         let key = match (is_head, source.layout) {
             (false, _) => t.key.clone(),
             (true, Layout::Mlx) => arch::mlx_key(&t.name),
@@ -98,7 +98,7 @@ pub fn repair_with(
     let renamed = source
         .tensors
         .iter()
-        .filter(|t| t.name.starts_with("mtp.") && !t.key.starts_with("language_model.") && source.layout == Layout::Mlx)
+        .filter(|t| arch::is_mtp(&t.name) && !t.key.starts_with("language_model.") && source.layout == Layout::Mlx)
         .count();
     if renamed > 0 {
         fixed.push(format!("{renamed} head tensors renamed from mtp.* to language_model.mtp.*"));

@@ -213,7 +213,7 @@ fn the_probe_agrees_with_measured_depth1_acceptance() {
 fn inspect_and_convert_report_the_probe_and_refuse_a_bad_head() {
     let tmp = tempdir();
     let w = |n: &str| tmp.path().join(n);
-    // inspect --json: `mtp.probe` in DESIGN.md's shape.
+    // inspect --json: `mtp.probe` in the shape README's inspect contract gives.
     let r = quant::inspect(&tiny_model_dir()).unwrap();
     let v = serde_json::to_value(&r).unwrap();
     let p = &v["mtp"]["probe"];

@@ -315,6 +315,11 @@ async fn admin_models_settings_and_stats() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["loaded"], true);
     assert_eq!(r.json()["state"], "loaded");
+    // The head's health as the load-time probe measured it.
+    let p = &r.json()["mtp"]["probe"];
+    assert!(p["acceptance"].as_f64().is_some_and(|a| a > 0.3), "{p}");
+    assert_eq!(p["chosen"], "zero_centred", "{p}");
+    assert!(p["tokens"].as_u64().is_some_and(|t| t > 100) && p["inconclusive"] == false, "{p}");
 
     // Settings persist to models.toml, comments kept.
     let r = send(
@@ -346,6 +351,24 @@ async fn admin_models_settings_and_stats() {
     let body = r.json();
     assert_eq!(body["stats"]["spec"]["depth"], 2, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 12);
+
+    // mtp.adaptive off: the controller never parks drafting, and the setting is kept.
+    let body = br#"{"mtp": {"adaptive": false}}"#;
+    let r = send(a, "PATCH", "/api/models/tiny/settings", &["Content-Type: application/json"], body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["mtp"]["adaptive"], false, "{}", r.text());
+    assert!(!Registry::load(&setup.registry_path()).unwrap().get(MODEL).unwrap().mtp.adaptive);
+    let r = post_json(
+        a,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 24, "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
+    let spec = &r.json()["stats"]["spec"];
+    // Never parked: only the last token, when no draft fits, is a plain step.
+    assert!(spec["parked_cycles"].as_u64().is_some_and(|p| p <= 1), "{spec}");
+    assert!(spec["cycles"].as_u64().is_some_and(|c| c > 0), "{spec}");
 
     let stats = get(a, "/api/stats").await.json();
     assert_eq!(stats["last"]["model"], MODEL);
@@ -733,6 +756,8 @@ async fn conversion_job() {
     assert_eq!(m["format"], "mlx");
     assert_eq!(m["quantization"]["bits"], 4);
     assert_eq!(m["mtp"]["available"], true, "{m}");
+    // Not loaded yet: the probe the conversion recorded in its config.json.
+    assert!(m["mtp"]["probe"]["acceptance"].as_f64().is_some_and(|a| a > 0.3), "{m}");
     // A model converted without its head: MTP unavailable, with the reason; switching it on is refused.
     let r = post_json(a, "/api/convert", &json!({"src": MODEL, "name": "tiny-nomtp", "mtp": "drop"})).await;
     assert_eq!(r.status, 202, "{}", r.text());

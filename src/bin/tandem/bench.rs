@@ -64,8 +64,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.prompt_tokens == 0 || a.gen_tokens < 2 {
         bail!("--prompt-tokens must be at least 1 and --gen-tokens at least 2");
     }
-    if let Some(d) = a.depths.iter().find(|&&d| d > 8) {
-        bail!("--depths: {d} is outside 0..=8");
+    // Depth 0 is plain decoding; the others are MTP depths.
+    let max = *tandem::generate::MTP_DEPTHS.end();
+    if let Some(d) = a.depths.iter().find(|&&d| d > max) {
+        bail!("--depths: {d} is outside 0..={max}");
     }
     if let Some(p) = a.oracle_acceptance.filter(|p| !(0.0..=1.0).contains(p)) {
         bail!("--oracle-acceptance: {p} is outside 0..=1");

@@ -23,7 +23,7 @@ use super::error::Result;
 use super::options::MtpOptions;
 use super::sampler::Sampler;
 use super::stats::{SpecStats, Stats};
-use super::step::{can_pipeline, start, step, token_input, Started};
+use super::step::{step, Pipeline};
 use crate::cache::{LayerCache, Verify};
 use crate::model::Qwen35;
 
@@ -39,8 +39,8 @@ pub struct MtpDecoder<'m> {
     emitted: usize,
     /// When set, the drafts sent to verify come from here (benchmarks).
     oracle: Option<OracleDrafts>,
-    /// The plain step that feeds `last`, already running (pipelined while parked).
-    ahead: Option<Started>,
+    /// Plain steps while parked (pipelined, see [`Pipeline`]).
+    steps: Pipeline,
     /// When the previous step returned: a step's cost is the time between returns, which is what
     /// a token costs when steps overlap with the host's work.
     returned: Option<Instant>,
@@ -78,7 +78,7 @@ impl<'m> MtpDecoder<'m> {
             ctl: Controller::new(opts.adaptive, opts.depth),
             emitted: 1,
             oracle: None,
-            ahead: None,
+            steps: Pipeline::default(),
             returned: None,
         }
     }
@@ -101,7 +101,7 @@ impl<'m> MtpDecoder<'m> {
         let t0 = Instant::now();
         let since = self.returned.unwrap_or(t0);
         let k = self.ctl.depth().min(remaining.saturating_sub(1));
-        if k == 0 || self.ctl.parked() || self.ahead.is_some() {
+        if k == 0 || self.ctl.parked() || self.steps.is_running() {
             stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth)).parked_cycles += 1;
             let (hidden, next) = self.plain_step(sampler, history, remaining)?;
             // The head catches up on this position when drafting resumes.
@@ -169,20 +169,8 @@ impl<'m> MtpDecoder<'m> {
     /// The plain step that feeds `last`: pipelined when the next step is plain too (still parked,
     /// or the last token), so the host builds it while this one computes.
     fn plain_step(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, remaining: usize) -> Result<(Array, u32)> {
-        if !can_pipeline(sampler) {
-            return step(self.model, &mut self.cache, sampler, history, self.last);
-        }
-        let current = match self.ahead.take() {
-            Some(s) => s,
-            None => start(self.model, &mut self.cache, sampler, &token_input(self.last)?)?,
-        };
-        history.push(self.last);
         let next_is_plain = self.ctl.parked_after_this_step() || remaining <= 2;
-        if remaining > 1 && next_is_plain {
-            let token = current.token.reshape(&[1, 1])?;
-            self.ahead = Some(start(self.model, &mut self.cache, sampler, &token)?);
-        }
-        Ok((current.hidden, current.token.item::<u32>()?))
+        self.steps.step(self.model, &mut self.cache, sampler, history, self.last, remaining > 1 && next_is_plain)
     }
 
     /// Verifies `last` and the drafts `[k]` (on the device) in one forward, then keeps the
