@@ -5,6 +5,7 @@ mod common;
 mod convert;
 mod family;
 mod forward_reference;
+mod hostile_folders;
 mod inspect;
 mod kernels;
 mod load_errors;
