@@ -15,6 +15,8 @@ use minijinja::{context, Environment, ErrorKind};
 use serde_json::Value as Json;
 use tokenizers::AddedToken;
 
+use crate::model::files;
+
 /// Used when a checkpoint ships no chat template. ChatML, which every Qwen model speaks; an image
 /// becomes Qwen's vision placeholder, which the vision code expands.
 const CHATML_TEMPLATE: &str = r#"{%- for message in messages %}
@@ -180,7 +182,7 @@ impl Tokenizer {
             return Err(ChatError::MissingTokenizer { dir: dir.to_owned() });
         }
         let bytes =
-            std::fs::read(&tokenizer_path).map_err(|source| ChatError::Io { path: tokenizer_path.clone(), source })?;
+            files::read(&tokenizer_path).map_err(|source| ChatError::Io { path: tokenizer_path.clone(), source })?;
         let mut inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| ChatError::Tokenizer { path: tokenizer_path.clone(), message: e.to_string() })?;
         // Tandem fits prompts to the context itself: a file's padding or truncation would only pad a
@@ -578,9 +580,9 @@ impl serde_json::ser::Formatter for PythonFormatter {
 }
 
 fn read_json_if_present(path: &Path) -> Result<Option<Json>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+    let text = match files::read_if_present(path) {
+        Ok(Some(text)) => text,
+        Ok(None) => return Ok(None),
         Err(source) => return Err(ChatError::Io { path: path.to_owned(), source }),
     };
     serde_json::from_str(&text).map(Some).map_err(|source| ChatError::Json { path: path.to_owned(), source })
@@ -680,9 +682,9 @@ fn add_missing_tokens(tokenizer: &mut tokenizers::Tokenizer, config: &Json, path
 /// `chat_template.jinja`, then `chat_template.json`, then tokenizer_config.json's `chat_template`.
 fn find_template(dir: &Path, config: &Json, config_path: &Path) -> Result<Option<(String, String)>> {
     let jinja_path = dir.join("chat_template.jinja");
-    match std::fs::read_to_string(&jinja_path) {
-        Ok(source) => return Ok(Some(("chat_template.jinja".into(), source))),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+    match files::read_if_present(&jinja_path) {
+        Ok(Some(source)) => return Ok(Some(("chat_template.jinja".into(), source))),
+        Ok(None) => {}
         Err(source) => return Err(ChatError::Io { path: jinja_path, source }),
     }
     let json_path = dir.join("chat_template.json");

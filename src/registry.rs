@@ -545,7 +545,8 @@ fn scan(models_dir: &Path) -> Vec<ModelEntry> {
     let mut models: Vec<ModelEntry> = entries
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.is_dir() && is_model_folder(p))
+        // Dot-folders are never models: a conversion writes `.NAME.partial-*` beside its destination.
+        .filter(|p| p.is_dir() && !folder_name(p).starts_with('.') && is_model_folder(p))
         .map(|p| ModelEntry::with_defaults(folder_name(&p), p, ModelSource::Scanned))
         .collect();
     models.sort_by(|a, b| a.name.cmp(&b.name));

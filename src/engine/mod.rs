@@ -402,6 +402,9 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(registry: Registry, config: EngineConfig) -> Engine {
+        // A conversion killed before it finished leaves its temporary folder (and, mid-`force`, the
+        // destination it had moved aside) in the models folder: cleaned, or put back, at the next start.
+        crate::quant::writer::sweep(registry.models_dir());
         Engine {
             inner: Arc::new(Inner {
                 config,

@@ -1,5 +1,6 @@
 //! Models: checkpoint reading, strict loading, and one file per architecture.
 
+pub mod files;
 pub mod layers;
 pub mod mtp_head;
 pub mod qwen3_5;
@@ -50,6 +51,8 @@ pub enum LoadError {
     Quantization { name: String, message: String },
     #[error("{context}: {source}")]
     Mlx { context: String, source: mlx::Error },
+    #[error("{tensor} holds {what}: the file is corrupt or the weights diverged, and the model would answer nothing")]
+    NotFinite { tensor: String, what: &'static str },
 }
 
 impl LoadError {
@@ -83,7 +86,7 @@ pub fn read_config(dir: &Path) -> Result<serde_json::Value, LoadError> {
     if !path.exists() {
         return Err(LoadError::NoConfig(dir.to_path_buf()));
     }
-    let text = std::fs::read_to_string(&path).map_err(|e| LoadError::io(&path, e))?;
+    let text = files::read_to_string(&path).map_err(|e| LoadError::io(&path, e))?;
     serde_json::from_str(&text).map_err(|e| LoadError::Json { path, message: e.to_string() })
 }
 

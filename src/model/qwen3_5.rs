@@ -324,6 +324,7 @@ impl Qwen35 {
             store.skip_prefix("visual.");
         }
         store.finish()?;
+        store.check_finite()?;
         let name =
             dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
         let mut model = Qwen35 {

@@ -28,6 +28,9 @@ pub struct Store {
     pub layout_reason: String,
     tensors: BTreeMap<String, (String, Provenance, TensorRef)>,
     used: RefCell<BTreeSet<String>>,
+    /// Floating arrays handed out and not yet checked for NaN/Inf, by canonical name (see
+    /// [`check_finite`](Self::check_finite)).
+    unchecked: RefCell<BTreeMap<String, Array>>,
     /// Floating weights are cast to this dtype (None keeps the checkpoint's).
     pub dtype: Option<Dtype>,
 }
@@ -48,7 +51,14 @@ impl Store {
                 return Err(LoadError::Conflict { a: other, b: key });
             }
         }
-        Ok(Store { layout, layout_reason: evidence.reason, tensors, used: RefCell::new(BTreeSet::new()), dtype })
+        Ok(Store {
+            layout,
+            layout_reason: evidence.reason,
+            tensors,
+            used: RefCell::new(BTreeSet::new()),
+            unchecked: RefCell::new(BTreeMap::new()),
+            dtype,
+        })
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -105,7 +115,71 @@ impl Store {
                 expected: shape.to_vec(),
             });
         }
-        t.to_array()
+        let a = t.to_array()?;
+        if a.dtype().is_float() {
+            self.unchecked.borrow_mut().entry(name.to_string()).or_insert_with(|| a.clone());
+        }
+        Ok(a)
+    }
+
+    /// Fails naming the first tensor handed out so far that holds a NaN or an infinity (a corrupt
+    /// file or a diverged training run; such a model loads but answers nothing). Floats and
+    /// quantization scales and biases are what `raw` hands out; packed weights are integers. Each
+    /// tensor costs one elementwise op and one reduction (`sum(x * 0)` is 0 exactly when every
+    /// element is finite, and cannot overflow), evaluated a batch at a time so that MLX reads the
+    /// files in a few large passes and only one batch's temporaries live at once.
+    pub fn check_finite(&self) -> Result<(), LoadError> {
+        const BATCH_BYTES: usize = 256 << 20;
+        let t0 = std::time::Instant::now();
+        let pending = std::mem::take(&mut *self.unchecked.borrow_mut());
+        let total: usize = pending.values().map(Array::nbytes).sum();
+        let mut batch: Vec<(&str, &Array)> = Vec::new();
+        let mut bytes = 0;
+        let mut items = pending.iter().peekable();
+        while let Some((name, a)) = items.next() {
+            batch.push((name, a));
+            bytes += a.nbytes();
+            if bytes >= BATCH_BYTES || items.peek().is_none() {
+                self.check_batch(&batch)?;
+                batch.clear();
+                bytes = 0;
+            }
+        }
+        let seconds = t0.elapsed().as_secs_f64();
+        tracing::debug!("checked {} tensors ({total} bytes) for NaN/Inf in {seconds:.3} s", pending.len());
+        Ok(())
+    }
+
+    fn check_batch(&self, batch: &[(&str, &Array)]) -> Result<(), LoadError> {
+        let err = |name: &str, e: mlx::Error| LoadError::Mlx {
+            context: format!("checking tensor `{name}` for NaN/Inf"),
+            source: e,
+        };
+        let sums = batch
+            .iter()
+            .map(|(name, a)| {
+                let zero = Array::scalar(0.0, a.dtype()).map_err(|e| err(name, e))?;
+                a.multiply(&zero)
+                    .and_then(|z| z.sum(&[], false))
+                    .and_then(|z| z.as_dtype(Dtype::F32))
+                    .map_err(|e| err(name, e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let first = batch.first().map_or("", |(n, _)| n);
+        let all = mlx::stack(&sums.iter().collect::<Vec<_>>(), 0).map_err(|e| err(first, e))?;
+        let values = all.to_vec::<f32>().map_err(|e| err(first, e))?;
+        let Some(i) = values.iter().position(|v| !v.is_finite()) else {
+            return Ok(());
+        };
+        let (name, a) = batch[i];
+        let nan = a.isnan().and_then(|m| m.any(&[], false)).and_then(|m| m.item::<bool>()).unwrap_or(true);
+        let (key, file) = self
+            .origin(name)
+            .map_or((name.to_string(), String::new()), |(k, f)| (k.to_string(), format!("{}: ", f.display())));
+        Err(LoadError::NotFinite {
+            tensor: format!("{file}tensor `{key}`"),
+            what: if nan { "NaN" } else { "an infinity" },
+        })
     }
 
     /// A tensor cast to the load dtype when it is floating.

@@ -130,7 +130,8 @@ impl ImageProcessor {
         if !path.exists() {
             return Ok(ImageProcessor::default());
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| ImageError::Read { path: path.clone(), source: e })?;
+        let text = crate::model::files::read_to_string(&path)
+            .map_err(|e| ImageError::Read { path: path.clone(), source: e })?;
         let v: Value = serde_json::from_str(&text).map_err(|e| ImageError::Config {
             path: path.clone(),
             field: "(file)".into(),

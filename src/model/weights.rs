@@ -244,14 +244,15 @@ pub struct Listing {
 }
 
 /// Lists `model.safetensors`, or the shards listed by `model.safetensors.index.json` (each a plain
-/// file that exists in the folder), or every `*.safetensors` in the folder; plus `mtp.safetensors`
-/// when present. The one listing of a checkpoint's files: the loader, the converter and `inspect`
-/// read the same files.
+/// file name that exists in the folder), or every `*.safetensors` in the folder; plus
+/// `mtp.safetensors` when present. Opening them (`Checkpoint::open`, `source::check_header`)
+/// refuses any that is not a regular file. The one listing of a checkpoint's files: the loader,
+/// the converter and `inspect` read the same files.
 pub fn list_files(dir: &Path) -> Result<Listing, LoadError> {
     let index = dir.join(INDEX);
     let mut weight_map: Vec<(String, String)> = Vec::new();
     let mut files: Vec<PathBuf> = if index.exists() {
-        let text = std::fs::read_to_string(&index).map_err(|e| LoadError::io(&index, e))?;
+        let text = super::files::read_to_string(&index).map_err(|e| LoadError::io(&index, e))?;
         let v: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| LoadError::Json { path: index.clone(), message: e.to_string() })?;
         let map = v
@@ -280,7 +281,9 @@ pub fn list_files(dir: &Path) -> Result<Listing, LoadError> {
         names.sort();
         names.dedup();
         for name in &names {
-            if !dir.join(name).is_file() {
+            // Only absence is reported here; a listed name that is not a regular file (a FIFO, a
+            // device) is refused by `open_shard`, naming what it is.
+            if !dir.join(name).exists() {
                 let example = weight_map.iter().find(|(_, f)| f == name).map(|(t, _)| t.as_str()).unwrap_or("?");
                 let count = weight_map.iter().filter(|(_, f)| f == name).count();
                 return Err(LoadError::MissingShard {
@@ -327,7 +330,8 @@ fn is_body_key(k: &str) -> bool {
 }
 
 fn open_shard(path: &Path) -> Result<Shard, LoadError> {
-    let f = std::fs::File::open(path).map_err(|e| LoadError::io(path, e))?;
+    // A FIFO named like a shard would block the open forever; a device has no end.
+    let f = super::files::open_regular(path).map_err(|e| LoadError::io(path, e))?;
     // SAFETY: the file is mapped read-only; Tandem never writes model files in place (conversion
     // writes a new folder), so the mapping is not modified while it is used.
     let map = unsafe { Mmap::map(&f) }.map_err(|e| LoadError::io(path, e))?;

@@ -116,6 +116,8 @@ pub enum ConvertError {
     Cancelled,
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("cannot write {}: {why}; the partial output was removed", path.display())]
+    NoRoom { path: PathBuf, why: &'static str },
     #[error("{context}: {source}")]
     Mlx { context: String, source: mlx::Error },
     #[error("internal error: {0}")]
@@ -123,7 +125,19 @@ pub enum ConvertError {
 }
 
 impl ConvertError {
+    /// An I/O error on `path`; a write refused for lack of room (a full disk, or the file-size
+    /// limit of `ulimit -f`, which the CLI turns from a killing SIGXFSZ into EFBIG) says so.
     pub(crate) fn io(path: &Path, source: std::io::Error) -> ConvertError {
-        ConvertError::Io { path: path.to_path_buf(), source }
+        let why = match source.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => Some("the disk is full (or the disk quota is used up)"),
+            Some(libc::EFBIG) => {
+                Some("the file would exceed the file-size limit (`ulimit -f`) or the file system's maximum")
+            }
+            _ => None,
+        };
+        match why {
+            Some(why) => ConvertError::NoRoom { path: path.to_path_buf(), why },
+            None => ConvertError::Io { path: path.to_path_buf(), source },
+        }
     }
 }

@@ -112,7 +112,8 @@ pub fn repair_with(
         Computer { src: &source, gate: &gate, on_event, total: plan.units.len(), bytes_total: plan.tensor_bytes() };
     writer::write(&plan, &partial.path, &mut computer)?;
     let on_event = computer.on_event;
-    let config = std::fs::read(src.join("config.json")).map_err(|e| ConvertError::io(&src.join("config.json"), e))?;
+    let config = crate::model::files::read(&src.join("config.json"))
+        .map_err(|e| ConvertError::io(&src.join("config.json"), e))?;
     std::fs::write(partial.path.join("config.json"), config)
         .map_err(|e| ConvertError::io(&partial.path.join("config.json"), e))?;
     copy_side_files(src, &partial.path)?;

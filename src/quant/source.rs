@@ -127,7 +127,7 @@ impl Source {
 /// (a truncated download) or the field that is malformed.
 pub fn check_header(path: &Path) -> Result<(), ConvertError> {
     let bad = |message: String| ConvertError::Source { path: path.to_path_buf(), message };
-    let mut f = std::fs::File::open(path).map_err(|e| ConvertError::io(path, e))?;
+    let mut f = crate::model::files::open_regular(path).map_err(|e| ConvertError::io(path, e))?;
     let len = f.metadata().map_err(|e| ConvertError::io(path, e))?.len();
     let mut n = [0u8; 8];
     f.read_exact(&mut n).map_err(|_| bad(format!("not a safetensors file: only {len} bytes")))?;

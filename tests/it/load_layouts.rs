@@ -142,16 +142,6 @@ fn mtp_run(m: &Qwen35) -> (Vec<u32>, usize, usize) {
     (out.tokens, spec.drafted, spec.accepted)
 }
 
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_file() {
-            std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
-        }
-    }
-}
-
 #[test]
 fn raw_text_only_checkpoints_compute_exactly_like_the_bundled_model() {
     let base = load(&tiny_model_dir());

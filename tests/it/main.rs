@@ -6,6 +6,7 @@ mod convert;
 mod family;
 mod forward_reference;
 mod fuzz;
+mod hostile_folders;
 mod inspect;
 mod kernels;
 mod load_errors;

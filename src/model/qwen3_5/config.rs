@@ -72,6 +72,73 @@ pub struct TextConfig {
     pub max_position_embeddings: Option<i32>,
 }
 
+/// Bounds on the sizes a config may declare, each far beyond any released model (Qwen3.5's largest
+/// has 60 layers, hidden size 4096 and a 248,320-token vocabulary) yet small enough that nothing
+/// sized from them (per-layer tables, caches, shape products in `i32`) can ask for gigabytes or
+/// overflow before the weights' shapes are checked.
+const RANGES: &[(&str, i64, i64)] = &[
+    ("num_hidden_layers", 1, 1024),
+    ("hidden_size", 1, 65_536),
+    ("intermediate_size", 1, 1 << 20),
+    ("vocab_size", 1, 1 << 22),
+    ("num_attention_heads", 1, 1024),
+    ("num_key_value_heads", 1, 1024),
+    ("head_dim", 1, 4096),
+    ("linear_num_key_heads", 1, 1024),
+    ("linear_num_value_heads", 1, 1024),
+    ("linear_key_head_dim", 1, 4096),
+    ("linear_value_head_dim", 1, 4096),
+    ("linear_conv_kernel_dim", 1, 64),
+    ("full_attention_interval", 0, 1024),
+    ("mtp_num_hidden_layers", 0, 16),
+    ("max_position_embeddings", 1, 1 << 24),
+];
+
+impl TextConfig {
+    /// Checks every size against [`RANGES`] and the floats for sense, naming the field and value.
+    fn check_ranges(&self) -> std::result::Result<(), LoadError> {
+        let t = self;
+        let value = |field: &str| -> Option<i64> {
+            Some(match field {
+                "num_hidden_layers" => i64::try_from(t.num_hidden_layers).unwrap_or(i64::MAX),
+                "hidden_size" => t.hidden_size.into(),
+                "intermediate_size" => t.intermediate_size.into(),
+                "vocab_size" => t.vocab_size.into(),
+                "num_attention_heads" => t.num_attention_heads.into(),
+                "num_key_value_heads" => t.num_key_value_heads.into(),
+                "head_dim" => t.head_dim.into(),
+                "linear_num_key_heads" => t.linear_num_key_heads.into(),
+                "linear_num_value_heads" => t.linear_num_value_heads.into(),
+                "linear_key_head_dim" => t.linear_key_head_dim.into(),
+                "linear_value_head_dim" => t.linear_value_head_dim.into(),
+                "linear_conv_kernel_dim" => t.linear_conv_kernel_dim.into(),
+                "full_attention_interval" => i64::try_from(t.full_attention_interval).unwrap_or(i64::MAX),
+                "mtp_num_hidden_layers" => i64::try_from(t.mtp_num_hidden_layers).unwrap_or(i64::MAX),
+                "max_position_embeddings" => t.max_position_embeddings?.into(),
+                _ => return None,
+            })
+        };
+        for &(field, lo, hi) in RANGES {
+            if let Some(v) = value(field).filter(|v| !(lo..=hi).contains(v)) {
+                return Err(LoadError::Config(format!("`{field}` is {v}, outside {lo}..={hi}")));
+            }
+        }
+        let positive = |field: &str, v: Option<f32>| match v {
+            Some(x) if !(x.is_finite() && x > 0.0) => {
+                Err(LoadError::Config(format!("`{field}` is {x}, not a positive number")))
+            }
+            _ => Ok(()),
+        };
+        positive("rms_norm_eps", Some(t.rms_norm_eps))?;
+        positive("rope_theta", t.rope_parameters.as_ref().map(|r| r.rope_theta).or(t.rope_theta))?;
+        let partial = t.rope_parameters.as_ref().map(|r| r.partial_rotary_factor).or(t.partial_rotary_factor);
+        if let Some(p) = partial.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return Err(LoadError::Config(format!("`partial_rotary_factor` is {p}, outside (0, 1]")));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub text: TextConfig,
@@ -91,6 +158,7 @@ impl Config {
     pub fn from_json(v: &serde_json::Value) -> std::result::Result<Config, LoadError> {
         let text_v = v.get("text_config").unwrap_or(v);
         let text: TextConfig = serde_json::from_value(text_v.clone()).map_err(|e| LoadError::Config(e.to_string()))?;
+        text.check_ranges()?;
         let n = text.num_hidden_layers;
         let full_attention = match &text.layer_types {
             Some(types) => {

@@ -76,6 +76,17 @@ pub fn read_ids(path: &Path, name: &str) -> Vec<u32> {
     }
 }
 
+/// Copies the files (not the subfolders) of `src` into `dst`.
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+}
+
 pub fn tiny_model_dir() -> PathBuf {
     repo().join("assets/models/tandem-tiny")
 }
