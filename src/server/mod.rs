@@ -10,6 +10,7 @@ mod admin;
 mod conversations;
 mod convert;
 pub mod error;
+mod listen;
 mod openai;
 mod security;
 mod ui;
@@ -29,6 +30,7 @@ use axum::Router;
 use tokio::sync::watch;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::engine::{Engine, EngineConfig};
 use crate::registry::Registry;
@@ -37,6 +39,13 @@ use error::ApiError;
 pub const DEFAULT_PORT: u16 = 11435;
 /// Request bodies up to this size (images travel inside them as data URLs).
 pub const DEFAULT_MAX_BODY: usize = 32 << 20;
+/// Connections open at once; well below the usual descriptor limits (1,024 on Linux), so that the
+/// process keeps descriptors for models and files however many clients connect.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// How long a connection may take to send a request head, and stay idle between requests.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest pause within a request body.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How to serve.
 #[derive(Debug, Clone)]
@@ -53,6 +62,14 @@ pub struct ServeConfig {
     /// The built web UI (`ui/dist`).
     pub ui_dir: PathBuf,
     pub max_body_bytes: usize,
+    /// Connections served at once; more wait in the kernel's backlog until one closes.
+    pub max_connections: usize,
+    /// The time a connection has to send a complete request head, from when it opens and again
+    /// after each response (so also the keep-alive idle timeout); then it is closed. It does not
+    /// run while a response (an event stream) is being written.
+    pub header_timeout: Duration,
+    /// The longest pause between two parts of a request body; then the request fails.
+    pub body_timeout: Duration,
     /// Browser origins allowed besides the Tauri app's and the server's own (e.g. a UI dev server).
     pub extra_origins: Vec<String>,
     /// Host names accepted besides loopback names and the bound address.
@@ -77,6 +94,9 @@ impl ServeConfig {
             api_key: std::env::var("TANDEM_API_KEY").ok().filter(|k| !k.trim().is_empty()),
             ui_dir: default_ui_dir(),
             max_body_bytes: DEFAULT_MAX_BODY,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
             extra_origins: Vec::new(),
             extra_hosts: Vec::new(),
             image_dirs: std::env::var_os("TANDEM_IMAGE_DIRS")
@@ -272,9 +292,9 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
         started_unix: crate::engine::live::unix_ms() / 1000,
         shutdown: shutdown_rx,
     });
-    let app = router(state.clone());
-    let signal = state.shutdown_signal();
-    let task = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(signal).await });
+    let app = router(state.clone()).layer(RequestBodyTimeoutLayer::new(config.body_timeout));
+    let limits = listen::Limits { max_connections: config.max_connections, header_timeout: config.header_timeout };
+    let task = tokio::spawn(listen::serve(listener, app, limits, state.shutdown.clone()));
     Ok(RunningServer { addr, engine, shutdown: shutdown_tx, task })
 }
 

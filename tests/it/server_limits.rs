@@ -1,0 +1,180 @@
+//! Hostile connections and requests (issue 17): idle and half-open sockets, a connection cap,
+//! event streams that outlive the header timeout, prompts too large to tokenize, blank API keys,
+//! absurd sampling settings and conversion options.
+
+use crate::common;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::common::http::get;
+use tandem::engine::{Engine, EngineConfig};
+use tandem::registry::Registry;
+use tandem::server::{start_with_engine, RunningServer, ServeConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const MODEL: &str = "tiny";
+
+/// models.toml with the bundled model as `tiny`, and an empty models folder.
+struct Setup {
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = common::tempdir();
+        std::fs::create_dir_all(dir.path().join("models")).unwrap();
+        let toml = format!(
+            "models_dir = \"{}\"\ndefault = \"{MODEL}\"\n\n[[model]]\nname = \"{MODEL}\"\npath = \"{}\"\n\
+             sampling = {{ temperature = 0.0, max_tokens = 8 }}\n",
+            dir.path().join("models").display(),
+            common::tiny_model_dir().display()
+        );
+        std::fs::write(dir.path().join("models.toml"), toml).unwrap();
+        Setup { dir }
+    }
+
+    fn registry_path(&self) -> PathBuf {
+        self.dir.path().join("models.toml")
+    }
+
+    fn config(&self) -> ServeConfig {
+        let mut config = ServeConfig::new(self.registry_path());
+        config.port = 0;
+        config.api_key = None;
+        config.ui_dir = self.dir.path().join("ui-dist");
+        config
+    }
+
+    async fn start(&self, config: ServeConfig) -> RunningServer {
+        let registry = Registry::load(&self.registry_path()).unwrap();
+        start_with_engine(config, Engine::new(registry, EngineConfig::default())).await.expect("server starts")
+    }
+}
+
+/// The soft limit on open files of this process (Linux), else a cautious guess.
+fn open_files_limit() -> usize {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|soft| soft.parse().ok())
+        .unwrap_or(256)
+}
+
+/// Reads until the server closes the connection; the time that took, or None if it stays open
+/// for `limit`.
+async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let t0 = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = limit.checked_sub(t0.elapsed())?;
+        match tokio::time::timeout(left, stream.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(t0.elapsed()),
+            Ok(Ok(_)) => {} // a 408 before closing is fine
+        }
+    }
+}
+
+async fn health_within(addr: SocketAddr, limit: Duration) -> bool {
+    tokio::time::timeout(limit, get(addr, "/api/health")).await.is_ok_and(|r| r.status == 200)
+}
+
+/// Hundreds of idle sockets (connected, never a byte sent) leave the server answering, and the
+/// server closes each once the header timeout has passed. Before the fix nothing closed them, and
+/// about 1,020 of them exhausted the descriptors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_closes_idle_and_half_open_connections() {
+    let setup = Setup::new();
+    let mut config = setup.config();
+    config.header_timeout = Duration::from_secs(2);
+    let server = setup.start(config).await;
+    let a = server.addr();
+    // Two descriptors per connection (both ends live in this process), and room for the rest.
+    let n = 300.min(open_files_limit().saturating_sub(200) / 2).max(8);
+    let mut idle = Vec::with_capacity(n);
+    for _ in 0..n {
+        idle.push(TcpStream::connect(a).await.expect("connect"));
+    }
+    assert!(health_within(a, Duration::from_secs(5)).await, "health answers beside {n} idle connections");
+
+    // Half-open: connected, the head started and never finished.
+    let mut partial = TcpStream::connect(a).await.unwrap();
+    partial.write_all(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n").await.unwrap();
+    let t = closed_within(&mut partial, Duration::from_secs(10)).await;
+    assert!(t.is_some_and(|t| t < Duration::from_secs(5)), "a half-sent head is dropped after the timeout: {t:?}");
+    for (i, stream) in idle.iter_mut().enumerate() {
+        assert!(closed_within(stream, Duration::from_secs(10)).await.is_some(), "idle connection #{i} still open");
+    }
+
+    // Keep-alive: after a response, an idle connection is closed after the same timeout.
+    let mut kept = TcpStream::connect(a).await.unwrap();
+    kept.write_all(format!("GET /api/health HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n", a.port()).as_bytes())
+        .await
+        .unwrap();
+    let mut head = vec![0u8; 4096];
+    let got = tokio::time::timeout(Duration::from_secs(5), kept.read(&mut head)).await.unwrap().unwrap();
+    assert!(head[..got].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head[..got]));
+    let t = closed_within(&mut kept, Duration::from_secs(10)).await;
+    assert!(t.is_some_and(|t| t < Duration::from_secs(5)), "an idle keep-alive connection is closed: {t:?}");
+    server.shutdown().await.unwrap();
+}
+
+/// At the cap, a new connection waits (in the backlog) until an idle one is closed by the header
+/// timeout, then is served: the cap holds and the server recovers by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_caps_open_connections() {
+    let setup = Setup::new();
+    let mut config = setup.config();
+    config.max_connections = 8;
+    config.header_timeout = Duration::from_secs(2);
+    let server = setup.start(config).await;
+    let a = server.addr();
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(TcpStream::connect(a).await.unwrap());
+    }
+    // Give the server time to accept them all.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t0 = Instant::now();
+    let waiting = tokio::spawn(async move { get(a, "/api/health").await.status });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "a ninth connection is not served while eight are open");
+    let status = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("served once slots free").unwrap();
+    assert_eq!(status, 200);
+    assert!(t0.elapsed() >= Duration::from_millis(1500), "served only after the idle ones timed out");
+    drop(idle);
+    server.shutdown().await.unwrap();
+}
+
+/// An event stream outlives the header timeout: the timeout bounds waiting for a request, never
+/// a response being written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_streams_outlive_the_header_timeout() {
+    let setup = Setup::new();
+    let mut config = setup.config();
+    config.header_timeout = Duration::from_millis(500);
+    let server = setup.start(config).await;
+    let a = server.addr();
+    let mut stream = TcpStream::connect(a).await.unwrap();
+    let req = format!("GET /api/stats/stream HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n", a.port());
+    stream.write_all(req.as_bytes()).await.unwrap();
+    // Snapshots come at once and then every 2 s: three need over 4 s, eight header timeouts.
+    let mut raw = Vec::new();
+    let t0 = Instant::now();
+    let mut buf = [0u8; 8192];
+    while String::from_utf8_lossy(&raw).matches("data:").count() < 3 {
+        assert!(t0.elapsed() < Duration::from_secs(15), "stream stalled: {}", String::from_utf8_lossy(&raw));
+        let n =
+            tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await.expect("more events").unwrap();
+        assert!(n > 0, "the stream was closed after {:?}", t0.elapsed());
+        raw.extend_from_slice(&buf[..n]);
+    }
+    assert!(t0.elapsed() > Duration::from_secs(3));
+    drop(stream);
+    server.shutdown().await.unwrap();
+}
