@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::common::http::get;
+use crate::common::http::{get, post_json};
+use serde_json::json;
 use tandem::engine::{Engine, EngineConfig};
 use tandem::registry::Registry;
 use tandem::server::{start_with_engine, RunningServer, ServeConfig};
@@ -176,5 +177,26 @@ async fn server_streams_outlive_the_header_timeout() {
     }
     assert!(t0.elapsed() > Duration::from_secs(3));
     drop(stream);
+    server.shutdown().await.unwrap();
+}
+
+/// Text that cannot fit the context is refused before it is tokenized, naming the sizes: the
+/// tiny model's 4,096 tokens of at most 17 bytes hold about 70 KB, and 8 MB used to be tokenized
+/// whole (seconds and gigabytes for 30 MB) before the context check refused it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_refuses_an_oversized_prompt_before_tokenizing() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config()).await;
+    let a = server.addr();
+    let text = "hello world ".repeat(700_000);
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4});
+    let r = post_json(a, "/v1/chat/completions", &body).await;
+    let message = r.error(400, "context_length_exceeded");
+    assert!(message.contains(&format!("{} bytes", text.len())), "names the prompt's size: {message}");
+    assert!(message.contains("4096 tokens") && message.contains("`tiny`"), "names the context: {message}");
+    // A prompt that fits is still answered.
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4});
+    let r = post_json(a, "/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
     server.shutdown().await.unwrap();
 }
