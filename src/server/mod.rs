@@ -35,6 +35,7 @@ use tower_http::timeout::RequestBodyTimeoutLayer;
 use crate::engine::{Engine, EngineConfig};
 use crate::registry::Registry;
 use error::ApiError;
+pub use security::api_key_problem;
 
 pub const DEFAULT_PORT: u16 = 11435;
 /// Request bodies up to this size (images travel inside them as data URLs).
@@ -57,7 +58,8 @@ pub struct ServeConfig {
     /// models.toml.
     pub registry: PathBuf,
     /// Required as `Authorization: Bearer <key>` on /v1 and /api (except /api/health) when set;
-    /// must be set to bind beyond loopback. `ServeConfig::new` reads `TANDEM_API_KEY`.
+    /// must be set to bind beyond loopback. `ServeConfig::new` reads `TANDEM_API_KEY`. A key no
+    /// client could send (blank, see [`api_key_problem`]) is refused when the server starts.
     pub api_key: Option<String>,
     /// The built web UI (`ui/dist`).
     pub ui_dir: PathBuf,
@@ -91,7 +93,8 @@ impl ServeConfig {
             host: "127.0.0.1".into(),
             port: DEFAULT_PORT,
             registry: registry.into(),
-            api_key: std::env::var("TANDEM_API_KEY").ok().filter(|k| !k.trim().is_empty()),
+            // Kept even when blank, so that starting refuses it rather than serving without a key.
+            api_key: std::env::var("TANDEM_API_KEY").ok(),
             ui_dir: default_ui_dir(),
             max_body_bytes: DEFAULT_MAX_BODY,
             max_connections: DEFAULT_MAX_CONNECTIONS,
@@ -268,6 +271,12 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
     } else {
         config.host.parse().with_context(|| format!("--host `{}` is not an IP address", config.host))?
     };
+    if let Some(why) = config.api_key.as_deref().and_then(api_key_problem) {
+        bail!(
+            "the API key (--api-key or TANDEM_API_KEY) {why}, so no client could send it; give a key of \
+             visible characters, or unset it to serve on loopback only"
+        );
+    }
     if !ip.is_loopback() && config.api_key.is_none() {
         bail!(
             "refusing to listen on {ip}: beyond this machine the API needs a key; set TANDEM_API_KEY \

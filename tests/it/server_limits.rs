@@ -49,9 +49,12 @@ impl Setup {
         config
     }
 
+    fn engine(&self) -> Engine {
+        Engine::new(Registry::load(&self.registry_path()).unwrap(), EngineConfig::default())
+    }
+
     async fn start(&self, config: ServeConfig) -> RunningServer {
-        let registry = Registry::load(&self.registry_path()).unwrap();
-        start_with_engine(config, Engine::new(registry, EngineConfig::default())).await.expect("server starts")
+        start_with_engine(config, self.engine()).await.expect("server starts")
     }
 }
 
@@ -199,4 +202,58 @@ async fn server_refuses_an_oversized_prompt_before_tokenizing() {
     let r = post_json(a, "/v1/chat/completions", &body).await;
     assert_eq!(r.status, 200, "{}", r.text());
     server.shutdown().await.unwrap();
+}
+
+/// `tandem serve` with `env`, given 30 s to fail; its exit status and stderr (None while it
+/// still serves, which is then stopped).
+fn serve_cli(setup: &Setup, args: &[&str], env: &[(&str, &str)]) -> Option<(std::process::ExitStatus, String)> {
+    use std::io::Read;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tandem"))
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .env("TANDEM_CONFIG", setup.registry_path())
+        .env_remove("TANDEM_API_KEY")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start tandem serve");
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(30) {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            return Some((status, err));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// A blank API key (or one a header cannot carry) used to let the server bind beyond loopback
+/// with a key no client can send; it is refused, from the library's config, `--api-key` and
+/// `TANDEM_API_KEY` alike, with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_refuses_api_keys_nobody_can_send() {
+    let setup = Setup::new();
+    for (host, key, why) in [
+        ("0.0.0.0", "", "empty"),
+        ("0.0.0.0", "   ", "empty"),
+        ("127.0.0.1", " ", "empty"),
+        ("0.0.0.0", " s3cret", "starts or ends with a space"),
+        ("0.0.0.0", "cl\u{e9}", "visible ASCII"),
+    ] {
+        let mut config = setup.config();
+        config.host = host.into();
+        config.api_key = Some(key.into());
+        let err = start_with_engine(config, setup.engine()).await.err().map(|e| e.to_string());
+        let err = err.unwrap_or_else(|| panic!("key {key:?} on {host} was accepted"));
+        assert!(err.contains("API key") && err.contains(why), "{key:?}: {err}");
+    }
+    let (status, err) = serve_cli(&setup, &["--host", "0.0.0.0", "--api-key", ""], &[]).expect("refused");
+    assert!(!status.success() && err.contains("--api-key is empty"), "{status}: {err}");
+    let (status, err) = serve_cli(&setup, &["--host", "0.0.0.0"], &[("TANDEM_API_KEY", " ")]).expect("refused");
+    assert!(!status.success() && err.contains("TANDEM_API_KEY") && err.contains("empty"), "{status}: {err}");
 }
