@@ -82,11 +82,21 @@ pub struct SettingError {
     pub expected: &'static str,
 }
 
-/// The first failed check of (field, value, ok, expected).
-fn first_failed<const N: usize>(checks: [(&'static str, f64, bool, &'static str); N]) -> Result<(), SettingError> {
-    match checks.into_iter().find(|(_, _, ok, _)| !ok) {
-        Some((field, value, _, expected)) => Err(SettingError { field, value: (value as f32).to_string(), expected }),
-        None => Ok(()),
+/// `Err` naming the field, the value and the range unless `ok`.
+fn in_range(field: &'static str, value: f32, ok: bool, expected: &'static str) -> Result<(), SettingError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(SettingError { field, value: show(value), expected })
+    }
+}
+
+/// A float as a person reads it: `1.5`, `0`, `1e-45` (not 45 zeros), `NaN`.
+fn show(value: f32) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e9 {
+        format!("{value}")
+    } else {
+        format!("{value:?}")
     }
 }
 
@@ -108,26 +118,36 @@ impl MtpSettings {
     }
 }
 
+/// The ranges of the sampling settings: wide enough for any real use, narrow enough that no value
+/// turns the logits into infinities (a repetition penalty of 1e-45 divides them by almost zero).
 impl SamplingSettings {
+    pub fn check_temperature(v: f32) -> Result<(), SettingError> {
+        in_range("sampling.temperature", v, (0.0..=10.0).contains(&v), "in [0, 10]")
+    }
+    pub fn check_top_p(v: f32) -> Result<(), SettingError> {
+        in_range("sampling.top_p", v, v > 0.0 && v <= 1.0, "in (0, 1]")
+    }
+    pub fn check_min_p(v: f32) -> Result<(), SettingError> {
+        in_range("sampling.min_p", v, (0.0..=1.0).contains(&v), "in [0, 1]")
+    }
+    pub fn check_repetition_penalty(v: f32) -> Result<(), SettingError> {
+        in_range("sampling.repetition_penalty", v, (0.1..=10.0).contains(&v), "in [0.1, 10]")
+    }
+    pub fn check_max_tokens(v: u32) -> Result<(), SettingError> {
+        if v >= 1 {
+            Ok(())
+        } else {
+            Err(SettingError { field: "sampling.max_tokens", value: v.to_string(), expected: "1 or more" })
+        }
+    }
+
+    /// Every setting in its range; the first that is not is the error.
     pub fn check(&self) -> Result<(), SettingError> {
-        let s = self;
-        first_failed([
-            (
-                "sampling.temperature",
-                s.temperature.into(),
-                s.temperature >= 0.0 && s.temperature.is_finite(),
-                "0 or more",
-            ),
-            ("sampling.top_p", s.top_p.into(), s.top_p > 0.0 && s.top_p <= 1.0, "in (0, 1]"),
-            ("sampling.min_p", s.min_p.into(), (0.0..=1.0).contains(&s.min_p), "in [0, 1]"),
-            (
-                "sampling.repetition_penalty",
-                s.repetition_penalty.into(),
-                s.repetition_penalty > 0.0 && s.repetition_penalty.is_finite(),
-                "more than 0",
-            ),
-            ("sampling.max_tokens", s.max_tokens.into(), s.max_tokens >= 1, "1 or more"),
-        ])
+        Self::check_temperature(self.temperature)?;
+        Self::check_top_p(self.top_p)?;
+        Self::check_min_p(self.min_p)?;
+        Self::check_repetition_penalty(self.repetition_penalty)?;
+        Self::check_max_tokens(self.max_tokens)
     }
 }
 
@@ -213,10 +233,13 @@ impl SettingsPatch {
     /// The patch's values that have ranges, checked alone (the whole entry is checked again once
     /// the patch is applied).
     pub fn check(&self) -> Result<(), SettingError> {
-        if let Some(depth) = self.mtp.depth {
-            MtpSettings::check_depth(depth)?;
-        }
-        Ok(())
+        let s = &self.sampling;
+        self.mtp.depth.map_or(Ok(()), MtpSettings::check_depth)?;
+        s.temperature.map_or(Ok(()), SamplingSettings::check_temperature)?;
+        s.top_p.map_or(Ok(()), SamplingSettings::check_top_p)?;
+        s.min_p.map_or(Ok(()), SamplingSettings::check_min_p)?;
+        s.repetition_penalty.map_or(Ok(()), SamplingSettings::check_repetition_penalty)?;
+        s.max_tokens.map_or(Ok(()), SamplingSettings::check_max_tokens)
     }
 
     /// The patch as (table, key, value) edits of a `[[model]]` entry.

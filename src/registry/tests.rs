@@ -328,3 +328,39 @@ fn settings_patch_reads_json_and_rejects_unknown_keys() {
     let error = serde_json::from_str::<SettingsPatch>(r#"{"sampling": {"temprature": 0.3}}"#).unwrap_err().to_string();
     assert!(error.starts_with("unknown field `temprature`"), "{error}");
 }
+
+#[test]
+fn sampling_settings_have_sane_ranges() {
+    let ok = SamplingSettings::default();
+    ok.check().unwrap();
+    let cases = [
+        (
+            SamplingSettings { repetition_penalty: 1e-45, ..ok },
+            "sampling.repetition_penalty = 1e-45: must be in [0.1, 10]",
+        ),
+        (SamplingSettings { repetition_penalty: 1e9, ..ok }, "sampling.repetition_penalty = 1e9: must be in [0.1, 10]"),
+        (SamplingSettings { temperature: 1e30, ..ok }, "sampling.temperature = 1e30: must be in [0, 10]"),
+        (SamplingSettings { temperature: f32::NAN, ..ok }, "sampling.temperature = NaN: must be in [0, 10]"),
+        (SamplingSettings { top_p: 0.0, ..ok }, "sampling.top_p = 0: must be in (0, 1]"),
+        (SamplingSettings { min_p: -0.1, ..ok }, "sampling.min_p = -0.1: must be in [0, 1]"),
+        (SamplingSettings { max_tokens: 0, ..ok }, "sampling.max_tokens = 0: must be 1 or more"),
+    ];
+    for (settings, expected) in cases {
+        assert_eq!(settings.check().unwrap_err().to_string(), expected);
+    }
+    // The ends of each range are in it.
+    SamplingSettings { temperature: 0.0, top_p: 1.0, min_p: 1.0, repetition_penalty: 0.1, ..ok }.check().unwrap();
+    SamplingSettings { temperature: 10.0, min_p: 0.0, repetition_penalty: 10.0, ..ok }.check().unwrap();
+
+    // A patch is checked alone with the same ranges, and update_settings writes nothing.
+    let patch = SettingsPatch {
+        sampling: SamplingPatch { repetition_penalty: Some(1e-45), ..Default::default() },
+        ..Default::default()
+    };
+    assert_eq!(patch.check().unwrap_err().to_string(), "sampling.repetition_penalty = 1e-45: must be in [0.1, 10]");
+    let (_dir, path) = registry_file(MODELS);
+    let mut registry = Registry::load(&path).unwrap();
+    let error = registry.update_settings("a", &patch).unwrap_err().to_string();
+    assert!(error.ends_with("model `a`: sampling.repetition_penalty = 1e-45: must be in [0.1, 10]"), "{error}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), MODELS);
+}

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::common::http::{get, post_json};
+use crate::common::http::{get, post_json, send};
 use serde_json::json;
 use tandem::engine::{Engine, EngineConfig};
 use tandem::registry::Registry;
@@ -256,4 +256,28 @@ async fn server_refuses_api_keys_nobody_can_send() {
     assert!(!status.success() && err.contains("--api-key is empty"), "{status}: {err}");
     let (status, err) = serve_cli(&setup, &["--host", "0.0.0.0"], &[("TANDEM_API_KEY", " ")]).expect("refused");
     assert!(!status.success() && err.contains("TANDEM_API_KEY") && err.contains("empty"), "{status}: {err}");
+}
+
+/// PATCH used to accept `repetition_penalty` 1e-45 (logits divided by almost zero); settings and
+/// a request's own values are held to the same ranges, and the error names the field and value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_refuses_sampling_values_out_of_range() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config()).await;
+    let a = server.addr();
+    let json_ct = "Content-Type: application/json";
+    let before = std::fs::read_to_string(setup.registry_path()).unwrap();
+    for (body, expected) in [
+        (r#"{"sampling": {"repetition_penalty": 1e-45}}"#, "sampling.repetition_penalty = 1e-45: must be in [0.1, 10]"),
+        (r#"{"sampling": {"temperature": 1e30}}"#, "sampling.temperature = 1e30: must be in [0, 10]"),
+    ] {
+        let r = send(a, "PATCH", &format!("/api/models/{MODEL}/settings"), &[json_ct], body.as_bytes()).await;
+        let message = r.error(400, "invalid_value");
+        assert!(message.contains(expected), "{body}: {message}");
+    }
+    assert_eq!(std::fs::read_to_string(setup.registry_path()).unwrap(), before, "nothing written");
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 1e-45});
+    let message = post_json(a, "/v1/chat/completions", &body).await.error(400, "invalid_value");
+    assert!(message.contains("repetition_penalty = 1e-45"), "{message}");
+    server.shutdown().await.unwrap();
 }
