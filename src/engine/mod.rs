@@ -87,6 +87,8 @@ pub enum EngineError {
     /// tokens than the context holds.
     #[error("the prompt is {bytes} bytes of text, more than model `{model}` can read: its context of {context} tokens holds at most {limit} bytes (its longest token is {token_bytes} bytes)")]
     PromptTooLarge { model: String, bytes: usize, limit: usize, context: usize, token_bytes: usize },
+    #[error("too many conversions: {limit} (the most at once) are already queued or running; wait for one to end or cancel one")]
+    ConversionsBusy { limit: usize },
     #[error("model `{0}` was unloaded before the request finished")]
     Unloaded(String),
     #[error("registry")]
@@ -145,6 +147,9 @@ pub struct EngineConfig {
     pub images: ImageLimits,
     /// Overrides every model's `mtp.adaptive` (`tandem serve --adaptive on|off`).
     pub adaptive: Option<bool>,
+    /// Conversion jobs queued or running at once; one more is refused with
+    /// [`EngineError::ConversionsBusy`].
+    pub max_conversions: usize,
 }
 
 impl Default for EngineConfig {
@@ -155,6 +160,7 @@ impl Default for EngineConfig {
             load_options: LoadOptions::default(),
             images: ImageLimits::default(),
             adaptive: None,
+            max_conversions: jobs::DEFAULT_MAX_CONVERSIONS,
         }
     }
 }
@@ -406,6 +412,7 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(registry: Registry, config: EngineConfig) -> Engine {
+        let jobs = Jobs::new(config.max_conversions);
         Engine {
             inner: Arc::new(Inner {
                 config,
@@ -416,7 +423,7 @@ impl Engine {
                 load_lock: Mutex::new(()),
                 next_id: AtomicU64::new(1),
                 live: live::Live::new(),
-                jobs: Jobs::default(),
+                jobs,
             }),
         }
     }
@@ -696,7 +703,7 @@ impl Engine {
         dst: PathBuf,
         mut options: crate::quant::ConvertOptions,
         pause: Option<std::time::Duration>,
-    ) -> JobView {
+    ) -> Result<JobView> {
         options.gate = self.compute_gate();
         let engine = self.clone_weak();
         self.inner.jobs.start(src, dst, options, pause, move || {

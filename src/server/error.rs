@@ -92,6 +92,9 @@ impl From<EngineError> for ApiError {
             EngineError::ContextLength { .. } | EngineError::PromptTooLarge { .. } => {
                 ApiError::bad_request("context_length_exceeded", message)
             }
+            EngineError::ConversionsBusy { .. } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "too_many_conversions", message)
+            }
             EngineError::Unloaded(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_unloaded", message)
             }

@@ -281,3 +281,46 @@ async fn server_refuses_sampling_values_out_of_range() {
     assert!(message.contains("repetition_penalty = 1e-45"), "{message}");
     server.shutdown().await.unwrap();
 }
+
+/// Invalid conversion options used to get 202 and fail inside the job; they are refused with 400
+/// naming the option, before any job exists. Jobs beyond the cap (one here) get 429 until one ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_checks_conversions_before_accepting_them() {
+    let setup = Setup::new();
+    let mut config = setup.config();
+    config.convert_pause = Some(Duration::from_millis(100));
+    let registry = Registry::load(&setup.registry_path()).unwrap();
+    let engine = Engine::new(registry, EngineConfig { max_conversions: 1, ..EngineConfig::default() });
+    let server = start_with_engine(config, engine).await.expect("server starts");
+    let a = server.addr();
+    for (body, option) in [
+        (json!({"src": MODEL, "dst": "b7", "bits": 7}), "bits"),
+        (json!({"src": MODEL, "dst": "g48", "bits": 4, "group_size": 48}), "group_size"),
+        (json!({"src": MODEL, "dst": "t", "bits": 4, "target_bpw": 3.5}), "target_bpw"),
+        (json!({"src": MODEL, "dst": "s0", "bits": 4, "shard_bytes": 0}), "shard_bytes"),
+    ] {
+        let message = post_json(a, "/api/convert", &body).await.error(400, "invalid_value");
+        assert!(message.contains(&format!("invalid option {option}")), "{body}: {message}");
+    }
+    let jobs = get(a, "/api/convert").await.json();
+    assert_eq!(jobs["jobs"].as_array().map(Vec::len), Some(0), "no job was made: {jobs}");
+
+    let start = |dst: &str| post_json(a, "/api/convert", &json!({"src": MODEL, "dst": dst, "bits": 4}));
+    let r = start("slow").await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let job = r.json()["job"].as_str().unwrap().to_owned();
+    let message = start("second").await.error(429, "too_many_conversions");
+    assert!(message.contains("1 (the most at once)"), "{message}");
+    assert_eq!(send(a, "DELETE", &format!("/api/convert/{job}"), &[], b"").await.status / 100, 2);
+    let end = tokio::time::timeout(Duration::from_secs(120), get(a, &format!("/api/convert/{job}/events")))
+        .await
+        .expect("the cancelled job ends");
+    assert!(end.events().last().is_some_and(|e| e.contains("cancelled") || e.contains("finished")));
+    // A slot is free again.
+    let r = start("third").await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let job = r.json()["job"].as_str().unwrap().to_owned();
+    send(a, "DELETE", &format!("/api/convert/{job}"), &[], b"").await;
+    let _ = tokio::time::timeout(Duration::from_secs(120), get(a, &format!("/api/convert/{job}/events"))).await;
+    server.shutdown().await.unwrap();
+}
