@@ -301,15 +301,18 @@ fn bad_files_are_named() {
             (format!("{model}mtp = {{ depth = \"3\" }}\n"), "models.toml:4: model[0].mtp.depth: invalid type: string \"3\", expected u32"),
             (format!("{model}mtp = {{ depth = -1 }}\n"), "models.toml:4: model[0].mtp.depth: invalid value: integer `-1`, expected u32"),
             (format!("{model}sampling = {{ temperature = \"hot\" }}\n"), "models.toml:4: model[0].sampling.temperature: invalid type: string \"hot\", expected f32"),
-            (format!("{model}mtp = {{ depth = 0 }}\n"), "models.toml: model `a`: mtp.depth = 0: must be in 1..=8"),
-            (format!("{model}mtp = {{ depth = 9 }}\n"), "models.toml: model `a`: mtp.depth = 9: must be in 1..=8"),
-            (format!("{model}sampling = {{ top_p = 1.5 }}\n"), "models.toml: model `a`: sampling.top_p = 1.5: must be in (0, 1]"),
-            (format!("{model}sampling = {{ temperature = -0.5 }}\n"), "models.toml: model `a`: sampling.temperature = -0.5: must be 0 or more"),
-            (format!("{model}sampling = {{ max_tokens = 0 }}\n"), "models.toml: model `a`: sampling.max_tokens = 0: must be 1 or more"),
-            (format!("{model}{model}"), "models.toml: model `a` is defined twice"),
-            (format!("default = \"b\"\nmodels_dir = \"none\"\n{model}"), "models.toml: default = \"b\" names no model (known: a)"),
+            (format!("{model}mtp = {{ depth = 0 }}\n"), "models.toml:4: model `a`: mtp.depth = 0: must be in 1..=8"),
+            (format!("{model}mtp = {{ depth = 9 }}\n"), "models.toml:4: model `a`: mtp.depth = 9: must be in 1..=8"),
+            (format!("{model}sampling = {{ top_p = 1.5 }}\n"), "models.toml:4: model `a`: sampling.top_p = 1.5: must be in (0, 1]"),
+            (format!("{model}sampling = {{ temperature = -0.5 }}\n"), "models.toml:4: model `a`: sampling.temperature = -0.5: must be in [0, 10]"),
+            (format!("{model}sampling = {{ max_tokens = 0 }}\n"), "models.toml:4: model `a`: sampling.max_tokens = 0: must be 1 or more"),
+            (format!("{model}{model}"), "models.toml:5: model `a` is defined twice (first at line 2)"),
+            (format!("default = \"b\"\nmodels_dir = \"none\"\n{model}"), "models.toml:1: default = \"b\" names no model (known: a)"),
             ("[[model]]\nname = \"a\"\n".to_owned(), "models.toml:1: model[0]: missing field `path`"),
-            ("[[model]]\nname = \"\"\npath = \"a\"\n".to_owned(), "models.toml: model ``: the name is empty"),
+            (format!("{model}\n[model.sampling]\nrepetition_penalty = 0.0\n"), "models.toml:6: model `a`: sampling.repetition_penalty = 0: must be in [0.1, 10]"),
+            (format!("{model}{model}[[model]]\nname = \"b\"\npath = \"b\"\nsampling = {{ top_p = 2.0 }}\n"), "models.toml:5: model `a` is defined twice (first at line 2)"),
+            (format!("[[model]]\nname = \"x\"\npath = \"x\"\n{model}[[model]]\nname = \"b\"\npath = \"b\"\nsampling = {{ top_p = 2.0 }}\n"), "models.toml:10: model `b`: sampling.top_p = 2: must be in (0, 1]"),
+            ("[[model]]\nname = \"\"\npath = \"a\"\n".to_owned(), "models.toml:2: model ``: the name is empty"),
             ("model = 3\n".to_owned(), "models.toml:1: model: invalid type: integer `3`, expected a sequence"),
             ("default = \n".to_owned(), "models.toml:1: string values must be quoted, expected literal string"),
         ];
@@ -363,4 +366,30 @@ fn sampling_settings_have_sane_ranges() {
     let error = registry.update_settings("a", &patch).unwrap_err().to_string();
     assert!(error.ends_with("model `a`: sampling.repetition_penalty = 1e-45: must be in [0.1, 10]"), "{error}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), MODELS);
+}
+
+#[test]
+fn model_paths_are_checked_naming_the_line() {
+    let text = "[[model]]\nname = \"a\"\npath = \"a\"\n\n[[model]]\nname = \"b\"\npath = \"b\"\n";
+    let (dir, path) = registry_file(text);
+    // Loading does not look at the folders (the CLI and tests name folders made later); a server
+    // checks them when it starts.
+    let registry = Registry::load(&path).unwrap();
+    let error = registry.check_model_paths().unwrap_err().to_string();
+    assert_eq!(error, format!("{}:3: model `a`: {} does not exist", path.display(), dir.path().join("a").display()));
+    make_model_folder(&dir.path().join("a"), true);
+    make_model_folder(&dir.path().join("b"), false);
+    let error = registry.check_model_paths().unwrap_err().to_string();
+    let b = dir.path().join("b");
+    let expected = "is not a model folder (it needs config.json and *.safetensors)";
+    assert_eq!(error, format!("{}:7: model `b`: {} {expected}", path.display(), b.display()));
+    make_model_folder(&b, true);
+    registry.check_model_paths().unwrap();
+}
+
+#[test]
+fn os_errors_are_printed_once() {
+    // Printed as the binaries print errors, with their causes.
+    let error = anyhow::Error::from(Registry::load(Path::new("/nonexistent/models.toml")).unwrap_err());
+    assert_eq!(format!("{error:#}"), "/nonexistent/models.toml: No such file or directory (os error 2)");
 }

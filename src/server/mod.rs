@@ -258,8 +258,9 @@ async fn stop_signal() {
 
 /// Loads models.toml, makes an engine and starts serving; returns once listening.
 pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
-    let registry =
-        Registry::load(&config.registry).with_context(|| format!("cannot load {}", config.registry.display()))?;
+    // The registry's errors name the file (and line) themselves.
+    let registry = Registry::load(&config.registry).context("cannot load the models registry")?;
+    registry.check_model_paths().context("a model in the registry cannot be served")?;
     let engine = Engine::new(registry, config.engine.clone());
     start_with_engine(config, engine).await
 }

@@ -324,3 +324,19 @@ async fn server_checks_conversions_before_accepting_them() {
     let _ = tokio::time::timeout(Duration::from_secs(120), get(a, &format!("/api/convert/{job}/events"))).await;
     server.shutdown().await.unwrap();
 }
+
+/// A model whose folder is missing used to pass startup and fail its first load with a 500; the
+/// server now refuses to start, naming models.toml's line and the folder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_start_names_a_missing_model_folder() {
+    let dir = common::tempdir();
+    let toml = dir.path().join("models.toml");
+    std::fs::write(&toml, "models_dir = \"models\"\n\n[[model]]\nname = \"gone\"\npath = \"gone\"\n").unwrap();
+    let mut config = ServeConfig::new(&toml);
+    config.port = 0;
+    config.api_key = None;
+    let error = tandem::server::start(config).await.err().expect("refused");
+    let chain = format!("{error:#}");
+    let expected = format!("{}:5: model `gone`: {} does not exist", toml.display(), dir.path().join("gone").display());
+    assert!(chain.contains(&expected), "{chain}");
+}
