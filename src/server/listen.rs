@@ -35,14 +35,14 @@ pub(crate) async fn serve(
     loop {
         // At the cap, new connections wait in the kernel's backlog instead of costing descriptors.
         let slot = tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
+            _ = stopped(&mut stop) => break,
             slot = slots.clone().acquire_owned() => match slot {
                 Ok(slot) => slot,
                 Err(_) => break,
             },
         };
         let stream = tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
+            _ = stopped(&mut stop) => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
@@ -76,7 +76,7 @@ async fn connection(
     let mut conn = std::pin::pin!(conn);
     let result = tokio::select! {
         result = conn.as_mut() => result,
-        _ = stop.wait_for(|s| *s) => {
+        _ = stopped(&mut stop) => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
@@ -85,4 +85,10 @@ async fn connection(
     if let Err(e) = result {
         tracing::debug!("connection ended: {e}");
     }
+}
+
+/// Resolves once the server is stopping (the watch's guard is dropped inside, so that the caller
+/// stays `Send` while it goes on awaiting).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
 }

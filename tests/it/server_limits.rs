@@ -305,7 +305,10 @@ async fn server_checks_conversions_before_accepting_them() {
     let jobs = get(a, "/api/convert").await.json();
     assert_eq!(jobs["jobs"].as_array().map(Vec::len), Some(0), "no job was made: {jobs}");
 
-    let start = |dst: &str| post_json(a, "/api/convert", &json!({"src": MODEL, "dst": dst, "bits": 4}));
+    let start = |dst: &str| {
+        let body = json!({"src": MODEL, "dst": dst, "bits": 4});
+        async move { post_json(a, "/api/convert", &body).await }
+    };
     let r = start("slow").await;
     assert_eq!(r.status, 202, "{}", r.text());
     let job = r.json()["job"].as_str().unwrap().to_owned();
