@@ -114,7 +114,7 @@ fn in_range(field: &'static str, value: f32, ok: bool, expected: &'static str) -
 
 /// A float as a person reads it: `1.5`, `0`, `1e-45` (not 45 zeros), `NaN`.
 fn show(value: f32) -> String {
-    if value.fract() == 0.0 && value.abs() < 1e9 {
+    if value.fract() == 0.0 && value.abs() < 1e16 {
         format!("{value}")
     } else {
         format!("{value:?}")

@@ -341,7 +341,10 @@ fn sampling_settings_have_sane_ranges() {
             SamplingSettings { repetition_penalty: 1e-45, ..ok },
             "sampling.repetition_penalty = 1e-45: must be in [0.1, 10]",
         ),
-        (SamplingSettings { repetition_penalty: 1e9, ..ok }, "sampling.repetition_penalty = 1e9: must be in [0.1, 10]"),
+        (
+            SamplingSettings { repetition_penalty: 1e9, ..ok },
+            "sampling.repetition_penalty = 1000000000: must be in [0.1, 10]",
+        ),
         (SamplingSettings { temperature: 1e30, ..ok }, "sampling.temperature = 1e30: must be in [0, 10]"),
         (SamplingSettings { temperature: f32::NAN, ..ok }, "sampling.temperature = NaN: must be in [0, 10]"),
         (SamplingSettings { top_p: 0.0, ..ok }, "sampling.top_p = 0: must be in (0, 1]"),
