@@ -28,27 +28,48 @@ pub const DEFAULT_CONVERSATIONS_DIR: &str = "conversations";
 
 pub use crate::generate::MTP_DEPTHS;
 
+/// A place in models.toml: `path:line`, or the path alone where no line applies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Place {
+    pub path: PathBuf,
+    pub line: Option<usize>,
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{line}", self.path.display()),
+            None => write!(f, "{}", self.path.display()),
+        }
+    }
+}
+
+// The OS errors are part of the messages and deliberately not `source`s: callers print the chain
+// (`{e:#}`), which would repeat them.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: io::Error },
-    #[error("cannot write {}: {source}", path.display())]
-    Write { path: PathBuf, source: io::Error },
+    #[error("{}: {error}", path.display())]
+    Io { path: PathBuf, error: io::Error },
+    #[error("cannot write {}: {error}", path.display())]
+    Write { path: PathBuf, error: io::Error },
     /// TOML syntax, an unknown key or a value of the wrong type; `message` names the line and key.
     #[error("{}:{message}", path.display())]
     Parse { path: PathBuf, message: String },
-    #[error("{}: model `{model}`: {field} = {value}: must be {expected}", path.display())]
-    OutOfRange { path: PathBuf, model: String, field: &'static str, value: String, expected: &'static str },
-    #[error("{}: model `{name}`: {message}", path.display())]
-    InvalidModel { path: PathBuf, name: String, message: String },
-    #[error("{}: model `{name}` is defined twice", path.display())]
-    DuplicateName { path: PathBuf, name: String },
-    #[error("{}: default = \"{name}\" names no model (known: {})", path.display(), known.join(", "))]
-    UnknownDefault { path: PathBuf, name: String, known: Vec<String> },
+    #[error("{at}: model `{model}`: {field} = {value}: must be {expected}")]
+    OutOfRange { at: Place, model: String, field: &'static str, value: String, expected: &'static str },
+    #[error("{at}: model `{name}`: {message}")]
+    InvalidModel { at: Place, name: String, message: String },
+    #[error("{at}: model `{name}` is defined twice{}", first_line.map(|l| format!(" (first at line {l})")).unwrap_or_default())]
+    DuplicateName { at: Place, name: String, first_line: Option<usize> },
+    #[error("{at}: default = \"{name}\" names no model (known: {})", known.join(", "))]
+    UnknownDefault { at: Place, name: String, known: Vec<String> },
     #[error("no model named `{name}` and no model folder at that path (known: {})", known.join(", "))]
     UnknownModel { name: String, known: Vec<String> },
     #[error("{}: not a model folder (it needs config.json and *.safetensors)", path.display())]
     NotAModelFolder { path: PathBuf },
+    /// A configured model whose folder is missing or holds no model (`problem` says which).
+    #[error("{at}: model `{name}`: {} {problem}", path.display())]
+    ModelPath { at: Place, name: String, path: PathBuf, problem: &'static str },
     #[error("{}: no model configured and none found in {}", path.display(), models_dir.display())]
     NoModels { path: PathBuf, models_dir: PathBuf },
 }
@@ -82,11 +103,21 @@ pub struct SettingError {
     pub expected: &'static str,
 }
 
-/// The first failed check of (field, value, ok, expected).
-fn first_failed<const N: usize>(checks: [(&'static str, f64, bool, &'static str); N]) -> Result<(), SettingError> {
-    match checks.into_iter().find(|(_, _, ok, _)| !ok) {
-        Some((field, value, _, expected)) => Err(SettingError { field, value: (value as f32).to_string(), expected }),
-        None => Ok(()),
+/// `Err` naming the field, the value and the range unless `ok`.
+fn in_range(field: &'static str, value: f32, ok: bool, expected: &'static str) -> Result<(), SettingError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(SettingError { field, value: show(value), expected })
+    }
+}
+
+/// A float as a person reads it: `1.5`, `0`, `1e-45` (not 45 zeros), `NaN`.
+fn show(value: f32) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e16 {
+        format!("{value}")
+    } else {
+        format!("{value:?}")
     }
 }
 
@@ -108,26 +139,36 @@ impl MtpSettings {
     }
 }
 
+/// The ranges of the sampling settings: wide enough for any real use, narrow enough that no value
+/// turns the logits into infinities (a repetition penalty of 1e-45 divides them by almost zero).
 impl SamplingSettings {
+    pub fn check_temperature(v: f32) -> Result<(), SettingError> {
+        in_range("sampling.temperature", v, (0.0..=10.0).contains(&v), "in [0, 10]")
+    }
+    pub fn check_top_p(v: f32) -> Result<(), SettingError> {
+        in_range("sampling.top_p", v, v > 0.0 && v <= 1.0, "in (0, 1]")
+    }
+    pub fn check_min_p(v: f32) -> Result<(), SettingError> {
+        in_range("sampling.min_p", v, (0.0..=1.0).contains(&v), "in [0, 1]")
+    }
+    pub fn check_repetition_penalty(v: f32) -> Result<(), SettingError> {
+        in_range("sampling.repetition_penalty", v, (0.1..=10.0).contains(&v), "in [0.1, 10]")
+    }
+    pub fn check_max_tokens(v: u32) -> Result<(), SettingError> {
+        if v >= 1 {
+            Ok(())
+        } else {
+            Err(SettingError { field: "sampling.max_tokens", value: v.to_string(), expected: "1 or more" })
+        }
+    }
+
+    /// Every setting in its range; the first that is not is the error.
     pub fn check(&self) -> Result<(), SettingError> {
-        let s = self;
-        first_failed([
-            (
-                "sampling.temperature",
-                s.temperature.into(),
-                s.temperature >= 0.0 && s.temperature.is_finite(),
-                "0 or more",
-            ),
-            ("sampling.top_p", s.top_p.into(), s.top_p > 0.0 && s.top_p <= 1.0, "in (0, 1]"),
-            ("sampling.min_p", s.min_p.into(), (0.0..=1.0).contains(&s.min_p), "in [0, 1]"),
-            (
-                "sampling.repetition_penalty",
-                s.repetition_penalty.into(),
-                s.repetition_penalty > 0.0 && s.repetition_penalty.is_finite(),
-                "more than 0",
-            ),
-            ("sampling.max_tokens", s.max_tokens.into(), s.max_tokens >= 1, "1 or more"),
-        ])
+        Self::check_temperature(self.temperature)?;
+        Self::check_top_p(self.top_p)?;
+        Self::check_min_p(self.min_p)?;
+        Self::check_repetition_penalty(self.repetition_penalty)?;
+        Self::check_max_tokens(self.max_tokens)
     }
 }
 
@@ -213,10 +254,13 @@ impl SettingsPatch {
     /// The patch's values that have ranges, checked alone (the whole entry is checked again once
     /// the patch is applied).
     pub fn check(&self) -> Result<(), SettingError> {
-        if let Some(depth) = self.mtp.depth {
-            MtpSettings::check_depth(depth)?;
-        }
-        Ok(())
+        let s = &self.sampling;
+        self.mtp.depth.map_or(Ok(()), MtpSettings::check_depth)?;
+        s.temperature.map_or(Ok(()), SamplingSettings::check_temperature)?;
+        s.top_p.map_or(Ok(()), SamplingSettings::check_top_p)?;
+        s.min_p.map_or(Ok(()), SamplingSettings::check_min_p)?;
+        s.repetition_penalty.map_or(Ok(()), SamplingSettings::check_repetition_penalty)?;
+        s.max_tokens.map_or(Ok(()), SamplingSettings::check_max_tokens)
     }
 
     /// The patch as (table, key, value) edits of a `[[model]]` entry.
@@ -277,12 +321,13 @@ pub struct Registry {
     conversations_dir: PathBuf,
     default: Option<String>,
     configured: Vec<ModelEntry>,
+    /// The line of each configured entry's `path`, for [`Registry::check_model_paths`].
+    path_lines: Vec<Option<usize>>,
 }
 
 impl Registry {
     pub fn load(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| RegistryError::Io { path: path.to_owned(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|error| RegistryError::Io { path: path.to_owned(), error })?;
         Self::parse(path, &text)
     }
 
@@ -349,7 +394,7 @@ impl Registry {
         };
         match (found, &self.default) {
             (Some(model), _) => Ok(model.clone()),
-            (None, Some(name)) => Err(self.unknown_default(name, &models)),
+            (None, Some(name)) => Err(self.unknown_default(name, &models, None)),
             (None, None) => {
                 Err(RegistryError::NoModels { path: self.path.clone(), models_dir: self.models_dir.clone() })
             }
@@ -360,8 +405,10 @@ impl Registry {
     /// edits made by hand since loading are kept; a scanned model gets its own `[[model]]` entry.
     /// Nothing is written unless the result is valid.
     pub fn update_settings(&mut self, name: &str, patch: &SettingsPatch) -> Result<ModelEntry> {
+        // The patch's own values first: their error then names no line of a file not yet written.
+        patch.check().map_err(|e| out_of_range(Place { path: self.path.clone(), line: None }, name, e))?;
         let text = std::fs::read_to_string(&self.path)
-            .map_err(|source| RegistryError::Io { path: self.path.clone(), source })?;
+            .map_err(|error| RegistryError::Io { path: self.path.clone(), error })?;
         let current = Self::parse(&self.path, &text)?;
         let mut doc: DocumentMut = text.parse().map_err(|e| parse_error(&self.path, &text, e))?;
         if model_entry(&mut doc, name).is_none() {
@@ -374,7 +421,7 @@ impl Registry {
         }
         let Some(entry) = model_entry(&mut doc, name) else {
             return Err(RegistryError::InvalidModel {
-                path: self.path.clone(),
+                at: Place { path: self.path.clone(), line: None },
                 name: name.to_owned(),
                 message: "`model` must be an array of tables to add an entry".into(),
             });
@@ -394,15 +441,30 @@ impl Registry {
         let spec: FileSpec =
             serde_path_to_error::deserialize(deserializer).map_err(|e| deserialize_error(path, text, e))?;
 
+        // Spans for the messages of the checks below (the text parsed already, so this does too).
+        let doc = toml_edit::Document::parse(text).ok();
+        let line = |index: usize, key: &str| doc.as_ref().and_then(|d| entry_line(d, text, index, key));
+        let at = |line: Option<usize>| Place { path: path.to_owned(), line };
         let base = path.parent().unwrap_or(Path::new(""));
         let models_dir_setting = spec.models_dir.unwrap_or_else(|| DEFAULT_MODELS_DIR.to_owned());
         let mut configured: Vec<ModelEntry> = Vec::new();
-        for entry in spec.model {
-            validate(path, &entry)?;
-            if configured.iter().any(|m| m.name == entry.name) {
-                return Err(RegistryError::DuplicateName { path: path.to_owned(), name: entry.name });
+        let mut path_lines = Vec::new();
+        for (index, entry) in spec.model.into_iter().enumerate() {
+            validate(&entry).map_err(|(key, e)| match e {
+                Invalid::Message(message) => {
+                    RegistryError::InvalidModel { at: at(line(index, key)), name: entry.name.clone(), message }
+                }
+                Invalid::Range(e) => out_of_range(at(line(index, e.field)), &entry.name, e),
+            })?;
+            if let Some(first) = configured.iter().position(|m| m.name == entry.name) {
+                return Err(RegistryError::DuplicateName {
+                    at: at(line(index, "name")),
+                    name: entry.name,
+                    first_line: line(first, "name"),
+                });
             }
             let model_path = base.join(expand_home(&entry.path));
+            path_lines.push(line(index, "path"));
             configured.push(ModelEntry {
                 name: entry.name,
                 path: model_path,
@@ -429,19 +491,43 @@ impl Registry {
             models_dir_setting,
             default: spec.default,
             configured,
+            path_lines,
         };
         if let Some(name) = &registry.default {
             let models = registry.list();
             if !models.iter().any(|m| &m.name == name) {
-                return Err(registry.unknown_default(name, &models));
+                let line = doc.as_ref().and_then(|d| d.as_table().get("default")).and_then(|i| line_of(text, i.span()));
+                return Err(registry.unknown_default(name, &models, line));
             }
         }
         Ok(registry)
     }
 
-    fn unknown_default(&self, name: &str, models: &[ModelEntry]) -> RegistryError {
+    fn unknown_default(&self, name: &str, models: &[ModelEntry], line: Option<usize>) -> RegistryError {
         let known = models.iter().map(|m| m.name.clone()).collect();
-        RegistryError::UnknownDefault { path: self.path.clone(), name: name.to_owned(), known }
+        RegistryError::UnknownDefault { at: Place { path: self.path.clone(), line }, name: name.to_owned(), known }
+    }
+
+    /// Fails on the first configured model whose folder is missing or is not a model folder,
+    /// naming the line of its `path`: a server checks this when it starts, rather than answer a
+    /// load of that model with an error much later.
+    pub fn check_model_paths(&self) -> Result<()> {
+        for (entry, line) in self.configured.iter().zip(&self.path_lines) {
+            let problem = if !entry.path.exists() {
+                "does not exist"
+            } else if !is_model_folder(&entry.path) {
+                "is not a model folder (it needs config.json and *.safetensors)"
+            } else {
+                continue;
+            };
+            return Err(RegistryError::ModelPath {
+                at: Place { path: self.path.clone(), line: *line },
+                name: entry.name.clone(),
+                path: entry.path.clone(),
+                problem,
+            });
+        }
+        Ok(())
     }
 
     /// The `path` to write for a scanned model: under `models_dir` as the user wrote it, so that a
@@ -451,15 +537,39 @@ impl Registry {
     }
 }
 
+/// The line (from 1) where a byte span starts.
+fn line_of(text: &str, span: Option<std::ops::Range<usize>>) -> Option<usize> {
+    let start = span?.start.min(text.len());
+    Some(text.as_bytes()[..start].iter().filter(|&&b| b == b'\n').count() + 1)
+}
+
 /// A TOML error as "LINE: message", from the byte span the parser reports.
 fn at_line(text: &str, span: Option<std::ops::Range<usize>>, message: &str) -> String {
-    match span {
-        Some(span) => {
-            let line = text.as_bytes()[..span.start.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1;
-            format!("{line}: {message}")
-        }
+    match line_of(text, span) {
+        Some(line) => format!("{line}: {message}"),
         None => format!(" {message}"),
     }
+}
+
+/// The line of `key` (dotted: `sampling.top_p`) in the `index`th model entry, else of the entry's
+/// name (a key left out, so at its default).
+fn entry_line(doc: &toml_edit::Document<&str>, text: &str, index: usize, key: &str) -> Option<usize> {
+    let entry: &dyn TableLike = match doc.as_table().get("model")? {
+        Item::ArrayOfTables(tables) => tables.get(index)?,
+        Item::Value(toml_edit::Value::Array(array)) => array.get(index)?.as_inline_table()?,
+        _ => return None,
+    };
+    let item = lookup(entry, key).or_else(|| entry.get("name"))?;
+    line_of(text, item.span())
+}
+
+fn lookup<'a>(table: &'a dyn TableLike, dotted: &str) -> Option<&'a Item> {
+    let mut parts = dotted.split('.');
+    let mut item = table.get(parts.next()?)?;
+    for part in parts {
+        item = item.as_table_like()?.get(part)?;
+    }
+    Some(item)
 }
 
 /// A type or key error as "LINE: KEY: message", e.g. "4: model[0].mtp.depth: invalid type: ...".
@@ -486,25 +596,25 @@ fn parse_error(path: &Path, text: &str, error: impl Into<toml_edit::TomlError>) 
     RegistryError::Parse { path: path.to_owned(), message: at_line(text, error.span(), error.message()) }
 }
 
-fn validate(path: &Path, entry: &EntrySpec) -> Result<()> {
-    let invalid = |message: &str| RegistryError::InvalidModel {
-        path: path.to_owned(),
-        name: entry.name.clone(),
-        message: message.to_owned(),
-    };
+/// Why an entry is invalid: a message about a key, or a setting out of its range.
+enum Invalid {
+    Message(String),
+    Range(SettingError),
+}
+
+/// Checks an entry; on failure, the key to point at and what is wrong.
+fn validate(entry: &EntrySpec) -> Result<(), (&'static str, Invalid)> {
     if entry.name.trim().is_empty() {
-        return Err(invalid("the name is empty"));
+        return Err(("name", Invalid::Message("the name is empty".into())));
     }
     if entry.path.trim().is_empty() {
-        return Err(invalid("the path is empty"));
+        return Err(("path", Invalid::Message("the path is empty".into())));
     }
-    entry.mtp.check().and_then(|()| entry.sampling.check()).map_err(|e| RegistryError::OutOfRange {
-        path: path.to_owned(),
-        model: entry.name.clone(),
-        field: e.field,
-        value: e.value,
-        expected: e.expected,
-    })
+    entry.mtp.check().and_then(|()| entry.sampling.check()).map_err(|e| (e.field, Invalid::Range(e)))
+}
+
+fn out_of_range(at: Place, model: &str, e: SettingError) -> RegistryError {
+    RegistryError::OutOfRange { at, model: model.to_owned(), field: e.field, value: e.value, expected: e.expected }
 }
 
 /// `~` and `~/...` name the home folder, as in a shell.
@@ -617,10 +727,8 @@ fn set_value(entry: &mut dyn TableLike, table: &str, key: &str, mut value: toml_
 
 /// Replaces models.toml in one step (see [`crate::atomic_file::write_atomic`]).
 fn write_atomic(path: &Path, text: &str) -> Result<()> {
-    crate::atomic_file::write_atomic(path, text.as_bytes()).map_err(|source| RegistryError::Write {
-        path: path.canonicalize().unwrap_or_else(|_| path.to_owned()),
-        source,
-    })
+    crate::atomic_file::write_atomic(path, text.as_bytes())
+        .map_err(|error| RegistryError::Write { path: path.canonicalize().unwrap_or_else(|_| path.to_owned()), error })
 }
 
 #[cfg(test)]

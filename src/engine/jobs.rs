@@ -13,6 +13,7 @@ use tokio::sync::broadcast;
 use ts_rs::TS;
 
 use super::live::unix_ms;
+use super::EngineError;
 use crate::model::Layout;
 use crate::quant::{Control, ConvertError, ConvertEvent, ConvertOptions, ConvertReport};
 use crate::sync::lock;
@@ -256,13 +257,28 @@ impl Job {
 }
 
 /// The engine's conversion jobs, by number.
-#[derive(Default)]
 pub struct Jobs {
     jobs: Mutex<BTreeMap<u64, Arc<Job>>>,
     next: AtomicU64,
+    /// Jobs queued or running at once; each holds a thread, memory and disk bandwidth.
+    limit: usize,
 }
 
+impl Default for Jobs {
+    fn default() -> Self {
+        Jobs::new(DEFAULT_MAX_CONVERSIONS)
+    }
+}
+
+/// See [`Jobs::new`].
+pub const DEFAULT_MAX_CONVERSIONS: usize = 2;
+
 impl Jobs {
+    /// At most `limit` jobs queued or running at once (at least one).
+    pub fn new(limit: usize) -> Jobs {
+        Jobs { jobs: Mutex::default(), next: AtomicU64::new(0), limit: limit.max(1) }
+    }
+
     /// A job by its id (the number as text); None for an unknown or malformed id.
     pub fn get(&self, id: &str) -> Option<Arc<Job>> {
         id.parse::<u64>().ok().and_then(|n| lock(&self.jobs).get(&n).cloned())
@@ -286,21 +302,28 @@ impl Jobs {
         }
     }
 
-    fn insert(&self, job: Arc<Job>) -> u64 {
-        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+    /// Adds a job unless `limit` are queued or running (counted under the same lock, so two
+    /// requests at once cannot both pass).
+    fn insert(&self, job: Arc<Job>) -> Result<u64, EngineError> {
         let mut jobs = lock(&self.jobs);
+        let active = jobs.values().filter(|j| !lock(&j.view).state.is_final()).count();
+        if active >= self.limit {
+            return Err(EngineError::ConversionsBusy { limit: self.limit });
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         jobs.insert(id, job);
         let finished: Vec<u64> =
             jobs.iter().filter(|(_, j)| lock(&j.view).state.is_final()).map(|(id, _)| *id).collect();
         for old in finished.iter().take(finished.len().saturating_sub(KEEP_FINISHED)) {
             jobs.remove(old);
         }
-        id
+        Ok(id)
     }
 
     /// Starts converting `src` into `dst` on a thread of its own. `on_end` runs on that thread once
     /// the job has ended (the engine publishes statistics there). `pause` (tests only) sleeps after
-    /// each tensor with the MLX lock let go.
+    /// each tensor with the MLX lock let go. Invalid options are refused here, before any job
+    /// exists, and so is a job beyond the limit.
     pub(crate) fn start(
         &self,
         src: PathBuf,
@@ -308,7 +331,8 @@ impl Jobs {
         options: ConvertOptions,
         pause: Option<Duration>,
         on_end: impl FnOnce() + Send + 'static,
-    ) -> JobView {
+    ) -> Result<JobView, EngineError> {
+        crate::quant::check_options(&options).map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         let (tx, _) = broadcast::channel(256);
         let view = JobView {
             job: String::new(),
@@ -331,7 +355,7 @@ impl Jobs {
             error: None,
         };
         let job = Arc::new(Job { cancel: AtomicBool::new(false), view: Mutex::new(view), tx });
-        let id = self.insert(job.clone());
+        let id = self.insert(job.clone())?;
         lock(&job.view).job = id.to_string();
         let worker = job.clone();
         let spawned = std::thread::Builder::new().name(format!("tandem-convert-{id}")).spawn(move || {
@@ -362,6 +386,6 @@ impl Jobs {
         if let Err(e) = spawned {
             job.finish(Err(ConvertError::Internal(format!("cannot start the conversion thread: {e}"))));
         }
-        job.view()
+        Ok(job.view())
     }
 }

@@ -2,7 +2,7 @@
 //! generation: the one place this happens, for the engine's requests and the CLI's chat alike.
 
 use crate::generate::{GenerateOptions, MtpOptions, SamplingParams};
-use crate::registry::{ModelEntry, MtpSettings};
+use crate::registry::{ModelEntry, MtpSettings, SamplingSettings};
 
 use super::{EngineError, Result};
 
@@ -56,6 +56,15 @@ pub fn generate_options(
         seed: o.seed,
         ..SamplingParams::default()
     };
+    // A request's values stay in the ranges of models.toml's settings.
+    let merged = SamplingSettings {
+        temperature: sampling.temperature,
+        top_p: sampling.top_p,
+        min_p: sampling.min_p,
+        repetition_penalty: sampling.repetition_penalty,
+        ..*s
+    };
+    merged.check().map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
     sampling.validate().map_err(EngineError::InvalidRequest)?;
     let mtp = MtpOptions {
         enabled: overrides.mtp.enabled.unwrap_or(entry.mtp.enabled),

@@ -87,6 +87,7 @@ impl Worker {
         let adaptive = config.adaptive;
         let load_error = |source: Cause| EngineError::Load { model: entry.name.clone(), source };
         let tokenizer = Arc::new(Tokenizer::from_dir(&entry.path).map_err(|e| load_error(cause(e)))?);
+        let max_token_bytes = super::max_token_bytes(&tokenizer);
         let shared = Arc::new(Shared::default());
         let (jobs_tx, jobs_rx) = std_mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = std_mpsc::sync_channel::<Result<ModelFacts, Cause>>(1);
@@ -99,7 +100,7 @@ impl Worker {
                         let _compute = super::compute_lock();
                         catch_unwind(AssertUnwindSafe(|| {
                             crate::model::load(&entry.path, &load_options).map(|model| {
-                                let facts = ModelFacts { adaptive, ..ModelFacts::of(&model) };
+                                let facts = ModelFacts { adaptive, max_token_bytes, ..ModelFacts::of(&model) };
                                 (model, facts)
                             })
                         }))

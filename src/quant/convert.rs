@@ -66,7 +66,7 @@ pub(crate) fn emit(on_event: &mut dyn FnMut(&ConvertEvent) -> Control, e: Conver
     }
 }
 
-fn check_options(opts: &ConvertOptions) -> Result<(), ConvertError> {
+pub fn check_options(opts: &ConvertOptions) -> Result<(), ConvertError> {
     let bad = |option: &'static str, message: String| Err(ConvertError::Option { option, message });
     if !SUPPORTED_GROUP_SIZES.contains(&opts.group_size) {
         return bad("group_size", format!("{} (expected 32, 64 or 128)", opts.group_size));

@@ -41,7 +41,7 @@ use thiserror::Error;
 
 use crate::model::{Layout, LoadError};
 
-pub use convert::{convert, ConvertReport, MtpOutcome};
+pub use convert::{check_options, convert, ConvertReport, MtpOutcome};
 pub use gate::ComputeGate;
 pub use head::{HeadAnalysis, Verdict};
 pub use inspect::{inspect, GroupQuant, InspectReport, MtpReport, NormReport, QuantSummary};

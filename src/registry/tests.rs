@@ -301,15 +301,18 @@ fn bad_files_are_named() {
             (format!("{model}mtp = {{ depth = \"3\" }}\n"), "models.toml:4: model[0].mtp.depth: invalid type: string \"3\", expected u32"),
             (format!("{model}mtp = {{ depth = -1 }}\n"), "models.toml:4: model[0].mtp.depth: invalid value: integer `-1`, expected u32"),
             (format!("{model}sampling = {{ temperature = \"hot\" }}\n"), "models.toml:4: model[0].sampling.temperature: invalid type: string \"hot\", expected f32"),
-            (format!("{model}mtp = {{ depth = 0 }}\n"), "models.toml: model `a`: mtp.depth = 0: must be in 1..=8"),
-            (format!("{model}mtp = {{ depth = 9 }}\n"), "models.toml: model `a`: mtp.depth = 9: must be in 1..=8"),
-            (format!("{model}sampling = {{ top_p = 1.5 }}\n"), "models.toml: model `a`: sampling.top_p = 1.5: must be in (0, 1]"),
-            (format!("{model}sampling = {{ temperature = -0.5 }}\n"), "models.toml: model `a`: sampling.temperature = -0.5: must be 0 or more"),
-            (format!("{model}sampling = {{ max_tokens = 0 }}\n"), "models.toml: model `a`: sampling.max_tokens = 0: must be 1 or more"),
-            (format!("{model}{model}"), "models.toml: model `a` is defined twice"),
-            (format!("default = \"b\"\nmodels_dir = \"none\"\n{model}"), "models.toml: default = \"b\" names no model (known: a)"),
+            (format!("{model}mtp = {{ depth = 0 }}\n"), "models.toml:4: model `a`: mtp.depth = 0: must be in 1..=8"),
+            (format!("{model}mtp = {{ depth = 9 }}\n"), "models.toml:4: model `a`: mtp.depth = 9: must be in 1..=8"),
+            (format!("{model}sampling = {{ top_p = 1.5 }}\n"), "models.toml:4: model `a`: sampling.top_p = 1.5: must be in (0, 1]"),
+            (format!("{model}sampling = {{ temperature = -0.5 }}\n"), "models.toml:4: model `a`: sampling.temperature = -0.5: must be in [0, 10]"),
+            (format!("{model}sampling = {{ max_tokens = 0 }}\n"), "models.toml:4: model `a`: sampling.max_tokens = 0: must be 1 or more"),
+            (format!("{model}{model}"), "models.toml:5: model `a` is defined twice (first at line 2)"),
+            (format!("default = \"b\"\nmodels_dir = \"none\"\n{model}"), "models.toml:1: default = \"b\" names no model (known: a)"),
             ("[[model]]\nname = \"a\"\n".to_owned(), "models.toml:1: model[0]: missing field `path`"),
-            ("[[model]]\nname = \"\"\npath = \"a\"\n".to_owned(), "models.toml: model ``: the name is empty"),
+            (format!("{model}\n[model.sampling]\nrepetition_penalty = 0.0\n"), "models.toml:6: model `a`: sampling.repetition_penalty = 0: must be in [0.1, 10]"),
+            (format!("{model}{model}[[model]]\nname = \"b\"\npath = \"b\"\nsampling = {{ top_p = 2.0 }}\n"), "models.toml:5: model `a` is defined twice (first at line 2)"),
+            (format!("[[model]]\nname = \"x\"\npath = \"x\"\n{model}[[model]]\nname = \"b\"\npath = \"b\"\nsampling = {{ top_p = 2.0 }}\n"), "models.toml:10: model `b`: sampling.top_p = 2: must be in (0, 1]"),
+            ("[[model]]\nname = \"\"\npath = \"a\"\n".to_owned(), "models.toml:2: model ``: the name is empty"),
             ("model = 3\n".to_owned(), "models.toml:1: model: invalid type: integer `3`, expected a sequence"),
             ("default = \n".to_owned(), "models.toml:1: string values must be quoted, expected literal string"),
         ];
@@ -327,4 +330,69 @@ fn settings_patch_reads_json_and_rejects_unknown_keys() {
     assert_eq!((patch.mtp.depth, patch.mtp.enabled, patch.sampling.temperature), (Some(2), None, Some(0.3)));
     let error = serde_json::from_str::<SettingsPatch>(r#"{"sampling": {"temprature": 0.3}}"#).unwrap_err().to_string();
     assert!(error.starts_with("unknown field `temprature`"), "{error}");
+}
+
+#[test]
+fn sampling_settings_have_sane_ranges() {
+    let ok = SamplingSettings::default();
+    ok.check().unwrap();
+    let cases = [
+        (
+            SamplingSettings { repetition_penalty: 1e-45, ..ok },
+            "sampling.repetition_penalty = 1e-45: must be in [0.1, 10]",
+        ),
+        (
+            SamplingSettings { repetition_penalty: 1e9, ..ok },
+            "sampling.repetition_penalty = 1000000000: must be in [0.1, 10]",
+        ),
+        (SamplingSettings { temperature: 1e30, ..ok }, "sampling.temperature = 1e30: must be in [0, 10]"),
+        (SamplingSettings { temperature: f32::NAN, ..ok }, "sampling.temperature = NaN: must be in [0, 10]"),
+        (SamplingSettings { top_p: 0.0, ..ok }, "sampling.top_p = 0: must be in (0, 1]"),
+        (SamplingSettings { min_p: -0.1, ..ok }, "sampling.min_p = -0.1: must be in [0, 1]"),
+        (SamplingSettings { max_tokens: 0, ..ok }, "sampling.max_tokens = 0: must be 1 or more"),
+    ];
+    for (settings, expected) in cases {
+        assert_eq!(settings.check().unwrap_err().to_string(), expected);
+    }
+    // The ends of each range are in it.
+    SamplingSettings { temperature: 0.0, top_p: 1.0, min_p: 1.0, repetition_penalty: 0.1, ..ok }.check().unwrap();
+    SamplingSettings { temperature: 10.0, min_p: 0.0, repetition_penalty: 10.0, ..ok }.check().unwrap();
+
+    // A patch is checked alone with the same ranges, and update_settings writes nothing.
+    let patch = SettingsPatch {
+        sampling: SamplingPatch { repetition_penalty: Some(1e-45), ..Default::default() },
+        ..Default::default()
+    };
+    assert_eq!(patch.check().unwrap_err().to_string(), "sampling.repetition_penalty = 1e-45: must be in [0.1, 10]");
+    let (_dir, path) = registry_file(MODELS);
+    let mut registry = Registry::load(&path).unwrap();
+    let error = registry.update_settings("a", &patch).unwrap_err().to_string();
+    assert!(error.ends_with("model `a`: sampling.repetition_penalty = 1e-45: must be in [0.1, 10]"), "{error}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), MODELS);
+}
+
+#[test]
+fn model_paths_are_checked_naming_the_line() {
+    let text = "[[model]]\nname = \"a\"\npath = \"a\"\n\n[[model]]\nname = \"b\"\npath = \"b\"\n";
+    let (dir, path) = registry_file(text);
+    // Loading does not look at the folders (the CLI and tests name folders made later); a server
+    // checks them when it starts.
+    let registry = Registry::load(&path).unwrap();
+    let error = registry.check_model_paths().unwrap_err().to_string();
+    assert_eq!(error, format!("{}:3: model `a`: {} does not exist", path.display(), dir.path().join("a").display()));
+    make_model_folder(&dir.path().join("a"), true);
+    make_model_folder(&dir.path().join("b"), false);
+    let error = registry.check_model_paths().unwrap_err().to_string();
+    let b = dir.path().join("b");
+    let expected = "is not a model folder (it needs config.json and *.safetensors)";
+    assert_eq!(error, format!("{}:7: model `b`: {} {expected}", path.display(), b.display()));
+    make_model_folder(&b, true);
+    registry.check_model_paths().unwrap();
+}
+
+#[test]
+fn os_errors_are_printed_once() {
+    // Printed as the binaries print errors, with their causes.
+    let error = anyhow::Error::from(Registry::load(Path::new("/nonexistent/models.toml")).unwrap_err());
+    assert_eq!(format!("{error:#}"), "/nonexistent/models.toml: No such file or directory (os error 2)");
 }

@@ -84,7 +84,7 @@ pub async fn start(
 ) -> Result<Response, ApiError> {
     let st = state.clone();
     let (src, dst, options) = blocking(move || resolve(&st, req)).await?;
-    let view = state.engine.convert(src, dst, options, state.convert_pause);
+    let view = state.engine.convert(src, dst, options, state.convert_pause)?;
     Ok((StatusCode::ACCEPTED, Json(view)).into_response())
 }
 

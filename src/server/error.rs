@@ -89,7 +89,12 @@ impl From<EngineError> for ApiError {
             EngineError::Images(_) => ApiError::bad_request("model_not_multimodal", message),
             EngineError::InvalidImage(_) => ApiError::bad_request("invalid_image", message),
             EngineError::InvalidRequest(_) => ApiError::bad_request("invalid_value", message),
-            EngineError::ContextLength { .. } => ApiError::bad_request("context_length_exceeded", message),
+            EngineError::ContextLength { .. } | EngineError::PromptTooLarge { .. } => {
+                ApiError::bad_request("context_length_exceeded", message)
+            }
+            EngineError::ConversionsBusy { .. } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "too_many_conversions", message)
+            }
             EngineError::Unloaded(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_unloaded", message)
             }

@@ -10,6 +10,7 @@ mod admin;
 mod conversations;
 mod convert;
 pub mod error;
+mod listen;
 mod openai;
 mod security;
 mod ui;
@@ -29,14 +30,23 @@ use axum::Router;
 use tokio::sync::watch;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::engine::{Engine, EngineConfig};
 use crate::registry::Registry;
 use error::ApiError;
+pub use security::api_key_problem;
 
 pub const DEFAULT_PORT: u16 = 11435;
 /// Request bodies up to this size (images travel inside them as data URLs).
 pub const DEFAULT_MAX_BODY: usize = 32 << 20;
+/// Connections open at once; well below the usual descriptor limits (1,024 on Linux), so that the
+/// process keeps descriptors for models and files however many clients connect.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// How long a connection may take to send a request head, and stay idle between requests.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest pause within a request body.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How to serve.
 #[derive(Debug, Clone)]
@@ -48,11 +58,20 @@ pub struct ServeConfig {
     /// models.toml.
     pub registry: PathBuf,
     /// Required as `Authorization: Bearer <key>` on /v1 and /api (except /api/health) when set;
-    /// must be set to bind beyond loopback. `ServeConfig::new` reads `TANDEM_API_KEY`.
+    /// must be set to bind beyond loopback. `ServeConfig::new` reads `TANDEM_API_KEY`. A key no
+    /// client could send (blank, see [`api_key_problem`]) is refused when the server starts.
     pub api_key: Option<String>,
     /// The built web UI (`ui/dist`).
     pub ui_dir: PathBuf,
     pub max_body_bytes: usize,
+    /// Connections served at once; more wait in the kernel's backlog until one closes.
+    pub max_connections: usize,
+    /// The time a connection has to send a complete request head, from when it opens and again
+    /// after each response (so also the keep-alive idle timeout); then it is closed. It does not
+    /// run while a response (an event stream) is being written.
+    pub header_timeout: Duration,
+    /// The longest pause between two parts of a request body; then the request fails.
+    pub body_timeout: Duration,
     /// Browser origins allowed besides the Tauri app's and the server's own (e.g. a UI dev server).
     pub extra_origins: Vec<String>,
     /// Host names accepted besides loopback names and the bound address.
@@ -74,9 +93,13 @@ impl ServeConfig {
             host: "127.0.0.1".into(),
             port: DEFAULT_PORT,
             registry: registry.into(),
-            api_key: std::env::var("TANDEM_API_KEY").ok().filter(|k| !k.trim().is_empty()),
+            // Kept even when blank, so that starting refuses it rather than serving without a key.
+            api_key: std::env::var("TANDEM_API_KEY").ok(),
             ui_dir: default_ui_dir(),
             max_body_bytes: DEFAULT_MAX_BODY,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
             extra_origins: Vec::new(),
             extra_hosts: Vec::new(),
             image_dirs: std::env::var_os("TANDEM_IMAGE_DIRS")
@@ -235,8 +258,9 @@ async fn stop_signal() {
 
 /// Loads models.toml, makes an engine and starts serving; returns once listening.
 pub async fn start(config: ServeConfig) -> anyhow::Result<RunningServer> {
-    let registry =
-        Registry::load(&config.registry).with_context(|| format!("cannot load {}", config.registry.display()))?;
+    // The registry's errors name the file (and line) themselves.
+    let registry = Registry::load(&config.registry).context("cannot load the models registry")?;
+    registry.check_model_paths().context("a model in the registry cannot be served")?;
     let engine = Engine::new(registry, config.engine.clone());
     start_with_engine(config, engine).await
 }
@@ -248,6 +272,12 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
     } else {
         config.host.parse().with_context(|| format!("--host `{}` is not an IP address", config.host))?
     };
+    if let Some(why) = config.api_key.as_deref().and_then(api_key_problem) {
+        bail!(
+            "the API key (--api-key or TANDEM_API_KEY) {why}, so no client could send it; give a key of \
+             visible characters, or unset it to serve on loopback only"
+        );
+    }
     if !ip.is_loopback() && config.api_key.is_none() {
         bail!(
             "refusing to listen on {ip}: beyond this machine the API needs a key; set TANDEM_API_KEY \
@@ -272,9 +302,9 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
         started_unix: crate::engine::live::unix_ms() / 1000,
         shutdown: shutdown_rx,
     });
-    let app = router(state.clone());
-    let signal = state.shutdown_signal();
-    let task = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(signal).await });
+    let app = router(state.clone()).layer(RequestBodyTimeoutLayer::new(config.body_timeout));
+    let limits = listen::Limits { max_connections: config.max_connections, header_timeout: config.header_timeout };
+    let task = tokio::spawn(listen::serve(listener, app, limits, state.shutdown.clone()));
     Ok(RunningServer { addr, engine, shutdown: shutdown_tx, task })
 }
 

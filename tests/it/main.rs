@@ -18,6 +18,7 @@ mod relocate;
 mod server_api;
 mod server_conversations;
 mod server_images;
+mod server_limits;
 mod tiny_reference;
 mod vision;
 mod wire_types;

@@ -26,7 +26,7 @@ pub fn config_path() -> Option<PathBuf> {
 
 pub fn registry() -> Result<Registry> {
     let path = config_path().context("models.toml not found (set TANDEM_CONFIG, or run from the Tandem folder)")?;
-    Registry::load(&path).with_context(|| format!("reading {}", path.display()))
+    Registry::load(&path).context("cannot load the models registry")
 }
 
 /// The registry entry for `--model` (a name or a folder), or the default model.

@@ -1,6 +1,6 @@
 //! `tandem serve`: the OpenAI-compatible and admin HTTP API, and the web UI.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use tandem::server::{self, ServeConfig};
 
@@ -22,6 +22,9 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
+    if let Some(why) = a.api_key.as_deref().and_then(server::api_key_problem) {
+        bail!("--api-key {why}, so no client could send it; give a key of visible characters, or leave it out");
+    }
     let registry =
         model_arg::config_path().context("models.toml not found (set TANDEM_CONFIG, or run from the Tandem folder)")?;
     let mut cfg = ServeConfig::new(registry);
