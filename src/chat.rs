@@ -183,7 +183,9 @@ impl Tokenizer {
         }
         let bytes =
             files::read(&tokenizer_path).map_err(|source| ChatError::Io { path: tokenizer_path.clone(), source })?;
-        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes)
+        // The tokenizers crate panics on some malformed files (deeply nested decoders): caught here.
+        let mut inner = no_panic(|| tokenizers::Tokenizer::from_bytes(&bytes))
+            .map_err(|message| ChatError::Tokenizer { path: tokenizer_path.clone(), message })?
             .map_err(|e| ChatError::Tokenizer { path: tokenizer_path.clone(), message: e.to_string() })?;
         // Tandem fits prompts to the context itself: a file's padding or truncation would only pad a
         // prompt to a length it names (a billion tokens asks for gigabytes) or cut it silently.
@@ -250,8 +252,8 @@ impl Tokenizer {
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner
-            .decode(ids, skip_special_tokens)
+        no_panic(|| self.inner.decode(ids, skip_special_tokens))
+            .map_err(|message| ChatError::Codec { action: "decode ids", message })?
             .map_err(|e| ChatError::Codec { action: "decode ids", message: e.to_string() })
     }
 
@@ -470,18 +472,22 @@ fn template_env(origin: &str, source: String) -> Result<Environment<'static>, St
 /// Encodes with `tokenizer`; a panic inside the tokenizers crate (a malformed `tokenizer.json` can
 /// cause one) becomes an error instead of taking the process down.
 fn encode_with(tokenizer: &tokenizers::Tokenizer, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-    let encoded =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tokenizer.encode_fast(text, add_special_tokens)))
-            .map_err(|panic| {
-                let message = panic
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| panic.downcast_ref::<&str>().copied())
-                    .unwrap_or("the tokenizer failed");
-                ChatError::Codec { action: "encode text", message: format!("tokenizer error: {message}") }
-            })?
-            .map_err(|e| ChatError::Codec { action: "encode text", message: e.to_string() })?;
+    let encoded = no_panic(|| tokenizer.encode_fast(text, add_special_tokens))
+        .map_err(|message| ChatError::Codec { action: "encode text", message })?
+        .map_err(|e| ChatError::Codec { action: "encode text", message: e.to_string() })?;
     Ok(encoded.get_ids().to_vec())
+}
+
+/// Runs `f`, turning a panic inside the tokenizers crate into its message.
+fn no_panic<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("the tokenizer failed");
+        format!("tokenizer error: {message}")
+    })
 }
 
 /// `text` with each special token's text (longest first) replaced by a mark naming its index.

@@ -7,6 +7,9 @@ export TANDEM_PYTHON="${TANDEM_PYTHON:-$PWD/.venv/bin/python}"
 echo "== Rust: format =="
 cargo fmt --all --check
 
+echo "== Rust: clippy (warnings are errors) =="
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
 echo "== Rust: unit and integration tests (crates/mlx, engine, server) =="
 cargo test --workspace --no-fail-fast
 

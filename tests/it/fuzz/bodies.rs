@@ -35,7 +35,11 @@ fn seeds() -> Vec<(&'static str, &'static str, Value)> {
                 "sampling": {"temperature": 0.5, "top_p": 0.9, "top_k": 20, "min_p": 0.0, "repetition_penalty": 1.0, "max_tokens": 16}}),
         ),
         ("POST", "/api/convert", json!({"src": "tiny", "name": "fuzzed", "bits": 4, "group_size": 64, "mtp": "keep"})),
-        ("PUT", "/api/conversations/c1", json!({"id": "c1", "title": "t", "messages": [{"role": "user", "content": "x"}]})),
+        (
+            "PUT",
+            "/api/conversations/c1",
+            json!({"id": "c1", "title": "t", "messages": [{"role": "user", "content": "x"}]}),
+        ),
     ]
 }
 
@@ -80,7 +84,12 @@ fn http_bodies() {
             };
             let reply = rt.block_on(send(addr, method, path, &[json_ct], &body));
             let text = reply.text();
-            prop_assert!(reply.status < 500, "{method} {path} {} -> {}: {text}", String::from_utf8_lossy(&body), reply.status);
+            prop_assert!(
+                reply.status < 500,
+                "{method} {path} {} -> {}: {text}",
+                String::from_utf8_lossy(&body),
+                reply.status
+            );
             if !text.starts_with("data:") && !body.is_empty() {
                 prop_assert!(serde_json::from_str::<Value>(&text).is_ok(), "{} not JSON: {text}", reply.status);
             }

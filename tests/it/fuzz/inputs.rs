@@ -98,9 +98,8 @@ enum PathPart {
 pub fn apply(doc: &mut Value, edits: &[JsonEdit], max_depth: usize) {
     for e in edits {
         let all = paths(doc, max_depth);
-        let by_depth: Vec<Vec<&Vec<PathPart>>> = (1..=3)
-            .map(|d| all.iter().filter(|p| if d < 3 { p.len() == d } else { p.len() >= 3 }).collect())
-            .collect();
+        let by_depth: Vec<Vec<&Vec<PathPart>>> =
+            (1..=3).map(|d| all.iter().filter(|p| if d < 3 { p.len() == d } else { p.len() >= 3 }).collect()).collect();
         let bucket = &by_depth[e.pick % 3];
         let bucket = if bucket.is_empty() { &by_depth[0] } else { bucket };
         let Some(path) = bucket.get((e.pick / 3) % bucket.len().max(1)) else { continue };

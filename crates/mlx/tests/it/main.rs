@@ -1,0 +1,5 @@
+//! crates/mlx's integration tests in one binary (MLX linked once): ops against hand-computed values
+//! and error paths, and parity with Python MLX.
+
+mod ops;
+mod reference;
