@@ -117,9 +117,12 @@ pub fn check_id(id: &str) -> Result<&str, ConversationError> {
 
 /// The conversations folder, and the summaries read from it (by file modification time and
 /// length, so a list reads only what changed).
+/// Each file's summary with the modification time and length it was read at.
+type Summaries = HashMap<String, (Option<SystemTime>, u64, ConversationSummary)>;
+
 pub struct ConversationStore {
     dir: PathBuf,
-    summaries: Mutex<HashMap<String, (Option<SystemTime>, u64, ConversationSummary)>>,
+    summaries: Mutex<Summaries>,
     /// Serializes writes and deletes.
     write: Mutex<()>,
 }

@@ -50,6 +50,8 @@ pub struct JobErrorDetail {
 
 /// What a job reports, in order: `validated`, `calibrating`... (recipe `auto`), `planned`, one
 /// `progress` per tensor, then one of `finished`, `error` or `cancelled`, which ends the stream.
+// `Finished` carries the whole report: one such event per job, so its size costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Serialize, TS)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum JobEvent {

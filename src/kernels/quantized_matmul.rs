@@ -93,7 +93,7 @@ pub fn applicable(x: &Array, q: &Quantized) -> bool {
     }
     let k = x.dim(-1);
     let n = q.weight.dim(0);
-    if k < K_RANGE.0 || k > K_RANGE.1 || k % GROUP_SIZE != 0 || n < 1 || n > MAX_N {
+    if !(K_RANGE.0..=K_RANGE.1).contains(&k) || k % GROUP_SIZE != 0 || !(1..=MAX_N).contains(&n) {
         return false;
     }
     let groups = [n, k / GROUP_SIZE];

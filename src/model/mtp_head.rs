@@ -80,14 +80,14 @@ impl HeadFiles {
                 "unsupported MTP head ({declared} layers, dedicated embeddings {})",
                 text.mtp_use_dedicated_embeddings
             ))
-        } else if let Some(first) = missing.first() {
-            Some(format!(
-                "config declares {declared} MTP layer(s) but the checkpoint lacks {} of its {} tensors (e.g. mtp.{first}); MTP is off",
-                missing.len(),
-                MTP_TENSORS.len()
-            ))
         } else {
-            None
+            missing.first().map(|first| {
+                format!(
+                    "config declares {declared} MTP layer(s) but the checkpoint lacks {} of its {} tensors (e.g. mtp.{first}); MTP is off",
+                    missing.len(),
+                    MTP_TENSORS.len()
+                )
+            })
         };
         HeadFiles {
             declared_layers: declared,

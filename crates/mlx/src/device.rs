@@ -49,7 +49,7 @@ pub fn backend() -> Backend {
 /// without CUDA.
 pub fn cuda_compute_capability() -> Option<(u32, u32)> {
     let cc = ffi::cuda_compute_capability();
-    (cc >= 0).then(|| ((cc / 10) as u32, (cc % 10) as u32))
+    (cc >= 0).then_some(((cc / 10) as u32, (cc % 10) as u32))
 }
 
 /// A new stream on `device`; returns its index.

@@ -1,6 +1,8 @@
 //! The cxx bridge declarations. Every C++ function that can throw returns `Result`, because cxx
 //! treats any other function as noexcept and a throw there would abort the process.
 
+// The bridge module is named for what it is; `mlx::ffi::ffi` is cxx's shape, not a naming slip.
+#[allow(clippy::module_inception)]
 #[cxx::bridge(namespace = "mlxb")]
 pub(crate) mod ffi {
     // Codes shared with C++ as `enum class`es: both sides name the same variants, so a code can never be

@@ -57,7 +57,7 @@ fn speculative_sampling_preserves_the_target_distribution() {
 fn a_verify_draws_what_plain_sampling_draws_at_each_position() {
     let v = 16;
     let rows: Vec<Vec<f32>> = (0..4).map(|r| (0..v).map(|i| ((i * 7 + r * 5) % 11) as f32 * 0.3).collect()).collect();
-    let logits = Array::from_slice(&rows.concat(), &[4, v as i32]).unwrap();
+    let logits = Array::from_slice(&rows.concat(), &[4, v]).unwrap();
     let prior = [2u32, 9, 9];
     for (seed, penalty) in (0..12).map(|s| (s, if s % 2 == 0 { 1.0 } else { 1.4 })) {
         let params =
@@ -67,12 +67,12 @@ fn a_verify_draws_what_plain_sampling_draws_at_each_position() {
         let mut history = prior.to_vec();
         let mut want = Vec::new();
         for row in &rows {
-            let l = plain.penalize(&Array::from_slice(row, &[v as i32]).unwrap(), &history).unwrap();
+            let l = plain.penalize(&Array::from_slice(row, &[v]).unwrap(), &history).unwrap();
             let t = plain.sample(&l).unwrap().item::<u32>().unwrap();
             want.push(t);
             history.push(t);
         }
-        let after = Array::from_slice(&rows[0], &[v as i32]).unwrap();
+        let after = Array::from_slice(&rows[0], &[v]).unwrap();
         for miss in 0..=3 {
             // Drafts equal to the plain draws up to `miss`, then a different token.
             let mut drafts = want[..3].to_vec();
