@@ -352,24 +352,6 @@ async fn admin_models_settings_and_stats() {
     assert_eq!(body["stats"]["spec"]["depth"], 2, "{body}");
     assert_eq!(body["usage"]["completion_tokens"], 12);
 
-    // mtp.adaptive off: the controller never parks drafting, and the setting is kept.
-    let body = br#"{"mtp": {"adaptive": false}}"#;
-    let r = send(a, "PATCH", "/api/models/tiny/settings", &["Content-Type: application/json"], body).await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.json()["mtp"]["adaptive"], false, "{}", r.text());
-    assert!(!Registry::load(&setup.registry_path()).unwrap().get(MODEL).unwrap().mtp.adaptive);
-    let r = post_json(
-        a,
-        "/v1/chat/completions",
-        &json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
-        "max_tokens": 24, "temperature": 0, "ignore_eos": true}),
-    )
-    .await;
-    let spec = &r.json()["stats"]["spec"];
-    // Never parked: only the last token, when no draft fits, is a plain step.
-    assert!(spec["parked_cycles"].as_u64().is_some_and(|p| p <= 1), "{spec}");
-    assert!(spec["cycles"].as_u64().is_some_and(|c| c > 0), "{spec}");
-
     let stats = get(a, "/api/stats").await.json();
     assert_eq!(stats["last"]["model"], MODEL);
     assert_eq!(stats["last"]["stats"]["completion_tokens"], 12);
@@ -415,6 +397,24 @@ async fn admin_models_settings_and_stats() {
     let data = text.lines().find_map(|l| l.strip_prefix("data: ")).expect("a data line");
     let snapshot: Value = serde_json::from_str(data).expect("snapshot JSON");
     assert!(snapshot["memory"].is_object() && snapshot["last"].is_object(), "{snapshot}");
+
+    // mtp.adaptive off: the controller never parks drafting, and the setting is kept.
+    let body = br#"{"mtp": {"adaptive": false}}"#;
+    let r = send(a, "PATCH", "/api/models/tiny/settings", &["Content-Type: application/json"], body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["mtp"]["adaptive"], false, "{}", r.text());
+    assert!(!Registry::load(&setup.registry_path()).unwrap().get(MODEL).unwrap().mtp.adaptive);
+    let r = post_json(
+        a,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 24, "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
+    let spec = &r.json()["stats"]["spec"];
+    // Never parked: only the last token, when no draft fits, is a plain step.
+    assert!(spec["parked_cycles"].as_u64().is_some_and(|p| p <= 1), "{spec}");
+    assert!(spec["cycles"].as_u64().is_some_and(|c| c > 0), "{spec}");
 
     let r = send(a, "POST", "/api/models/tiny/unload", &[], b"").await;
     assert_eq!(r.status, 200, "{}", r.text());
