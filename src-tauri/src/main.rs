@@ -35,6 +35,8 @@ struct Running {
 }
 
 fn main() {
+    // Conversion jobs run in this process: a write past `ulimit -f` must fail, not kill the app.
+    tandem::quant::fail_writes_past_the_file_size_limit();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TANDEM_LOG")

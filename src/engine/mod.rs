@@ -17,7 +17,7 @@ pub mod options;
 pub mod stop;
 mod worker;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -150,6 +150,9 @@ pub struct EngineConfig {
     /// Conversion jobs queued or running at once; one more is refused with
     /// [`EngineError::ConversionsBusy`].
     pub max_conversions: usize,
+    /// A load still running after this long is cancelled and reported (the service keeps
+    /// answering; the load's thread stops at its next layer).
+    pub load_timeout: std::time::Duration,
 }
 
 impl Default for EngineConfig {
@@ -161,6 +164,7 @@ impl Default for EngineConfig {
             images: ImageLimits::default(),
             adaptive: None,
             max_conversions: jobs::DEFAULT_MAX_CONVERSIONS,
+            load_timeout: std::time::Duration::from_secs(600),
         }
     }
 }
@@ -395,7 +399,8 @@ struct Inner {
     registry: RwLock<Registry>,
     workers: Mutex<BTreeMap<String, Arc<worker::Worker>>>,
     /// Models being loaded now.
-    loading: Mutex<BTreeSet<String>>,
+    /// Models being loaded, each with the flag that cancels its load.
+    loading: Mutex<BTreeMap<String, Arc<AtomicBool>>>,
     /// Serializes loads, so that each memory check sees the previous load's result.
     load_lock: Mutex<()>,
     next_id: AtomicU64,
@@ -496,7 +501,7 @@ impl Engine {
         let worker = lock(&self.inner.workers).get(&entry.name).cloned();
         let state = if worker.is_some() {
             LoadState::Loaded
-        } else if lock(&self.inner.loading).contains(&entry.name) {
+        } else if lock(&self.inner.loading).contains_key(&entry.name) {
             LoadState::Loading
         } else {
             LoadState::Unloaded
@@ -554,11 +559,22 @@ impl Engine {
         if inner.config.memory_check {
             self.check_memory(&entry)?;
         }
-        lock(&inner.loading).insert(entry.name.clone());
+        let cancel = Arc::new(AtomicBool::new(false));
+        lock(&inner.loading).insert(entry.name.clone(), cancel.clone());
         self.publish();
-        let result = worker::Worker::spawn(entry.clone(), &inner.config, self.clone_weak());
+        let result = worker::Worker::spawn(entry.clone(), &inner.config, self.clone_weak(), cancel.clone());
         lock(&inner.loading).remove(&entry.name);
         let worker = result?;
+        // Unloaded while it was loading (after the last point where the loader looks): freed at once.
+        if cancel.load(Ordering::SeqCst) {
+            worker.close();
+            worker.join();
+            self.publish();
+            return Err(EngineError::Load {
+                model: entry.name.clone(),
+                source: cause(crate::model::LoadError::Cancelled),
+            });
+        }
         tracing::info!(model = %entry.name, path = %entry.path.display(), mtp = worker.info.mtp.loaded, "model loaded");
         lock(&inner.workers).insert(entry.name.clone(), Arc::new(worker));
         self.publish();
@@ -581,6 +597,12 @@ impl Engine {
     /// Unloads a model: queued requests fail with [`EngineError::Unloaded`], the running one is
     /// cancelled, and the call returns once the worker has freed the model. False when it was not loaded.
     pub fn unload_blocking(&self, name: &str) -> bool {
+        // A model still loading: its load is cancelled (it stops at its next layer and fails).
+        if let Some(cancel) = lock(&self.inner.loading).get(name) {
+            cancel.store(true, Ordering::SeqCst);
+            tracing::info!(model = %name, "load cancelled");
+            return true;
+        }
         let Some(worker) = lock(&self.inner.workers).remove(name) else {
             return false;
         };

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::chat::Tokenizer;
 use crate::generate::{generate_prompt, Control, FinishReason, GenerateError, GenerateOptions, Progress, Prompt};
-use crate::model::Qwen35;
+use crate::model::{LoadOptions, Qwen35};
 use crate::registry::ModelEntry;
 
 /// Running statistics ride along with text deltas at most this often.
@@ -81,9 +81,16 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    /// Loads the model on a new thread, which then serves the queue. Returns once loading is done.
-    pub fn spawn(entry: ModelEntry, config: &EngineConfig, engine: WeakEngine) -> Result<Worker> {
-        let load_options = config.load_options.clone();
+    /// Loads the model on a new thread, which then serves the queue. Returns once loading is done,
+    /// or fails once it has taken longer than the engine's `load_timeout` (then `cancel` is set, and
+    /// the thread stops at the loader's next check and frees what it had loaded).
+    pub fn spawn(
+        entry: ModelEntry,
+        config: &EngineConfig,
+        engine: WeakEngine,
+        cancel: Arc<AtomicBool>,
+    ) -> Result<Worker> {
+        let load_options = LoadOptions { cancel: Some(cancel.clone()), ..config.load_options.clone() };
         let adaptive = config.adaptive;
         let load_error = |source: Cause| EngineError::Load { model: entry.name.clone(), source };
         let tokenizer = Arc::new(Tokenizer::from_dir(&entry.path).map_err(|e| load_error(cause(e)))?);
@@ -127,13 +134,23 @@ impl Worker {
                 })
                 .map_err(|e| load_error(cause(ErrorMessage(format!("cannot start its thread: {e}")))))?
         };
-        let info = match ready_rx.recv() {
+        let info = match ready_rx.recv_timeout(config.load_timeout) {
             Ok(Ok(info)) => info,
             Ok(Err(message)) => {
                 let _ = thread.join();
                 return Err(load_error(message));
             }
-            Err(_) => {
+            Err(std_mpsc::RecvTimeoutError::Timeout) => {
+                // Not joined: a load stuck inside one step must not hold this caller (and the load
+                // lock) with it. The thread sees the closed channel or the flag and ends.
+                cancel.store(true, Ordering::SeqCst);
+                let why = format!(
+                    "it did not finish loading within {} s; the load was cancelled",
+                    config.load_timeout.as_secs_f64()
+                );
+                return Err(load_error(cause(ErrorMessage(why))));
+            }
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => {
                 let _ = thread.join();
                 return Err(load_error(cause(ErrorMessage("the loading thread stopped".into()))));
             }

@@ -19,6 +19,8 @@ pub use weights::Layout;
 
 #[derive(Debug, Error)]
 pub enum LoadError {
+    #[error("the load was cancelled")]
+    Cancelled,
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: invalid JSON: {message}")]
@@ -69,11 +71,24 @@ pub struct LoadOptions {
     /// Measure the MTP head before trusting it (`mtp_head::probe`): on by default; off only where
     /// the head will not run (a strict check of a folder, calibration).
     pub probe: bool,
+    /// Set from another thread to stop the load at its next layer (an unload of a model still
+    /// loading, a load past its deadline): the load then fails with [`LoadError::Cancelled`].
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { dtype: None, probe: true }
+        LoadOptions { dtype: None, probe: true, cancel: None }
+    }
+}
+
+impl LoadOptions {
+    /// `Err(Cancelled)` once [`LoadOptions::cancel`] is set.
+    pub fn check_cancelled(&self) -> Result<(), LoadError> {
+        match &self.cancel {
+            Some(c) if c.load(std::sync::atomic::Ordering::SeqCst) => Err(LoadError::Cancelled),
+            _ => Ok(()),
+        }
     }
 }
 

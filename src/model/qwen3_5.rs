@@ -297,7 +297,10 @@ impl Qwen35 {
         let observer = Arc::new(Observer::default());
         let embed_tokens = store.embedding("embed_tokens", v, d)?;
         let layers = (0..c.text.num_hidden_layers)
-            .map(|i| DecoderLayer::load(&store, &format!("layers.{i}"), &c, c.full_attention[i], &norms, &observer))
+            .map(|i| {
+                opts.check_cancelled()?;
+                DecoderLayer::load(&store, &format!("layers.{i}"), &c, c.full_attention[i], &norms, &observer)
+            })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let norm = norms("norm.weight", d)?;
         let lm_head = if c.tie_word_embeddings {
@@ -324,6 +327,7 @@ impl Qwen35 {
             store.skip_prefix("visual.");
         }
         store.finish()?;
+        opts.check_cancelled()?;
         store.check_finite()?;
         let name =
             dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| dir.display().to_string());
@@ -342,6 +346,7 @@ impl Qwen35 {
             observer,
         };
         if let (true, Some(decision)) = (opts.probe, decision) {
+            opts.check_cancelled()?;
             model.probe_mtp(&store, &decision, dir)?;
         }
         Ok(model)

@@ -124,6 +124,17 @@ pub enum ConvertError {
     Internal(String),
 }
 
+/// Makes a write past the file-size limit (`ulimit -f`) fail with EFBIG instead of killing the
+/// process with SIGXFSZ, which would leave a partial folder and no message. Every program that
+/// converts (the CLI, the desktop app) calls this first, before it starts threads.
+pub fn fail_writes_past_the_file_size_limit() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to SIG_IGN has no effect besides that disposition.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}
+
 impl ConvertError {
     /// An I/O error on `path`; a write refused for lack of room (a full disk, or the file-size
     /// limit of `ulimit -f`, which the CLI turns from a killing SIGXFSZ into EFBIG) says so.

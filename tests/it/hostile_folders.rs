@@ -334,6 +334,49 @@ fn leftovers_of_killed_conversions_are_never_listed_and_swept_at_the_next_start(
     assert_eq!(names, ["k"]);
 }
 
+/// Real conversions killed (SIGKILL) at different points, new destinations and `--force`
+/// replacements alike: after the next start nothing is left but complete models, and the model a
+/// killed `--force` was replacing is still there.
+#[cfg(unix)]
+#[test]
+fn killed_conversions_leave_nothing_listed_or_behind_after_the_next_start() {
+    let tmp = tempdir();
+    let models = tmp.path().join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let toml = tmp.path().join("models.toml");
+    std::fs::write(&toml, "models_dir = \"models\"\n").unwrap();
+    let convert = |dst: &Path, force: bool| {
+        let mut cmd = tandem();
+        cmd.args(["convert", tiny_model_dir().to_str().unwrap(), "--out", dst.to_str().unwrap(), "--bits", "4"]);
+        if force {
+            cmd.arg("--force");
+        }
+        cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+        cmd
+    };
+    let kept = models.join("kept");
+    assert!(convert(&kept, false).status().unwrap().success());
+    for i in 0..9u64 {
+        let (dst, force) = if i % 3 == 0 { (kept.clone(), true) } else { (models.join(format!("m{i}")), false) };
+        let mut child = convert(&dst, force).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(60 * i));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let _engine = Engine::new(Registry::load(&toml).unwrap(), EngineConfig::default());
+    let left: Vec<String> = std::fs::read_dir(&models)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "leftovers after the next start: {left:?}");
+    let listed = Registry::load(&toml).unwrap().list();
+    assert!(listed.iter().any(|m| m.name == "kept"), "a killed --force lost the model it replaced");
+    for m in &listed {
+        quant::inspect(&m.path).unwrap_or_else(|e| panic!("{} is listed but incomplete: {e}", m.name));
+    }
+}
+
 #[test]
 fn a_conversion_past_the_file_size_limit_fails_clearly_and_leaves_nothing() {
     let tmp = tempdir();

@@ -3,6 +3,7 @@
 mod cli;
 mod common;
 mod convert;
+mod engine_load;
 mod family;
 mod forward_reference;
 mod fuzz;

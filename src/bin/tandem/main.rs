@@ -35,12 +35,7 @@ enum Command {
 }
 
 fn main() {
-    // A write past `ulimit -f` raises SIGXFSZ, which kills silently and leaves a partial folder;
-    // ignored, the write fails with EFBIG instead, which conversion reports and cleans up after.
-    // SAFETY: setting a signal's disposition to SIG_IGN before any thread starts has no other effect.
-    unsafe {
-        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-    }
+    tandem::quant::fail_writes_past_the_file_size_limit();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
