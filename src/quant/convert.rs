@@ -436,6 +436,36 @@ pub(crate) fn copy_side_files(src: &Path, dst: &Path) -> Result<Vec<String>, Con
     Ok(copied)
 }
 
+/// Replaces the copied model card: the source's describes the source's files (sizes, dtype, layout),
+/// which the conversion changed. Its front matter (license, base model, tags) is kept as it was, so
+/// the terms the source is published under travel with the conversion.
+fn write_model_card(
+    src: &Path,
+    dst: &Path,
+    opts: &ConvertOptions,
+    bpw: f64,
+    keep_mtp: bool,
+) -> Result<(), ConvertError> {
+    let card = src.join("README.md");
+    let Ok(text) = std::fs::read_to_string(&card) else { return Ok(()) };
+    let front =
+        text.strip_prefix("---\n").and_then(|rest| rest.find("\n---\n").map(|end| &text[..4 + end + 5])).unwrap_or("");
+    let name = src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let what = match opts.bits {
+        _ if opts.recipe != Recipe::Uniform => format!("recipe {}", opts.recipe),
+        Some(bits) => format!("{bits}-bit, group size {}", opts.group_size),
+        None => format!("{} (not quantized)", opts.dtype.config_name()),
+    };
+    let mtp = if keep_mtp { "its MTP head kept (and probed)" } else { "without its MTP head" };
+    let body = format!(
+        "# {name} (converted)\n\nConverted by Tandem from `{name}`: {what}, {bpw:.2} bits per weight, {mtp}.\n\n\
+         The source's model card describes the source's files and is not copied; read it where the source \
+         is published. Its license applies to this conversion too.\n"
+    );
+    let out = dst.join("README.md");
+    std::fs::write(&out, format!("{front}{body}")).map_err(|e| ConvertError::io(&out, e))
+}
+
 /// Converts the model in `src` into a new MLX-layout folder `dst` (see the module docs).
 pub fn convert(
     src: &Path,
@@ -546,6 +576,7 @@ pub fn convert(
     let mut config = out_config(&source, opts, &mods, &assignment, keep_mtp);
     writer::write_json(&partial.path.join("config.json"), &config)?;
     copy_side_files(src, &partial.path)?;
+    write_model_card(src, &partial.path, opts, predicted_bpw, keep_mtp)?;
     // The written head is measured before the output is put in place; the verified convention
     // and figure go into its config.json.
     let mut written_probe = None;

@@ -98,3 +98,31 @@ fn models_with_nothing_to_list_says_how_to_get_one() {
     assert!(out.stdout.is_empty(), "nothing on stdout: {}", String::from_utf8_lossy(&out.stdout));
     assert!(err.contains("No models") && err.contains("tandem convert") && err.contains("models.toml"), "{err}");
 }
+
+/// `-h` of every command: each option and argument says what it does (none is a bare flag).
+#[test]
+fn every_option_of_every_command_says_what_it_does() {
+    for cmd in ["chat", "bench", "convert", "inspect", "serve", "models"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tandem")).args([cmd, "-h"]).output().unwrap();
+        assert!(out.status.success(), "tandem {cmd} -h");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        let mut seen = 0;
+        for (i, line) in lines.iter().enumerate() {
+            let t = line.trim_start();
+            let indent = line.len() - t.len();
+            if indent == 0 || !(t.starts_with('-') || t.starts_with('<') || t.starts_with('[')) {
+                continue;
+            }
+            seen += 1;
+            // The help follows the flag on its line, or on the next, indented further.
+            let same_line = t.split_once("  ").is_some_and(|(_, help)| !help.trim().is_empty());
+            let next_line = lines.get(i + 1).is_some_and(|n| {
+                let nt = n.trim_start();
+                !nt.is_empty() && n.len() - nt.len() > indent && !nt.starts_with('-')
+            });
+            assert!(same_line || next_line, "tandem {cmd}: `{t}` has no help text\n{text}");
+        }
+        assert!(seen >= 2, "tandem {cmd} -h lists its options: {text}");
+    }
+}

@@ -394,6 +394,23 @@ fn the_converted_mtp_head_loads_and_matches_the_source() {
     assert!(e <= 2.0 * main_e.max(0.005), "MTP error {e} is large next to the main logits' {main_e}");
 }
 
+/// The source's model card describes the source's files: the conversion writes its own, keeping the
+/// card's front matter (license, base model) as it was.
+#[test]
+fn the_model_card_describes_the_conversion_and_keeps_the_front_matter() {
+    let src = source("16", &[]);
+    let front = "---\nlicense: apache-2.0\nbase_model: Org/Source\n---\n";
+    std::fs::write(src.path().join("README.md"), format!("{front}# Source\n\n14 MB of bf16 weights.\n")).unwrap();
+    let out = tempdir();
+    let dst = out.path().join("q4");
+    run(src.path(), &dst, &ConvertOptions { bits: Some(4), mtp: MtpMode::Drop, ..Default::default() });
+    let card = std::fs::read_to_string(dst.join("README.md")).unwrap();
+    assert!(card.starts_with(front), "{card}");
+    assert!(!card.contains("14 MB of bf16"), "the source's description is not copied: {card}");
+    assert!(card.contains("Converted by Tandem") && card.contains("4-bit, group size 64"), "{card}");
+    assert!(card.contains("without its MTP head"), "{card}");
+}
+
 #[test]
 fn dropping_the_head_writes_none_and_loads_with_mtp_off() {
     let src = source("15", &[]);

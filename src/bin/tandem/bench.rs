@@ -9,10 +9,13 @@ use crate::model_arg;
 
 #[derive(Args)]
 pub struct BenchArgs {
+    /// A model of models.toml by name, or a model folder. Default: models.toml's default.
     #[arg(long)]
     model: Option<String>,
+    /// Prompt length to prefill (a fixed English text, repeated as needed).
     #[arg(long, default_value_t = 256)]
     prompt_tokens: usize,
+    /// Tokens to decode per run (greedy, past any end-of-sequence token).
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
     /// MTP depths to measure; 0 is plain decoding.
@@ -26,6 +29,7 @@ pub struct BenchArgs {
     /// verify and rollback do their real work.
     #[arg(long, value_name = "P")]
     oracle_acceptance: Option<f64>,
+    /// Print one JSON object with every run's statistics instead of the table.
     #[arg(long)]
     json: bool,
 }

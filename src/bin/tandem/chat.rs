@@ -31,8 +31,11 @@ pub struct ChatArgs {
     /// Sampling temperature (0 = greedy). Default: the model's setting.
     #[arg(long)]
     temp: Option<f32>,
-    #[arg(long)]
+    /// Nucleus sampling: keep the smallest set of tokens whose probability reaches P. Default: the
+    /// model's setting.
+    #[arg(long, value_name = "P")]
     top_p: Option<f32>,
+    /// Seed for sampling: the same seed gives the same tokens, with MTP on or off.
     #[arg(long)]
     seed: Option<u64>,
     /// MTP speculative decoding. Default: the model's setting.

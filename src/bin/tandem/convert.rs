@@ -18,6 +18,7 @@ pub struct ConvertArgs {
     /// 2, 3, 4, 5, 6, 8 (or none: dtype conversion only).
     #[arg(long)]
     bits: Option<String>,
+    /// Weights per quantization group: 32, 64 or 128.
     #[arg(long, value_parser = quant::parse_group_size, default_value = "64")]
     group_size: u32,
     /// uniform, mixed_3_6, mixed_4_6 or auto.
@@ -51,7 +52,9 @@ pub struct ConvertArgs {
 
 #[derive(Args)]
 pub struct InspectArgs {
+    /// The model folder (Hugging Face or MLX layout).
     path: PathBuf,
+    /// Print the report as JSON.
     #[arg(long)]
     json: bool,
 }

@@ -8,6 +8,7 @@ use crate::model_arg;
 
 #[derive(Args)]
 pub struct ModelsArgs {
+    /// Print the list as JSON.
     #[arg(long)]
     json: bool,
 }

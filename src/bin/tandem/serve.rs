@@ -8,8 +8,10 @@ use crate::model_arg;
 
 #[derive(Args)]
 pub struct ServeArgs {
+    /// Address to listen on; anything beyond loopback needs an API key.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
+    /// Port to listen on.
     #[arg(long, default_value_t = 11435)]
     port: u16,
     /// Required as a Bearer token when binding beyond loopback (default: $TANDEM_API_KEY).
