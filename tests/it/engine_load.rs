@@ -24,7 +24,7 @@ fn engine(dir: &std::path::Path, config: EngineConfig) -> Engine {
 
 fn state(e: &Engine) -> String {
     let m = e.models().into_iter().find(|m| m.name == "tiny").unwrap();
-    serde_json::to_value(&m.state).unwrap().as_str().unwrap_or_default().to_owned()
+    serde_json::to_value(m.state).unwrap().as_str().unwrap_or_default().to_owned()
 }
 
 #[test]
