@@ -19,12 +19,9 @@ use tandem::registry::Registry;
 
 /// Runs `f` on its own thread; panics if it has not returned within `secs` seconds (the thread is
 /// left blocked: the test process ends anyway).
+/// [`common::within`], a hang or a panic failing the test.
 fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(secs)).unwrap_or_else(|_| panic!("{what}: no answer within {secs} s (hangs)"))
+    crate::common::within(secs, what, f).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn load_err(dir: &Path) -> String {

@@ -77,6 +77,31 @@ pub fn read_ids(path: &Path, name: &str) -> Vec<u32> {
 }
 
 /// Copies the files (not the subfolders) of `src` into `dst`.
+/// Runs `f` on its own thread and waits at most `secs`: a hang fails the case (naming `what`)
+/// instead of hanging the suite; a panic fails it with the panic's message.
+pub fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("fuzz-case".into())
+        .spawn(move || {
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            let _ = tx.send(out);
+        })
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(panic)) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(format!("{what}: panicked: {msg}"))
+        }
+        Err(_) => Err(format!("{what}: still running after {secs} s (a hang)")),
+    }
+}
+
 pub fn copy_dir(src: &Path, dst: &Path) {
     std::fs::create_dir_all(dst).unwrap();
     for e in std::fs::read_dir(src).unwrap() {

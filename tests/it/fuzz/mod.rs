@@ -15,13 +15,12 @@ mod bodies;
 mod folders;
 mod inputs;
 
-use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::path::PathBuf;
 
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 
 use crate::common;
+pub use crate::common::{copy_dir, within};
 
 /// Cases per target.
 pub fn cases() -> u32 {
@@ -43,42 +42,6 @@ pub fn runner(source: &'static str) -> TestRunner {
 /// The seed corpus folder of a target.
 pub fn corpus(target: &str) -> PathBuf {
     common::repo().join("tests/fuzz/corpus").join(target)
-}
-
-/// Runs `f` on its own thread and waits at most `secs`: a hang fails the case (naming `what`)
-/// instead of hanging the suite; a panic fails it with the panic's message.
-pub fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name("fuzz-case".into())
-        .spawn(move || {
-            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-            let _ = tx.send(out);
-        })
-        .map_err(|e| format!("cannot start a thread: {e}"))?;
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(panic)) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            Err(format!("{what}: panicked: {msg}"))
-        }
-        Err(_) => Err(format!("{what}: still running after {secs} s (a hang)")),
-    }
-}
-
-/// Copies the files of `from` into `to` (flat folders only).
-pub fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_file() {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
 }
 
 /// The text of `/etc/passwd`'s first line, which no error may echo (an index naming it must be refused
