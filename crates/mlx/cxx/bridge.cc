@@ -2,6 +2,8 @@
 #include "mlx-bridge/cxx/bridge.h"
 
 #include <cstring>
+#include <functional>
+#include <unordered_set>
 #include <stdexcept>
 #include <string>
 
@@ -390,6 +392,41 @@ std::unique_ptr<ArrayVec> kernel_call(const Kernel& k, const ArrayVec& inputs, r
   for (size_t i = 0; i < tmpl_names.size(); ++i) tmpl.emplace_back(std::string(tmpl_names[i]), static_cast<int>(tmpl_ints[i]));
   return wrap_vec(k.fn(inputs.items, shapes, dtypes, {grid[0], grid[1], grid[2]}, {threadgroup[0], threadgroup[1], threadgroup[2]},
                        tmpl, std::nullopt, false, {}));
+}
+
+// --- graph compilation ---
+std::unique_ptr<Compiled> compile(rust::Fn<std::unique_ptr<ArrayVec>(size_t, const ArrayVec&)> body, size_t context, bool shapeless) {
+  auto traced = [body, context](const std::vector<mx::array>& inputs) {
+    ArrayVec in{inputs};
+    auto out = body(context, in);
+    if (!out) throw std::runtime_error(std::string(compile_take_error()));
+    return std::move(out->items);
+  };
+  // A lambda has no function address, so MLX keys its cache by a pointer it owns and erases the
+  // entry when the returned function (held by `Compiled`) is destroyed.
+  auto c = std::make_unique<Compiled>();
+  c->fn = mx::compile(std::function<std::vector<mx::array>(const std::vector<mx::array>&)>(traced), shapeless);
+  return c;
+}
+
+std::unique_ptr<ArrayVec> compiled_call(const Compiled& c, const ArrayVec& inputs) {
+  auto out = std::make_unique<ArrayVec>();
+  out->items = c.fn(inputs.items);
+  return out;
+}
+
+size_t graph_ops(const ArrayVec& outputs) {
+  std::unordered_set<const void*> primitives;
+  std::unordered_set<std::uintptr_t> seen;
+  std::vector<mx::array> stack(outputs.items.begin(), outputs.items.end());
+  while (!stack.empty()) {
+    mx::array a = std::move(stack.back());
+    stack.pop_back();
+    if (!seen.insert(a.id()).second || !a.has_primitive()) continue;
+    primitives.insert(&a.primitive());
+    for (auto& in : a.inputs()) stack.push_back(in);
+  }
+  return primitives.size();
 }
 
 }  // namespace mlxb

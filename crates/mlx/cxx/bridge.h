@@ -32,6 +32,11 @@ struct Kernel {
   mlx::core::fast::CustomKernelFunction fn;
 };
 
+// A function traced and fused by MLX's graph compiler (mlx::core::compile).
+struct Compiled {
+  std::function<std::vector<Array>(const std::vector<Array>&)> fn;
+};
+
 // --- construction and inspection ---
 ArrayPtr array_from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, DtypeCode dtype);
 ArrayPtr array_from_external(const uint8_t* data, rust::Slice<const int32_t> shape, DtypeCode dtype, size_t owner);
@@ -152,5 +157,13 @@ ArrayPtr random_gumbel(rust::Slice<const int32_t> shape, DtypeCode dtype, const 
 std::unique_ptr<Kernel> metal_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header);
 std::unique_ptr<Kernel> cuda_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header);
 std::unique_ptr<ArrayVec> kernel_call(const Kernel& k, const ArrayVec& inputs, rust::Slice<const int32_t> out_shapes_flat, rust::Slice<const int32_t> out_ndims, rust::Slice<const DtypeCode> out_dtypes, rust::Slice<const int32_t> grid, rust::Slice<const int32_t> threadgroup, rust::Slice<const rust::String> tmpl_names, rust::Slice<const int32_t> tmpl_ints);
+
+// --- graph compilation ---
+// `body(context, inputs)` is a Rust function building the graph; it returns null on error (the
+// message is then taken from Rust). `context` identifies the Rust closure and outlives the result.
+std::unique_ptr<Compiled> compile(rust::Fn<std::unique_ptr<ArrayVec>(size_t, const ArrayVec&)> body, size_t context, bool shapeless);
+std::unique_ptr<ArrayVec> compiled_call(const Compiled& c, const ArrayVec& inputs);
+// The number of distinct primitives (operations MLX will run) not yet evaluated behind `outputs`.
+size_t graph_ops(const ArrayVec& outputs);
 
 }  // namespace mlxb

@@ -99,6 +99,7 @@ pub(crate) mod ffi {
         type Array;
         type ArrayVec;
         type Kernel;
+        type Compiled;
 
         fn array_from_bytes(data: &[u8], shape: &[i32], dtype: DtypeCode) -> Result<UniquePtr<Array>>;
         unsafe fn array_from_external(
@@ -305,11 +306,25 @@ pub(crate) mod ffi {
             tmpl_names: &[String],
             tmpl_ints: &[i32],
         ) -> Result<UniquePtr<ArrayVec>>;
+
+        fn compile(
+            body: fn(context: usize, inputs: &ArrayVec) -> UniquePtr<ArrayVec>,
+            context: usize,
+            shapeless: bool,
+        ) -> Result<UniquePtr<Compiled>>;
+        fn compiled_call(c: &Compiled, inputs: &ArrayVec) -> Result<UniquePtr<ArrayVec>>;
+        fn graph_ops(outputs: &ArrayVec) -> usize;
     }
 
     extern "Rust" {
         fn release_owner(owner: usize);
+        fn compile_take_error() -> String;
     }
+}
+
+/// The message of the last failed traced function on this thread (see `compile.rs`).
+fn compile_take_error() -> String {
+    crate::compile::take_error()
 }
 
 /// Called by MLX (through the deleter of an external buffer) when it no longer needs memory that a

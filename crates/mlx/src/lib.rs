@@ -5,6 +5,7 @@
 //! MLX's C++ exceptions arrive as [`Error::Mlx`] with MLX's message.
 
 mod array;
+pub mod compile;
 pub mod device;
 mod dtype;
 mod error;
