@@ -10,6 +10,7 @@
 
 pub mod catalog;
 pub mod conversations;
+pub mod faults;
 pub mod images;
 pub mod jobs;
 pub mod live;

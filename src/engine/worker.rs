@@ -106,6 +106,7 @@ impl Worker {
                     let loaded = {
                         let _compute = super::compute_lock();
                         catch_unwind(AssertUnwindSafe(|| {
+                            super::faults::on_load(&entry.name);
                             crate::model::load(&entry.path, &load_options).map(|model| {
                                 let facts = ModelFacts { adaptive, max_token_bytes, ..ModelFacts::of(&model) };
                                 (model, facts)
@@ -326,6 +327,7 @@ fn run(
     compute: &mut parking_lot::FairMutexGuard<'static, ()>,
 ) -> Result<Completion> {
     let Caller { events, cancel } = caller;
+    super::faults::on_generation(name);
     let mut decoder = tokenizer.stream_decoder(true);
     let mut stopper = StopMatcher::new(&job.stop);
     let mut text = String::new();

@@ -107,3 +107,28 @@ pub fn sample_last(model: &Qwen35, sampler: &mut Sampler, hidden: &Array, histor
     let logits = sampler.penalize(&logits, history)?;
     Ok(sampler.sample(&logits)?.item::<u32>()?)
 }
+
+/// What MLX runs for one greedy forward of `width` tokens after `prompt` (a plain step at width 1, a
+/// depth-d verify at d + 1) and, with `head`, one MTP draft after it: the operations (launches on a
+/// GPU) behind the sampled tokens, counted before anything is evaluated, by MLX primitive name. `tandem bench` reports it.
+pub fn graph_ops(model: &Qwen35, prompt: &[u32], width: usize, head: bool) -> Result<Vec<(String, usize)>> {
+    let mut cache = model.make_cache();
+    let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+    let h = model.forward(&Array::from_slice(&ids, &[1, ids.len() as i32])?, &mut cache)?;
+    {
+        let mut prefilled: Vec<&Array> = cache.iter().flat_map(|c| c.arrays()).collect();
+        prefilled.push(&h);
+        mlx::device::eval(&prefilled)?;
+    }
+    let tokens = Array::from_slice(&vec![ids[ids.len() - 1]; width], &[1, width as i32])?;
+    let hidden = model.forward(&tokens, &mut cache)?;
+    let mut out = vec![model.logits(&hidden)?.argmax(-1, false)?];
+    if head {
+        let mut mtp = model.make_mtp_cache().ok_or_else(|| mlx::Error::Invalid("the model has no MTP head".into()))?;
+        let t = hidden.dim(1);
+        let next = out[0].slice_axis(1, t - 1, t)?;
+        let drafted = model.mtp_forward(&hidden.slice_axis(1, t - 1, t)?, &next, &mut mtp)?;
+        out.push(model.logits(&drafted)?.argmax(-1, false)?);
+    }
+    Ok(mlx::compile::graph_op_histogram(&out.iter().collect::<Vec<_>>()))
+}

@@ -4,6 +4,7 @@
 //! covers, on machine classes where that test passed, after a small parity probe on this machine; every
 //! other call goes to the MLX op. `TANDEM_KERNELS=off` turns them all off.
 
+pub mod fused;
 pub mod quantized_matmul;
 
 pub use quantized_matmul::quantized_matmul;

@@ -138,7 +138,7 @@ pub struct Mlp {
 impl Mlp {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         self.tap.see_all(&["gate_proj", "up_proj"], x);
-        let inner = self.gate_proj.forward(x)?.silu()?.multiply(&self.up_proj.forward(x)?)?;
+        let inner = crate::kernels::fused::swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?;
         self.tap.see("down_proj", &inner);
         self.down_proj.forward(&inner)
     }

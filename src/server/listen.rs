@@ -30,7 +30,8 @@ pub(crate) async fn serve(
     limits: Limits,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let max = limits.max_connections.clamp(1, 1 << 20);
+    let max = connection_cap(limits.max_connections, raise_open_files_limit());
+    tracing::debug!("serving at most {max} connections at once");
     let slots = Arc::new(Semaphore::new(max));
     loop {
         // At the cap, new connections wait in the kernel's backlog instead of costing descriptors.
@@ -62,6 +63,42 @@ pub(crate) async fn serve(
     Ok(())
 }
 
+/// Descriptors kept for everything but connections: model files, logs, the conversion jobs' files.
+const RESERVED_DESCRIPTORS: usize = 256;
+
+/// The connections served at once: as asked, within what the descriptor limit leaves after the
+/// reserve (each connection costs one), and at least 8.
+fn connection_cap(requested: usize, open_files: usize) -> usize {
+    requested.clamp(1, 1 << 20).min(open_files.saturating_sub(RESERVED_DESCRIPTORS).max(8))
+}
+
+/// Raises this process's soft limit on open files to its hard limit (at most 65,536; the usual soft
+/// default of 1,024 is what idle sockets exhausted), and returns the soft limit in force.
+#[cfg(unix)]
+fn raise_open_files_limit() -> usize {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit read and write the struct passed; nothing else is touched.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        let want = lim.rlim_max.min(65_536);
+        if want > lim.rlim_cur {
+            let raised = libc::rlimit { rlim_cur: want, rlim_max: lim.rlim_max };
+            // macOS refuses values above OPEN_MAX whatever the hard limit says: keep the old one then.
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = want;
+            }
+        }
+    }
+    lim.rlim_cur as usize
+}
+
+#[cfg(not(unix))]
+fn raise_open_files_limit() -> usize {
+    usize::MAX
+}
+
 async fn connection(
     stream: TcpStream,
     app: Router,
@@ -91,4 +128,17 @@ async fn connection(
 /// stays `Send` while it goes on awaiting).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connection_cap;
+
+    #[test]
+    fn the_cap_leaves_descriptors_for_the_rest() {
+        assert_eq!(connection_cap(4096, 65_536), 4096);
+        assert_eq!(connection_cap(4096, 1024), 768);
+        assert_eq!(connection_cap(4096, 100), 8);
+        assert_eq!(connection_cap(0, 65_536), 1);
+    }
 }

@@ -40,9 +40,9 @@ pub use security::api_key_problem;
 pub const DEFAULT_PORT: u16 = 11435;
 /// Request bodies up to this size (images travel inside them as data URLs).
 pub const DEFAULT_MAX_BODY: usize = 32 << 20;
-/// Connections open at once; well below the usual descriptor limits (1,024 on Linux), so that the
-/// process keeps descriptors for models and files however many clients connect.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Connections open at once. The server raises its descriptor limit to the hard limit at start and
+/// lowers this cap to what that limit leaves after a reserve for models and files (listen.rs).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// How long a connection may take to send a request head, and stay idle between requests.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest pause within a request body.

@@ -1,5 +1,6 @@
 //! A model load can never hold the service: one still loading is cancelled by its unload, and one
-//! past its deadline is reported and abandoned while the engine keeps loading others.
+//! past its deadline is reported and abandoned while the engine keeps loading others; a worker that
+//! panics is reported and contained.
 
 use std::time::{Duration, Instant};
 
@@ -61,4 +62,52 @@ fn a_load_past_its_deadline_is_reported_and_the_engine_goes_on() {
     let e2 = engine(tmp.path(), EngineConfig::default());
     e2.load_blocking("tiny").unwrap();
     assert_eq!(e2.loaded(), ["tiny"]);
+}
+
+/// A panic inside a model's worker, while loading or while generating, is caught and reported to the
+/// caller by name; the worker, the other model and the engine go on (tandem::engine::faults injects it).
+#[test]
+fn a_panicking_worker_is_reported_and_contained() {
+    use tandem::engine::{faults, Input, Request};
+    let tmp = tempdir();
+    let toml = tmp.path().join("models.toml");
+    let tiny = tiny_model_dir();
+    std::fs::write(
+        &toml,
+        format!("models_dir = \"models\"\n[[model]]\nname = \"a\"\npath = {tiny:?}\n[[model]]\nname = \"b\"\npath = {tiny:?}\n"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(tmp.path().join("models")).unwrap();
+    let e = Engine::new(Registry::load(&toml).unwrap(), EngineConfig::default());
+    let chat = |model: &str| {
+        let mut r = Request::new(model, Input::Raw("Once upon a time".into()));
+        r.max_tokens = Some(4);
+        r.ignore_eos = true;
+        e.chat_blocking(r).and_then(|g| g.blocking_collect())
+    };
+
+    faults::panic_next_load("a");
+    let err = e.load_blocking("a").expect_err("the load panicked");
+    assert!(
+        err.message().contains("the loader panicked") && err.message().contains("fault injected"),
+        "{}",
+        err.message()
+    );
+    assert!(e.loaded().is_empty());
+    e.load_blocking("b").unwrap();
+    e.load_blocking("a").unwrap();
+
+    faults::panic_next_generation("a");
+    let err = chat("a").expect_err("the generation panicked");
+    assert!(
+        err.message().contains("the generation panicked") && err.message().contains("fault injected"),
+        "{}",
+        err.message()
+    );
+    // The same worker answers the next request, the other model never noticed.
+    assert_eq!(chat("a").unwrap().tokens.len(), 4);
+    assert_eq!(chat("b").unwrap().tokens.len(), 4);
+    let mut loaded = e.loaded();
+    loaded.sort();
+    assert_eq!(loaded, ["a", "b"]);
 }

@@ -177,3 +177,55 @@ fn qmm_cuda_selected_on_tested_class() {
         assert_eq!(y.to_bytes().unwrap(), qmm::cuda(&x, &q).unwrap().to_bytes().unwrap());
     }
 }
+
+/// Every compiled elementwise chain (src/kernels/fused.rs) gives the values its op-by-op body gives,
+/// on every backend, in bf16 and f32, at decode, verify and prefill widths, and one compiled trace
+/// serves them all. Fused kernels keep each op's arithmetic; the bound allows for a reordered
+/// transcendental (2 ulp of f32; bf16 outputs must match exactly or within one bf16 ulp).
+#[test]
+fn fused_chains_match_their_op_by_op_bodies() {
+    use tandem::kernels::fused::{self, reference};
+    let rand = |shape: &[i32], dtype: Dtype, seed: u64| {
+        random::normal(shape, Dtype::F32, &random::key(seed).unwrap()).unwrap().as_dtype(dtype).unwrap()
+    };
+    let compare = |what: &str, got: &Array, want: &Array| {
+        assert_eq!(got.shape(), want.shape(), "{what}");
+        assert_eq!(got.dtype(), want.dtype(), "{what}");
+        let ulp = if got.dtype() == Dtype::BF16 { 2f32.powi(-7) } else { 2.0 * f32::EPSILON };
+        let (g, w) = (got.to_f32_vec().unwrap(), want.to_f32_vec().unwrap());
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            assert!((a - b).abs() <= ulp * b.abs().max(1e-6), "{what}: element {i}: compiled {a}, op by op {b}");
+        }
+    };
+    for dtype in [Dtype::BF16, Dtype::F32] {
+        for (t, seed) in [(1, 1), (4, 2), (37, 3)] {
+            let what = |name: &str| format!("{name} ({dtype}, T = {t})");
+            let (b, a) = (rand(&[1, t, 6], dtype, seed), rand(&[1, t, 6], dtype, seed + 10));
+            let (bias, neg_a) = (rand(&[6], dtype, 4), rand(&[6], Dtype::F32, 5).exp().unwrap().negative().unwrap());
+            let (beta, decay) = fused::delta_gates(&b, &a, &bias, &neg_a).unwrap();
+            let want = reference::delta_gates(&b, &a, &bias, &neg_a).unwrap();
+            compare(&what("delta_gates beta"), &beta, &want[0]);
+            compare(&what("delta_gates decay"), &decay, &want[1]);
+            let (n, z) = (rand(&[1, t, 3, 8], Dtype::F32, seed + 20), rand(&[1, t, 3, 8], dtype, seed + 30));
+            compare(&what("silu_gate"), &fused::silu_gate(&n, &z).unwrap(), &reference::silu_gate(&n, &z).unwrap()[0]);
+            let (g, u) = (rand(&[1, t, 16], dtype, seed + 40), rand(&[1, t, 16], dtype, seed + 50));
+            compare(&what("swiglu"), &fused::swiglu(&g, &u).unwrap(), &reference::swiglu(&g, &u).unwrap()[0]);
+            compare(
+                &what("sigmoid_gate"),
+                &fused::sigmoid_gate(&g, &u).unwrap(),
+                &reference::sigmoid_gate(&g, &u).unwrap()[0],
+            );
+            compare(&what("silu"), &fused::silu(&g).unwrap(), &reference::silu(&g).unwrap()[0]);
+        }
+    }
+    if fused::enabled() {
+        let (g, u) = (rand(&[1, 4, 16], Dtype::F32, 60), rand(&[1, 4, 16], Dtype::F32, 61));
+        let compiled = fused::swiglu(&g, &u).unwrap();
+        let eager = &reference::swiglu(&g, &u).unwrap()[0];
+        mlx::device::eval(&[&g, &u]).unwrap();
+        assert!(
+            mlx::compile::graph_ops(&[&compiled]) < mlx::compile::graph_ops(&[eager]),
+            "compiled chains run as fewer operations"
+        );
+    }
+}

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <functional>
 #include <unordered_set>
+
+#include "mlx/primitives.h"
 #include <stdexcept>
 #include <string>
 
@@ -415,18 +417,32 @@ std::unique_ptr<ArrayVec> compiled_call(const Compiled& c, const ArrayVec& input
   return out;
 }
 
-size_t graph_ops(const ArrayVec& outputs) {
-  std::unordered_set<const void*> primitives;
+namespace {
+// One entry per operation: an unevaluated array, its sibling outputs (of a multi-output op) counted
+// with it. Not per primitive object: a compiled function's replays share theirs.
+std::vector<const mx::Primitive*> graph_primitives(const ArrayVec& outputs) {
+  std::vector<const mx::Primitive*> order;
   std::unordered_set<std::uintptr_t> seen;
   std::vector<mx::array> stack(outputs.items.begin(), outputs.items.end());
   while (!stack.empty()) {
     mx::array a = std::move(stack.back());
     stack.pop_back();
     if (!seen.insert(a.id()).second || !a.has_primitive()) continue;
-    primitives.insert(&a.primitive());
+    bool counted = false;
+    for (auto& s : a.siblings()) counted |= !seen.insert(s.id()).second;
+    if (!counted) order.push_back(&a.primitive());
     for (auto& in : a.inputs()) stack.push_back(in);
   }
-  return primitives.size();
+  return order;
+}
+}  // namespace
+
+size_t graph_ops(const ArrayVec& outputs) { return graph_primitives(outputs).size(); }
+
+rust::Vec<rust::String> graph_op_names(const ArrayVec& outputs) {
+  rust::Vec<rust::String> out;
+  for (auto* p : graph_primitives(outputs)) out.push_back(rust::String(p->name()));
+  return out;
 }
 
 }  // namespace mlxb

@@ -165,5 +165,7 @@ std::unique_ptr<Compiled> compile(rust::Fn<std::unique_ptr<ArrayVec>(size_t, con
 std::unique_ptr<ArrayVec> compiled_call(const Compiled& c, const ArrayVec& inputs);
 // The number of distinct primitives (operations MLX will run) not yet evaluated behind `outputs`.
 size_t graph_ops(const ArrayVec& outputs);
+// Their names (MLX's primitive names), one per operation.
+rust::Vec<rust::String> graph_op_names(const ArrayVec& outputs);
 
 }  // namespace mlxb

@@ -92,3 +92,14 @@ impl Compiled {
 pub fn graph_ops(outputs: &[&Array]) -> usize {
     ffi::graph_ops(&crate::vec_to(outputs))
 }
+
+/// The operations behind `outputs` by MLX primitive name, with how many of each, most first.
+pub fn graph_op_histogram(outputs: &[&Array]) -> Vec<(String, usize)> {
+    let mut counts = std::collections::BTreeMap::new();
+    for name in ffi::graph_op_names(&crate::vec_to(outputs)) {
+        *counts.entry(name).or_insert(0usize) += 1;
+    }
+    let mut v: Vec<(String, usize)> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v
+}

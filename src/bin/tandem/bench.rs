@@ -54,7 +54,21 @@ struct Report {
     gen_tokens: usize,
     /// The oracle's acceptance probability when drafts came from the plain continuation.
     oracle_acceptance: Option<f64>,
+    /// MLX operations per forward, counted before evaluation: a plain step (width 1) and each
+    /// depth's verify (width depth + 1); `draft` adds one MTP draft to the plain step.
+    graph_ops: Vec<GraphOps>,
+    /// Whether the elementwise chains ran compiled (`TANDEM_COMPILE`).
+    compiled: bool,
     runs: Vec<Run>,
+}
+
+#[derive(Serialize)]
+struct GraphOps {
+    width: usize,
+    ops: usize,
+    draft_ops: Option<usize>,
+    /// The same operations by MLX primitive name, most first.
+    by_op: Vec<(String, usize)>,
 }
 
 /// Public-domain text (Moby-Dick, chapter 1) repeated to the requested prompt length.
@@ -105,6 +119,24 @@ pub fn run(a: BenchArgs) -> Result<()> {
             Control::Continue
         })?;
     }
+    let mut widths: Vec<usize> = a.depths.iter().map(|d| d + 1).collect();
+    widths.sort_unstable();
+    widths.dedup();
+    let mut graph_ops = Vec::new();
+    for width in widths {
+        let by_op = tandem::generate::step::graph_ops(&l.model, &ids, width, false)?;
+        let total = |h: &[(String, usize)]| h.iter().map(|(_, n)| n).sum::<usize>();
+        let ops = total(&by_op);
+        let draft_ops = match (width, l.model.has_mtp()) {
+            (1, true) => Some(total(&tandem::generate::step::graph_ops(&l.model, &ids, 1, true)?) - ops),
+            _ => None,
+        };
+        if !a.json {
+            let draft = draft_ops.map(|d| format!(", an MTP draft {d} more")).unwrap_or_default();
+            eprintln!("MLX operations for a forward of {width} token(s): {ops}{draft}");
+        }
+        graph_ops.push(GraphOps { width, ops, draft_ops, by_op });
+    }
     let mut runs: Vec<Run> = Vec::new();
     let mut plain: Option<Vec<u32>> = None;
     for (depth, adaptive) in plan {
@@ -153,6 +185,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             prompt_tokens: ids.len(),
             gen_tokens: a.gen_tokens,
             oracle_acceptance: a.oracle_acceptance,
+            graph_ops,
+            compiled: tandem::kernels::fused::enabled(),
             runs,
         };
         crate::out::line(serde_json::to_string_pretty(&report)?);

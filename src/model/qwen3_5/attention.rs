@@ -80,7 +80,7 @@ impl Attention {
         };
         let (keys, values) = cache.update(&k, &v)?;
         let o = causal_attention(&q, &keys, &values, 1.0 / (self.hd as f32).sqrt())?;
-        let o = o.swapaxes(1, 2)?.reshape(&[b, t, self.hq * self.hd])?.multiply(&gate.sigmoid()?)?;
+        let o = crate::kernels::fused::sigmoid_gate(&o.swapaxes(1, 2)?.reshape(&[b, t, self.hq * self.hd])?, &gate)?;
         self.tap.see("o_proj", &o);
         self.o_proj.forward(&o)
     }

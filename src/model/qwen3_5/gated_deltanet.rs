@@ -5,6 +5,7 @@ use mlx::{concatenate, Array, Dtype};
 
 use super::{mlx_err, Config};
 use crate::cache::{LinearState, Recording};
+use crate::kernels::fused;
 use crate::model::layers::{Fused, Linear, Result, Tap};
 use crate::model::store::Store;
 use crate::model::LoadError;
@@ -73,17 +74,13 @@ impl GatedDeltaNet {
 
     pub(super) fn forward(&self, x: &Array, st: &mut LinearState) -> Result<Array> {
         let (b, t) = (x.dim(0), x.dim(1));
-        let dt = x.dtype();
         self.tap.see_all(&["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"], x);
         let mut proj = self.in_proj.forward(x)?.into_iter();
         let mut next =
             || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
         let (qkv, z, b_in, a_in) = (next()?, next()?, next()?, next()?);
         let z = z.reshape(&[b, t, self.hv, self.dv])?;
-        let beta = b_in.as_dtype(Dtype::F32)?.sigmoid()?;
-        let a = a_in.as_dtype(Dtype::F32)?;
-        let g = a.add(&self.dt_bias.as_dtype(Dtype::F32)?)?.softplus()?.multiply(&self.neg_a)?;
-        let decay = g.exp()?;
+        let (beta, decay) = fused::delta_gates(&b_in, &a_in, &self.dt_bias, &self.neg_a)?;
 
         // Causal depthwise conv over [window ++ new rows]; the window keeps the last K-1 rows.
         let c = qkv.dim(2);
@@ -95,7 +92,7 @@ impl GatedDeltaNet {
         // In f32: q and k are L2-normalised next; rounding the conv output to bf16 first was the largest
         // bf16 drift found op by op against mlx-lm (it cost a third to a half of the layer's accuracy).
         let conv_f32 = conv_input.as_dtype(Dtype::F32)?;
-        let conv = mlx::ops::conv1d(&conv_f32, &self.conv_weight.as_dtype(Dtype::F32)?, 1, 0, 1, c)?.silu()?;
+        let conv = fused::silu(&mlx::ops::conv1d(&conv_f32, &self.conv_weight.as_dtype(Dtype::F32)?, 1, 0, 1, c)?)?;
         st.conv = Some(conv_input.slice_axis(1, t, t + self.kernel - 1)?);
 
         let (kd, _) = (self.hk * self.dk, 0);
@@ -124,7 +121,7 @@ impl GatedDeltaNet {
         // [B,T,Hv,Dv] and rounded once. Rounding o and then w * rmsnorm(o) to bf16 first (transformers'
         // order of casts) amplified the error of positions whose output nearly cancels (small rms).
         let n = fast::rms_norm(&o, Some(&self.norm_weight), self.eps)?;
-        let gated = n.multiply(&z.as_dtype(Dtype::F32)?.silu()?)?.as_dtype(dt)?;
+        let gated = fused::silu_gate(&n, &z)?;
         let gated = gated.reshape(&[b, t, self.hv * self.dv])?;
         self.tap.see("out_proj", &gated);
         self.out_proj.forward(&gated)
