@@ -5,7 +5,11 @@ import sys
 
 for path in sys.argv[1:]:
     d = json.load(open(path))
-    print(f"{path}: {d['backend']}, mlx {d['mlx']}, oracle {d.get('oracle_acceptance')}")
+    print(f"{path}: {d['backend']}, mlx {d['mlx']}, oracle {d.get('oracle_acceptance')}, compiled {d.get('compiled')}")
+    for g in d.get("graph_ops", []):
+        top = ", ".join(f"{n} {c}" for n, c in g["by_op"][:8])
+        draft = f", an MTP draft {g['draft_ops']} more" if g.get("draft_ops") is not None else ""
+        print(f"  MLX operations, forward of {g['width']}: {g['ops']}{draft} ({top})")
     for r in d["runs"]:
         s = r["stats"]
         sp = s.get("spec") or {}

@@ -130,9 +130,75 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
+/// Who holds `ip:port`, as far as can be told: a Tandem server (it answers /api/health as one), else
+/// the program that has the socket open (Linux, when it is this user's), else nothing.
+pub(crate) fn port_holder(ip: std::net::IpAddr, port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let ip = if ip.is_unspecified() { std::net::IpAddr::from([127, 0, 0, 1]) } else { ip };
+    let addr = std::net::SocketAddr::new(ip, port);
+    if let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+        let req = format!("GET /api/health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        let mut reply = Vec::new();
+        if s.write_all(req.as_bytes()).is_ok() {
+            let _ = s.take(64 << 10).read_to_end(&mut reply);
+        }
+        let reply = String::from_utf8_lossy(&reply);
+        if reply.contains("\"models_loaded\"") && reply.contains("\"backend\"") {
+            return Some(format!("another Tandem (open http://{addr}/ to use it)"));
+        }
+    }
+    socket_owner(port)
+}
+
+/// The process with a listening TCP socket on `port` open, from /proc (Linux).
+#[cfg(target_os = "linux")]
+fn socket_owner(port: u16) -> Option<String> {
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        for line in std::fs::read_to_string(table).unwrap_or_default().lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // local_address is HEX_IP:HEX_PORT; state 0A is LISTEN; the inode is the tenth field.
+            let listens = f.get(3) == Some(&"0A");
+            let on_port = f.get(1).and_then(|a| a.rsplit(':').next()).and_then(|p| u16::from_str_radix(p, 16).ok());
+            if listens && on_port == Some(port) {
+                inodes.extend(f.get(9).map(|i| format!("socket:[{i}]")));
+            }
+        }
+    }
+    for proc_dir in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(fds) = std::fs::read_dir(proc_dir.path().join("fd")) else { continue };
+        for fd in fds.flatten() {
+            let Ok(target) = std::fs::read_link(fd.path()) else { continue };
+            if inodes.iter().any(|i| target.as_os_str() == i.as_str()) {
+                let pid = proc_dir.file_name().to_string_lossy().into_owned();
+                let name = std::fs::read_to_string(proc_dir.path().join("comm")).unwrap_or_default();
+                return Some(format!("{} (pid {pid})", name.trim()));
+            }
+        }
+    }
+    None
+}
+
+#[cfg(not(target_os = "linux"))]
+fn socket_owner(_port: u16) -> Option<String> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
-    use super::connection_cap;
+    use super::{connection_cap, port_holder};
+
+    #[test]
+    fn a_busy_port_names_its_holder() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let who = port_holder("127.0.0.1".parse().unwrap(), port);
+        if cfg!(target_os = "linux") {
+            let who = who.expect("the holder is this test process");
+            assert!(who.contains(&format!("pid {}", std::process::id())), "{who}");
+        }
+    }
 
     #[test]
     fn the_cap_leaves_descriptors_for_the_rest() {

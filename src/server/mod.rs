@@ -284,9 +284,18 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
              (clients then send `Authorization: Bearer <key>`) or bind to 127.0.0.1"
         );
     }
-    let listener = tokio::net::TcpListener::bind((ip, config.port))
-        .await
-        .with_context(|| format!("cannot listen on {ip}:{}", config.port))?;
+    let listener = match tokio::net::TcpListener::bind((ip, config.port)).await {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            let holder = tokio::task::spawn_blocking(move || listen::port_holder(ip, config.port)).await.ok().flatten();
+            anyhow::bail!(
+                "cannot listen on {ip}:{}: the port is in use{}; choose another with --port",
+                config.port,
+                holder.map(|h| format!(" by {h}")).unwrap_or_default()
+            )
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot listen on {ip}:{}", config.port)),
+    };
     let addr = listener.local_addr().context("cannot read the bound address")?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let policy =

@@ -69,6 +69,36 @@ pub struct ChatRequest {
     enable_thinking: Option<bool>,
     /// vLLM's extension: generate up to max_tokens even past end-of-sequence.
     ignore_eos: Option<bool>,
+    /// Every other field: refused by name unless it asks for nothing (see [`unsupported`]).
+    #[serde(flatten)]
+    #[ts(skip)]
+    other: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The first field of `other` that asks for something Tandem does not do: a parameter it does not
+/// implement (tools, response_format, logprobs, penalties, ...) or one it does not know. A field set
+/// to what means "off" in OpenAI's API (null, false, 0, "", [] or {}) asks for nothing, so clients
+/// that send their defaults or echo a returned message back work; anything else is a 400 naming it,
+/// never silently dropped.
+fn unsupported(other: &serde_json::Map<String, serde_json::Value>, path: &str) -> Result<(), ApiError> {
+    // OpenAI's end-user identifier changes nothing about the answer.
+    const HARMLESS: [&str; 1] = ["user"];
+    use serde_json::Value;
+    let asks = |v: &Value| match v {
+        Value::Null | Value::Bool(false) => false,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+        Value::Bool(true) => true,
+    };
+    match other.iter().find(|(k, v)| asks(v) && !(path.is_empty() && HARMLESS.contains(&k.as_str()))) {
+        None => Ok(()),
+        Some((name, value)) => Err(ApiError::bad_request(
+            "unsupported_parameter",
+            format!("`{path}{name}` = {value}: not supported by this server (it would be ignored, so it is refused)"),
+        )),
+    }
 }
 
 #[derive(Debug, Deserialize, TS)]
@@ -106,6 +136,10 @@ struct InMessage {
     #[serde(default)]
     #[ts(optional)]
     content: Option<InContent>,
+    /// Fields Tandem does not read (`tool_calls`, `name`, ...): refused by name unless empty.
+    #[serde(flatten)]
+    #[ts(skip)]
+    other: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize, TS)]
@@ -142,6 +176,10 @@ struct Parsed {
 const MAX_STOPS: usize = 16;
 
 fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
+    unsupported(&req.other, "")?;
+    for (i, m) in req.messages.iter().enumerate() {
+        unsupported(&m.other, &format!("messages[{i}]."))?;
+    }
     if let Some(n) = req.n.filter(|&n| n != 1) {
         return Err(ApiError::bad_request(
             "invalid_value",

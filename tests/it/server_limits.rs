@@ -357,3 +357,19 @@ async fn server_start_names_a_missing_model_folder() {
     let expected = format!("{}:5: model `gone`: {} does not exist", toml.display(), dir.path().join("gone").display());
     assert!(chain.contains(&expected), "{chain}");
 }
+
+/// A second server on a port a Tandem server holds says so and where to find it, instead of a bare
+/// "address in use".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_on_a_busy_port_says_who_holds_it() {
+    let setup = Setup::new();
+    let first = setup.start(setup.config()).await;
+    let mut config = setup.config();
+    config.port = first.addr().port();
+    let err = match start_with_engine(config, setup.engine()).await {
+        Ok(_) => panic!("a second server started on a busy port"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("in use by another Tandem") && err.contains(&first.addr().to_string()), "{err}");
+    first.shutdown().await.unwrap();
+}

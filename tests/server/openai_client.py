@@ -146,6 +146,30 @@ def main():
         check(False, "negative temperature raises")
     except openai.BadRequestError as e:
         check(e.status_code == 400, f"bad temperature: 400 ({e.body})")
+    # A parameter the server does not implement is refused by name, never ignored; its "off"
+    # values (and `user`) are accepted.
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    for what, extra in [
+        ("tools", {"tools": [tool]}),
+        ("response_format", {"response_format": {"type": "json_object"}}),
+        ("logprobs", {"logprobs": True}),
+        ("frequency_penalty", {"frequency_penalty": 0.5}),
+        ("messages[1].tool_calls", {"messages": messages[:1] + [{**messages[1], "tool_calls": [{"id": "x"}]}]}),
+    ]:
+        kwargs = {"model": args.model, "messages": messages, "max_tokens": 2, **extra}
+        try:
+            client.chat.completions.create(**kwargs)
+            check(False, f"{what} raises")
+        except openai.BadRequestError as e:
+            body = e.body or {}
+            check(
+                e.status_code == 400 and body.get("code") == "unsupported_parameter" and f"`{what}`" in body.get("message", ""),
+                f"{what}: 400 unsupported_parameter naming it ({body})",
+            )
+    r = client.chat.completions.create(
+        model=args.model, messages=messages, max_tokens=2, user="someone", frequency_penalty=0, logprobs=False, tools=[]
+    )
+    check(r.choices[0].message.content is not None, "user and parameters at their off values are accepted")
     print("all checks passed")
 
 

@@ -1,10 +1,13 @@
 //! The MTP head's acceptance probe: names are claims, measurements are facts.
 //!
 //! The body runs once over a short built-in text (`assets/probe/mtp-probe.txt`, at most
-//! [`MAX_TOKENS`] tokens of the model's own tokenizer, or a fixed token sequence without one). The
-//! head is then fed, teacher-forced, each position's post-norm hidden `h_t` with the next token
-//! `x_{t+1}`, and its top-1 prediction is compared with the body's own top-1 at `t + 1`: the
-//! acceptance a depth-1 greedy draft would get on that text. Where the head's provenance is not a
+//! [`MAX_TOKENS`] tokens of the model's own tokenizer, or a fixed token sequence without one), then
+//! decodes [`CONTINUATION`] tokens of its own greedily. The head is then fed, teacher-forced, each
+//! position's post-norm hidden `h_t` with the next token `x_{t+1}`, and its top-1 prediction is
+//! compared with the body's own top-1 at `t + 1`, over the positions a greedy decode would meet
+//! (the continuation, and the text where it follows the body's greedy choice): the acceptance a
+//! depth-1 greedy draft gets there. Prose alone read low: a model's greedy text repeats itself,
+//! which its head predicts more easily than human prose. Where the head's provenance is not a
 //! fact (a re-attached head, a sidecar, norms the statistics flag) or the head as decided probes
 //! poorly, each candidate convention of its seven norms is measured and the best is taken.
 //!
@@ -32,8 +35,10 @@ use crate::model::LoadError;
 
 /// The probe text shipped with Tandem (public-domain prose).
 pub const PROBE_TEXT: &str = include_str!("../../../assets/probe/mtp-probe.txt");
-/// At most this many tokens are probed.
+/// At most this many tokens of the text are probed.
 pub const MAX_TOKENS: usize = 256;
+/// Then this many tokens of the body's own greedy continuation.
+pub const CONTINUATION: usize = 64;
 /// Below this, the body does not read the text well enough to judge a head.
 pub const MIN_BODY_AGREEMENT: f64 = 0.1;
 /// A head below this acceptance does not run (where the body can judge).
@@ -124,15 +129,30 @@ fn top1(logits: &Array) -> mlx::Result<Vec<u32>> {
     logits.argmax(-1, false)?.reshape(&[-1])?.to_vec::<u32>()
 }
 
-/// Runs the body once over `ids`.
+/// Runs the body once over `ids`, then (where it reads them) decodes [`CONTINUATION`] tokens greedily
+/// after them: the text a greedy decode meets, where the head's agreement is the depth-1 acceptance
+/// itself.
 pub fn run_body(model: &Qwen35, ids: &[i32]) -> mlx::Result<BodyRun> {
     let t = ids.len() as i32;
-    let tokens = Array::from_slice(ids, &[1, t])?;
-    let hidden = model.forward(&tokens, &mut model.make_cache())?;
-    let body_next = top1(&model.logits(&hidden)?)?;
+    let mut cache = model.make_cache();
+    let prose = model.forward(&Array::from_slice(ids, &[1, t])?, &mut cache)?;
+    let mut body_next = top1(&model.logits(&prose)?)?;
     let hits = ids[1..].iter().zip(&body_next).filter(|(x, p)| **x as u32 == **p).count();
     let body_agreement = hits as f64 / (ids.len() - 1).max(1) as f64;
-    Ok(BodyRun { hidden, tokens, ids: ids.to_vec(), body_next, body_agreement })
+    let mut ids = ids.to_vec();
+    let mut hiddens = vec![prose];
+    // A body that does not read the text cannot judge a head (see `judge`): no continuation then.
+    let continuation = if body_agreement >= MIN_BODY_AGREEMENT { CONTINUATION } else { 0 };
+    for _ in 0..continuation {
+        let Some(&next) = body_next.last() else { break };
+        ids.push(next as i32);
+        let h = model.forward(&Array::from_slice(&[next as i32], &[1, 1])?, &mut cache)?;
+        body_next.extend(top1(&model.logits(&h)?)?);
+        hiddens.push(h);
+    }
+    let hidden = mlx::concatenate(&hiddens.iter().collect::<Vec<_>>(), 1)?;
+    let tokens = Array::from_slice(&ids, &[1, ids.len() as i32])?;
+    Ok(BodyRun { hidden, tokens, ids, body_next, body_agreement })
 }
 
 /// The head's teacher-forced top-1 agreement with the body: `argmax head(h_t, x_{t+1})` against the
@@ -244,7 +264,7 @@ pub fn judge(
         tried: tried.clone(),
         chosen: None,
         seconds: 0.0,
-        tokens: ids.len(),
+        tokens: run.ids.len(),
         body_agreement: run.body_agreement,
         inconclusive: !can_judge,
     };
@@ -261,7 +281,7 @@ pub fn judge(
         j.refused = Some(format!(
             "the MTP head ({where_}) probes at best {accepted:.3} top-1 agreement with its body on {} tokens \
              (tried: {figures}), below the floor {floor:.3} (the body itself agrees {:.3} with the text); MTP is off",
-            ids.len(),
+            run.ids.len(),
             run.body_agreement
         ));
     } else {
@@ -274,7 +294,7 @@ pub fn judge(
                 "MTP norm convention chosen by the probe: {} ({accepted:.3} top-1 agreement on {} tokens; tried: {figures}) \
                  for the head in {where_}",
                 tried[pick].convention,
-                ids.len()
+                run.ids.len()
             ));
         }
     }
