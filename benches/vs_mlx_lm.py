@@ -23,12 +23,15 @@ p = argparse.ArgumentParser()
 p.add_argument("model", nargs="?", default=str(ROOT / "assets/models/tandem-tiny"))
 p.add_argument("--prompt-tokens", type=int, default=128)
 p.add_argument("--gen-tokens", type=int, default=128)
+p.add_argument("--mlx-lm-only", action="store_true", help="measure mlx-lm alone (Tandem measured separately)")
 a = p.parse_args()
 
-out = subprocess.run([str(ROOT / "target/release/tandem"), "bench", "--model", a.model, "--json",
-                      "--prompt-tokens", str(a.prompt_tokens), "--gen-tokens", str(a.gen_tokens), "--depths", "0,3"],
-                     check=True, capture_output=True, text=True)
-ours = json.loads(out.stdout)
+ours = {"runs": []}
+if not a.mlx_lm_only:
+    out = subprocess.run([str(ROOT / "target/release/tandem"), "bench", "--model", a.model, "--json",
+                          "--prompt-tokens", str(a.prompt_tokens), "--gen-tokens", str(a.gen_tokens), "--depths", "0,3"],
+                         check=True, capture_output=True, text=True)
+    ours = json.loads(out.stdout)
 
 model, tok = load(a.model)
 ids = []

@@ -126,3 +126,33 @@ fn every_option_of_every_command_says_what_it_does() {
         assert!(seen >= 2, "tandem {cmd} -h lists its options: {text}");
     }
 }
+
+/// `tandem inspect` without --json reads as sizes in units, the quantization per group and the
+/// probe's figure, each agreeing with the --json report of the same folder.
+#[test]
+fn inspect_for_a_person_agrees_with_its_json() {
+    let run = |json: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
+        cmd.arg("inspect").arg(tiny_model_dir());
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let v: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
+    let text = run(false);
+    let params = v["params"].as_u64().unwrap() as f64 / 1e6;
+    assert!(text.contains(&format!("{params:.2} M parameters")), "{text}");
+    assert!(text.contains(&format!("{:.1} MB of weights", v["bytes"].as_u64().unwrap() as f64 / 1e6)), "{text}");
+    assert!(v["quantization"].is_null() && text.contains("quantization: none"), "{text}");
+    let probe = &v["mtp"]["probe"];
+    let line = text.lines().find(|l| l.contains("MTP probe:")).unwrap_or_else(|| panic!("no probe line: {text}"));
+    assert!(line.contains(&format!("{:.3} top-1 agreement", probe["acceptance"].as_f64().unwrap())), "{line}");
+    assert!(
+        line.contains(probe["chosen"].as_str().unwrap()) && line.contains(&format!("{} tokens", probe["tokens"])),
+        "{line}"
+    );
+    assert!(!text.contains("null"), "no raw JSON in the text: {text}");
+}

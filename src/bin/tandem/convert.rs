@@ -148,32 +148,74 @@ pub fn inspect(a: InspectArgs) -> Result<()> {
         crate::out::line(serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
-    let v = serde_json::to_value(&r)?;
-    crate::out::line(format!(
-        "{}: {} ({})",
-        a.path.display(),
-        v["architecture"].as_str().unwrap_or("?"),
-        v["format"].as_str().unwrap_or("?")
-    ));
-    crate::out::line(format!("  parameters {}  bytes {}", v["params"], v["bytes"]));
-    crate::out::line(format!("  quantization {}", v["quantization"]));
-    let m = &v["mtp"];
-    crate::out::line(format!(
-        "  MTP: {} declared layer(s), {} tensors, verdict {}: {}",
-        m["declared_layers"],
-        m["tensors_found"],
-        m["verdict"].as_str().unwrap_or("?"),
-        m["message"].as_str().unwrap_or("")
-    ));
-    if let Some(norms) = m["norms"].as_array() {
-        for n in norms {
-            crate::out::line(format!(
-                "    {:<48} mean {:>8.4}  {}",
-                n["name"].as_str().unwrap_or("?"),
-                n["mean"].as_f64().unwrap_or(f64::NAN),
-                n["convention"].as_str().unwrap_or("?")
-            ));
-        }
+    for line in describe(&a.path, &r) {
+        crate::out::line(line);
     }
     Ok(())
+}
+
+/// `tandem inspect` for a person: sizes in units, quantization per module group, the MTP head's
+/// verdict and what the probe measured, then each head norm's statistics.
+fn describe(path: &std::path::Path, r: &quant::InspectReport) -> Vec<String> {
+    let layout = match r.format {
+        tandem::model::Layout::Hf => "Hugging Face layout",
+        tandem::model::Layout::Mlx => "MLX layout",
+    };
+    let bpw = if r.params > 0 { r.bytes as f64 * 8.0 / r.params as f64 } else { 0.0 };
+    let mut out = vec![
+        format!("{}: {}, {layout}", path.display(), r.architecture),
+        format!(
+            "  {:.2} M parameters, {:.1} MB of weights ({bpw:.2} bits per weight)",
+            r.params as f64 / 1e6,
+            r.bytes as f64 / 1e6
+        ),
+    ];
+    match &r.quantization {
+        None => out.push("  quantization: none".into()),
+        Some(q) => {
+            let default = q
+                .default
+                .as_ref()
+                .map(|d| format!("{}-bit, group {}", d.bits, d.group_size))
+                .unwrap_or_else(|| "per module".into());
+            out.push(format!("  quantization: {default}"));
+            for (group, g) in &q.groups {
+                let mut parts: Vec<String> = g.bits.iter().map(|(b, n)| format!("{n} at {b}-bit")).collect();
+                if g.dense > 0 {
+                    parts.push(format!("{} dense", g.dense));
+                }
+                out.push(format!("    {group:<12} {} module(s): {}", g.modules, parts.join(", ")));
+            }
+        }
+    }
+    let m = &r.mtp;
+    let verdict = serde_json::to_value(m.verdict).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+    out.push(format!(
+        "  MTP head: {} declared layer(s), {} tensor(s); {verdict}: {}",
+        m.declared_layers, m.tensors_found, m.message
+    ));
+    if let Some(p) = &m.probe {
+        let tried =
+            p.tried.iter().map(|t| format!("{} {:.3}", t.convention, t.acceptance)).collect::<Vec<_>>().join(", ");
+        out.push(if p.inconclusive {
+            format!(
+                "  MTP probe: inconclusive (the body agrees {:.3} with the probe text: it cannot judge a head); {} tokens, {:.2} s",
+                p.body_agreement, p.tokens, p.seconds
+            )
+        } else {
+            match (p.acceptance, &p.chosen) {
+                (Some(a), Some(c)) => format!(
+                    "  MTP probe: {a:.3} top-1 agreement with the body (the depth-1 acceptance to expect), norms read {c}; tried {tried}; {} tokens, {:.2} s",
+                    p.tokens, p.seconds
+                ),
+                _ => format!("  MTP probe: no head runs (tried {tried}); {} tokens, {:.2} s", p.tokens, p.seconds),
+            }
+        });
+    }
+    for n in &m.norms {
+        let convention =
+            serde_json::to_value(n.convention).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        out.push(format!("    {:<48} mean {:>8.4}  {convention}", n.name, n.mean));
+    }
+    out
 }
