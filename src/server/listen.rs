@@ -167,6 +167,10 @@ fn socket_owner(port: u16) -> Option<String> {
         }
     }
     for proc_dir in std::fs::read_dir("/proc").ok()?.flatten() {
+        // Only the numbered entries are processes (`self` and `thread-self` are links to one).
+        if !proc_dir.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
         let Ok(fds) = std::fs::read_dir(proc_dir.path().join("fd")) else { continue };
         for fd in fds.flatten() {
             let Ok(target) = std::fs::read_link(fd.path()) else { continue };
