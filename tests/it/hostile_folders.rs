@@ -355,9 +355,9 @@ fn killed_conversions_leave_nothing_listed_or_behind_after_the_next_start() {
     let t0 = std::time::Instant::now();
     assert!(convert(&kept, false).status().unwrap().success());
     let whole = t0.elapsed();
-    // Kills spread over a whole conversion (loading, probing, writing, the renames). `make test` runs 9;
+    // Kills spread over a whole conversion (loading, probing, writing, the renames). `make test` runs 6;
     // `TANDEM_KILLS=50` is the campaign (docs/PERF.md has its figures).
-    let kills: u32 = std::env::var("TANDEM_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(9);
+    let kills: u32 = std::env::var("TANDEM_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(6);
     for i in 0..kills {
         let (dst, force) = if i % 3 == 0 { (kept.clone(), true) } else { (models.join(format!("m{i}")), false) };
         let mut child = convert(&dst, force).spawn().unwrap();
