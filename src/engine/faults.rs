@@ -1,29 +1,26 @@
 //! Fault injection, for the tests that prove a panic inside a model's worker is caught, reported to
 //! whoever waited and contained (the worker, the other models and the engine go on). Nothing in
-//! Tandem arms these; they cost one lock of an empty set per load and per generation.
+//! Tandem arms these; they cost one lock of an empty list per load and per generation.
 
-use std::collections::HashSet;
 use std::sync::Mutex;
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Point {
     Load,
     Generation,
 }
 
-static ARMED: Mutex<Option<HashSet<(Point, String)>>> = Mutex::new(None);
+static ARMED: Mutex<Vec<(Point, String)>> = Mutex::new(Vec::new());
 
 fn arm(point: Point, model: &str) {
-    ARMED.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashSet::new).insert((point, model.into()));
+    ARMED.lock().unwrap_or_else(|p| p.into_inner()).push((point, model.into()));
 }
 
 fn fire(point: Point, model: &str) {
-    let hit = ARMED
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_mut()
-        .is_some_and(|set| set.remove(&(point, model.to_owned())));
-    if hit {
+    let mut armed = ARMED.lock().unwrap_or_else(|p| p.into_inner());
+    let hit = armed.iter().position(|(p, m)| *p == point && m == model).map(|i| armed.swap_remove(i));
+    drop(armed);
+    if hit.is_some() {
         panic!("fault injected into {model}'s worker");
     }
 }

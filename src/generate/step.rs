@@ -109,9 +109,18 @@ pub fn sample_last(model: &Qwen35, sampler: &mut Sampler, hidden: &Array, histor
 }
 
 /// What MLX runs for one greedy forward of `width` tokens after `prompt` (a plain step at width 1, a
-/// depth-d verify at d + 1) and, with `head`, one MTP draft after it: the operations (launches on a
-/// GPU) behind the sampled tokens, counted before anything is evaluated, by MLX primitive name. `tandem bench` reports it.
-pub fn graph_ops(model: &Qwen35, prompt: &[u32], width: usize, head: bool) -> Result<Vec<(String, usize)>> {
+/// depth-d verify at d + 1): its operations (launches on a GPU) by MLX primitive name, counted before
+/// anything is evaluated, and how many more one MTP draft after it adds (None without a head).
+/// `tandem bench` reports it.
+pub struct GraphOps {
+    pub by_op: Vec<(String, usize)>,
+    pub draft: Option<usize>,
+}
+
+pub fn graph_ops(model: &Qwen35, prompt: &[u32], width: usize) -> Result<GraphOps> {
+    let Some(&last) = prompt.last() else {
+        return Err(mlx::Error::Invalid("counting operations needs a prompt".into()).into());
+    };
     let mut cache = model.make_cache();
     let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
     let h = model.forward(&Array::from_slice(&ids, &[1, ids.len() as i32])?, &mut cache)?;
@@ -120,15 +129,18 @@ pub fn graph_ops(model: &Qwen35, prompt: &[u32], width: usize, head: bool) -> Re
         prefilled.push(&h);
         mlx::device::eval(&prefilled)?;
     }
-    let tokens = Array::from_slice(&vec![ids[ids.len() - 1]; width], &[1, width as i32])?;
-    let hidden = model.forward(&tokens, &mut cache)?;
-    let mut out = vec![model.logits(&hidden)?.argmax(-1, false)?];
-    if head {
-        let mut mtp = model.make_mtp_cache().ok_or_else(|| mlx::Error::Invalid("the model has no MTP head".into()))?;
-        let t = hidden.dim(1);
-        let next = out[0].slice_axis(1, t - 1, t)?;
-        let drafted = model.mtp_forward(&hidden.slice_axis(1, t - 1, t)?, &next, &mut mtp)?;
-        out.push(model.logits(&drafted)?.argmax(-1, false)?);
-    }
-    Ok(mlx::compile::graph_op_histogram(&out.iter().collect::<Vec<_>>()))
+    let hidden = model.forward(&Array::from_slice(&vec![last as i32; width], &[1, width as i32])?, &mut cache)?;
+    let sampled = model.logits(&hidden)?.argmax(-1, false)?;
+    let by_op = mlx::compile::graph_op_histogram(&[&sampled]);
+    let draft = match model.make_mtp_cache() {
+        None => None,
+        Some(mut mtp) => {
+            let t = hidden.dim(1);
+            let (h_last, next) = (hidden.slice_axis(1, t - 1, t)?, sampled.slice_axis(1, t - 1, t)?);
+            let drafted = model.logits(&model.mtp_forward(&h_last, &next, &mut mtp)?)?.argmax(-1, false)?;
+            let forward: usize = by_op.iter().map(|(_, n)| n).sum();
+            Some(mlx::compile::graph_ops(&[&sampled, &drafted]) - forward)
+        }
+    };
+    Ok(GraphOps { by_op, draft })
 }

@@ -50,8 +50,9 @@ macro_rules! chains {
             chains!(@out out, $out)
         }
     )*
-    mod eager {
-        //! The same chains op by op, for the parity test.
+    #[doc(hidden)]
+    pub mod reference {
+        //! The same chains op by op (never compiled), for tests that compare the two.
         use super::*;
         $(pub fn $name($($arg: &Array),*) -> Result<Vec<Array>> { let body: Body = $body; body(&[$($arg),*]) })*
     }
@@ -85,10 +86,4 @@ chains! {
     sigmoid_gate(o, gate) -> Array = |x| Ok(vec![x[0].multiply(&x[1].sigmoid()?)?]);
     /// `silu(x)`.
     silu(x) -> Array = |x| Ok(vec![x[0].silu()?]);
-}
-
-#[doc(hidden)]
-pub mod reference {
-    //! The chains op by op (never compiled), for tests that compare the two.
-    pub use super::eager::*;
 }

@@ -2,7 +2,8 @@
 //! `kernels/` folder (kernels/README.md lists them with their tolerances and figures) and are compiled by
 //! MLX's custom-kernel API on first use. A kernel is taken only on the backend and shapes its parity test
 //! covers, on machine classes where that test passed, after a small parity probe on this machine; every
-//! other call goes to the MLX op. `TANDEM_KERNELS=off` turns them all off.
+//! other call goes to the MLX op. `TANDEM_KERNELS=off` turns them all off. `fused` holds the elementwise
+//! chains MLX's graph compiler fuses on every backend (`TANDEM_COMPILE=off` runs them op by op).
 
 pub mod fused;
 pub mod quantized_matmul;

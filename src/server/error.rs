@@ -111,10 +111,7 @@ const LARGE_BODY: u64 = 1 << 20;
 /// How many large bodies are read and parsed at once; more wait their turn.
 pub const LARGE_BODIES_AT_ONCE: usize = 4;
 
-fn large_bodies() -> std::sync::Arc<tokio::sync::Semaphore> {
-    static SLOTS: std::sync::OnceLock<std::sync::Arc<tokio::sync::Semaphore>> = std::sync::OnceLock::new();
-    SLOTS.get_or_init(|| std::sync::Arc::new(tokio::sync::Semaphore::new(LARGE_BODIES_AT_ONCE))).clone()
-}
+static LARGE_BODIES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LARGE_BODIES_AT_ONCE);
 
 /// A JSON body. Unlike `axum::Json`, every rejection is an [`ApiError`]: a body over the limit is
 /// 413, a wrong content type 415, bad JSON or a wrong type 400 with the path of the bad field.
@@ -144,7 +141,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
         let length = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         let _large = match length {
             Some(n) if n < LARGE_BODY => None,
-            _ => Some(large_bodies().acquire_owned().await.map_err(|_| ApiError::internal("the server is stopping"))?),
+            _ => Some(LARGE_BODIES.acquire().await.map_err(|_| ApiError::internal("the server is stopping"))?),
         };
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             let status = rejection.status();

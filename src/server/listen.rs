@@ -166,6 +166,9 @@ fn socket_owner(port: u16) -> Option<String> {
             }
         }
     }
+    if inodes.is_empty() {
+        return None;
+    }
     for proc_dir in std::fs::read_dir("/proc").ok()?.flatten() {
         // Only the numbered entries are processes (`self` and `thread-self` are links to one).
         if !proc_dir.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {

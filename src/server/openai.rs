@@ -80,9 +80,12 @@ pub struct ChatRequest {
 /// to what means "off" in OpenAI's API (null, false, 0, "", [] or {}) asks for nothing, so clients
 /// that send their defaults or echo a returned message back work; anything else is a 400 naming it,
 /// never silently dropped.
-fn unsupported(other: &serde_json::Map<String, serde_json::Value>, path: &str) -> Result<(), ApiError> {
-    // OpenAI's end-user identifier changes nothing about the answer.
-    const HARMLESS: [&str; 1] = ["user"];
+/// `harmless` names fields accepted whatever their value.
+fn unsupported(
+    other: &serde_json::Map<String, serde_json::Value>,
+    path: &str,
+    harmless: &[&str],
+) -> Result<(), ApiError> {
     use serde_json::Value;
     let asks = |v: &Value| match v {
         Value::Null | Value::Bool(false) => false,
@@ -92,7 +95,7 @@ fn unsupported(other: &serde_json::Map<String, serde_json::Value>, path: &str) -
         Value::Object(o) => !o.is_empty(),
         Value::Bool(true) => true,
     };
-    match other.iter().find(|(k, v)| asks(v) && !(path.is_empty() && HARMLESS.contains(&k.as_str()))) {
+    match other.iter().find(|(k, v)| asks(v) && !harmless.contains(&k.as_str())) {
         None => Ok(()),
         Some((name, value)) => Err(ApiError::bad_request(
             "unsupported_parameter",
@@ -176,9 +179,10 @@ struct Parsed {
 const MAX_STOPS: usize = 16;
 
 fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
-    unsupported(&req.other, "")?;
+    // OpenAI's end-user identifier changes nothing about the answer.
+    unsupported(&req.other, "", &["user"])?;
     for (i, m) in req.messages.iter().enumerate() {
-        unsupported(&m.other, &format!("messages[{i}]."))?;
+        unsupported(&m.other, &format!("messages[{i}]."), &[])?;
     }
     if let Some(n) = req.n.filter(|&n| n != 1) {
         return Err(ApiError::bad_request(

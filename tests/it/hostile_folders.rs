@@ -17,9 +17,8 @@ use tandem::model::{self, LoadOptions};
 use tandem::quant::{self, Control, ConvertOptions};
 use tandem::registry::Registry;
 
-/// Runs `f` on its own thread; panics if it has not returned within `secs` seconds (the thread is
-/// left blocked: the test process ends anyway).
-/// [`common::within`], a hang or a panic failing the test.
+/// [`crate::common::within`], a hang or a panic failing the test (a hung thread is left blocked: the
+/// test process ends anyway).
 fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     crate::common::within(secs, what, f).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -3,11 +3,11 @@
 
 #include <cstring>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <unordered_set>
 
 #include "mlx/primitives.h"
-#include <stdexcept>
-#include <string>
 
 #include "mlx-bridge/src/ffi.rs.h"
 
@@ -417,11 +417,10 @@ std::unique_ptr<ArrayVec> compiled_call(const Compiled& c, const ArrayVec& input
   return out;
 }
 
-namespace {
-// One entry per operation: an unevaluated array, its sibling outputs (of a multi-output op) counted
+// One name per operation: an unevaluated array, its sibling outputs (of a multi-output op) counted
 // with it. Not per primitive object: a compiled function's replays share theirs.
-std::vector<const mx::Primitive*> graph_primitives(const ArrayVec& outputs) {
-  std::vector<const mx::Primitive*> order;
+rust::Vec<rust::String> graph_op_names(const ArrayVec& outputs) {
+  rust::Vec<rust::String> names;
   std::unordered_set<std::uintptr_t> seen;
   std::vector<mx::array> stack(outputs.items.begin(), outputs.items.end());
   while (!stack.empty()) {
@@ -430,19 +429,10 @@ std::vector<const mx::Primitive*> graph_primitives(const ArrayVec& outputs) {
     if (!seen.insert(a.id()).second || !a.has_primitive()) continue;
     bool counted = false;
     for (auto& s : a.siblings()) counted |= !seen.insert(s.id()).second;
-    if (!counted) order.push_back(&a.primitive());
+    if (!counted) names.push_back(rust::String(a.primitive().name()));
     for (auto& in : a.inputs()) stack.push_back(in);
   }
-  return order;
-}
-}  // namespace
-
-size_t graph_ops(const ArrayVec& outputs) { return graph_primitives(outputs).size(); }
-
-rust::Vec<rust::String> graph_op_names(const ArrayVec& outputs) {
-  rust::Vec<rust::String> out;
-  for (auto* p : graph_primitives(outputs)) out.push_back(rust::String(p->name()));
-  return out;
+  return names;
 }
 
 }  // namespace mlxb

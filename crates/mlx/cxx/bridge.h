@@ -163,9 +163,7 @@ std::unique_ptr<ArrayVec> kernel_call(const Kernel& k, const ArrayVec& inputs, r
 // message is then taken from Rust). `context` identifies the Rust closure and outlives the result.
 std::unique_ptr<Compiled> compile(rust::Fn<std::unique_ptr<ArrayVec>(size_t, const ArrayVec&)> body, size_t context, bool shapeless);
 std::unique_ptr<ArrayVec> compiled_call(const Compiled& c, const ArrayVec& inputs);
-// The number of distinct primitives (operations MLX will run) not yet evaluated behind `outputs`.
-size_t graph_ops(const ArrayVec& outputs);
-// Their names (MLX's primitive names), one per operation.
+// The operations MLX will run to evaluate `outputs` (those not yet evaluated), one primitive name each.
 rust::Vec<rust::String> graph_op_names(const ArrayVec& outputs);
 
 }  // namespace mlxb

@@ -90,7 +90,7 @@ impl Compiled {
 /// The number of operations MLX will run to evaluate `outputs`: distinct primitives not yet
 /// evaluated in their graph (a fused compiled segment counts once, a multi-output op once).
 pub fn graph_ops(outputs: &[&Array]) -> usize {
-    ffi::graph_ops(&crate::vec_to(outputs))
+    ffi::graph_op_names(&crate::vec_to(outputs)).len()
 }
 
 /// The operations behind `outputs` by MLX primitive name, with how many of each, most first.

@@ -313,7 +313,6 @@ pub(crate) mod ffi {
             shapeless: bool,
         ) -> Result<UniquePtr<Compiled>>;
         fn compiled_call(c: &Compiled, inputs: &ArrayVec) -> Result<UniquePtr<ArrayVec>>;
-        fn graph_ops(outputs: &ArrayVec) -> usize;
         fn graph_op_names(outputs: &ArrayVec) -> Vec<String>;
     }
 

@@ -124,13 +124,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     widths.dedup();
     let mut graph_ops = Vec::new();
     for width in widths {
-        let by_op = tandem::generate::step::graph_ops(&l.model, &ids, width, false)?;
-        let total = |h: &[(String, usize)]| h.iter().map(|(_, n)| n).sum::<usize>();
-        let ops = total(&by_op);
-        let draft_ops = match (width, l.model.has_mtp()) {
-            (1, true) => Some(total(&tandem::generate::step::graph_ops(&l.model, &ids, 1, true)?) - ops),
-            _ => None,
-        };
+        let counted = tandem::generate::step::graph_ops(&l.model, &ids, width)?;
+        let ops = counted.by_op.iter().map(|(_, n)| n).sum();
+        // A draft follows a plain step.
+        let draft_ops = counted.draft.filter(|_| width == 1);
+        let by_op = counted.by_op;
         if !a.json {
             let draft = draft_ops.map(|d| format!(", an MTP draft {d} more")).unwrap_or_default();
             eprintln!("MLX operations for a forward of {width} token(s): {ops}{draft}");

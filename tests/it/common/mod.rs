@@ -76,13 +76,12 @@ pub fn read_ids(path: &Path, name: &str) -> Vec<u32> {
     }
 }
 
-/// Copies the files (not the subfolders) of `src` into `dst`.
 /// Runs `f` on its own thread and waits at most `secs`: a hang fails the case (naming `what`)
 /// instead of hanging the suite; a panic fails it with the panic's message.
 pub fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
-        .name("fuzz-case".into())
+        .name("within".into())
         .spawn(move || {
             let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
             let _ = tx.send(out);
@@ -102,6 +101,7 @@ pub fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + 
     }
 }
 
+/// Copies the files (not the subfolders) of `src` into `dst`.
 pub fn copy_dir(src: &Path, dst: &Path) {
     std::fs::create_dir_all(dst).unwrap();
     for e in std::fs::read_dir(src).unwrap() {
