@@ -1,5 +1,10 @@
 //! `y = x @ dequantize(w)^T` for affine-quantized weights: at verify widths (M = 1..8 rows of x) on CUDA,
-//! the kernel in kernels/cuda/quantized_matmul.cu{,h}; everywhere else, MLX's `quantized_matmul` ([`fallback`]).
+//! the kernel in kernels/cuda/quantized_matmul.cu{,h}; on the CPU with bf16 or f16 x, MLX's op computed in
+//! fp32 ([`cpu_f32`]); everywhere else, MLX's `quantized_matmul` ([`fallback`]).
+//!
+//! The CPU path exists because MLX 0.32.4's CPU `quantized_matmul` accumulates in the input's dtype when
+//! that is bf16: eight times slower than the same op in fp32 and, at K = 1024, up to 8% off the exact
+//! result where fp32 accumulation rounded once is within half an ulp (kernels/README.md has the figures).
 //!
 //! MLX's CUDA op costs almost linearly in M (an MTP verify of 4 tokens paid ~3.5 plain steps of it on the
 //! H200); the kernel reads the weights once for all M rows, so M = 8 costs what M = 1 does. It computes
@@ -49,12 +54,44 @@ pub fn tolerance(dtype: Dtype) -> f32 {
     }
 }
 
-/// `x @ dequantize(q)^T` (`q.matmul(x, true)`): the CUDA kernel where [`selected`], MLX's op otherwise.
+/// `x @ dequantize(q)^T` (`q.matmul(x, true)`): the CUDA kernel where [`selected`], the fp32 CPU path where
+/// [`cpu_selected`], MLX's op otherwise.
 pub fn quantized_matmul(x: &Array, q: &Quantized) -> Result<Array> {
     if selected(x, q) {
         return cuda(x, q);
     }
+    if cpu_selected(x, q) {
+        return cpu_f32(x, q);
+    }
     fallback(x, q)
+}
+
+/// Whether a call takes [`cpu_f32`]: MLX computing on the CPU, x in bf16 or f16, affine weights (whose
+/// scales and biases are plain floats), kernels not switched off.
+pub fn cpu_selected(x: &Array, q: &Quantized) -> bool {
+    policy() != Policy::Off
+        && default_device() == Device::Cpu
+        && matches!(x.dtype(), Dtype::BF16 | Dtype::F16)
+        && q.mode == QuantMode::Affine
+}
+
+/// MLX's op with x, scales and biases cast to fp32, the result cast back to x's dtype: each output is the
+/// fp32 dot product rounded once. The casts of the scales and biases (one pair per 64 weights) are small
+/// beside the product they serve.
+pub fn cpu_f32(x: &Array, q: &Quantized) -> Result<Array> {
+    let f32 = |a: &Array| a.as_dtype(Dtype::F32);
+    let biases = q.biases.as_ref().map(f32).transpose()?;
+    let y = mlx::quantized::quantized_matmul(
+        &f32(x)?,
+        &q.weight,
+        &f32(&q.scales)?,
+        biases.as_ref(),
+        true,
+        q.group_size,
+        q.bits,
+        q.mode,
+    )?;
+    y.as_dtype(x.dtype())
 }
 
 /// The MLX op the kernel replaces.

@@ -80,12 +80,47 @@ fn qmm_selection_rules() {
     assert!(!qmm::applicable(&inputs(1, 64, Dtype::BF16, 2), &small_k), "K below the tested range");
 
     if backend() != Backend::Cuda {
-        // Off CUDA the hook must be MLX's op, bit for bit.
+        // Off CUDA no CUDA kernel; on the CPU the hook is MLX's op computed in fp32, bit for bit.
         assert!(!qmm::selected(&x, &q4));
         let y = qmm::quantized_matmul(&x, &q4).unwrap();
-        let y_mlx = q4.matmul(&x, true).unwrap();
+        let want = if qmm::cpu_selected(&x, &q4) { qmm::cpu_f32(&x, &q4) } else { qmm::fallback(&x, &q4) };
         assert_eq!(y.shape(), vec![1, 4, 8]);
-        assert_eq!(y.to_bytes().unwrap(), y_mlx.to_bytes().unwrap());
+        assert_eq!(y.dtype(), Dtype::BF16);
+        assert_eq!(y.to_bytes().unwrap(), want.unwrap().to_bytes().unwrap());
+    }
+    let x32 = x.as_dtype(Dtype::F32).unwrap();
+    assert!(!qmm::cpu_selected(&x32, &q4), "f32 x keeps MLX's op");
+    let mx = Quantized { mode: QuantMode::Mxfp4, ..q4.clone() };
+    assert!(!qmm::cpu_selected(&x, &mx), "only affine weights");
+}
+
+/// The CPU path (MLX's op in fp32, rounded once to x's dtype) is within half an ulp of an fp32 reference at
+/// the shapes tandem-tiny and a real model use, at decode, verify and prefill widths, and rows do not
+/// depend on how many come in one call (a verify's logits are decoding's own).
+#[test]
+fn qmm_cpu_path_is_fp32_rounded_once() {
+    for dtype in [Dtype::BF16, Dtype::F16] {
+        for bits in [4, 8] {
+            for (i, &(n, k)) in [(384, 256), (40, 1024), (4096, 256)].iter().enumerate() {
+                let q = weights(n, k, bits, dtype, 30 + i as u64);
+                let x8 = inputs(8, k, dtype, 40 + i as u64);
+                let y8 = qmm::cpu_f32(&x8, &q).unwrap();
+                assert_eq!(y8.dtype(), dtype);
+                for m in [1, 3, 8] {
+                    let x = x8.slice_axis(0, 0, m).unwrap();
+                    let y = qmm::cpu_f32(&x, &q).unwrap();
+                    let case = format!("{dtype:?} {bits}-bit N={n} K={k} M={m}");
+                    let e = rel_error(&y.to_f32_vec().unwrap(), &fp32_reference(&x, &q));
+                    assert!(e <= half_ulp(dtype), "{case}: error {e:.2e} against fp32 over the tolerance");
+                    let rows8 = y8.slice_axis(0, 0, m).unwrap();
+                    assert_eq!(y.to_bytes().unwrap(), rows8.to_bytes().unwrap(), "{case}: rows differ from M = 8");
+                }
+                let e_mlx = rel_error(&qmm::fallback(&x8, &q).unwrap().to_f32_vec().unwrap(), &fp32_reference(&x8, &q));
+                println!(
+                    "qmm cpu {dtype:?} {bits}-bit N={n} K={k}: MLX's own op in {dtype:?} is {e_mlx:.2e} from fp32"
+                );
+            }
+        }
     }
 }
 
