@@ -436,6 +436,45 @@ impl Registry {
         self.get(name).ok_or_else(|| RegistryError::UnknownModel { name: name.to_owned(), known: Vec::new() })
     }
 
+    /// Registers an existing model folder under `name` (default: the folder's name) as a new
+    /// `[[model]]` entry of models.toml, keeping the file's comments. A folder already listed (by a
+    /// configured entry or the models-folder scan) is returned as it is; a name that is taken, a
+    /// folder that is not a model folder or an unwritable file is an error and writes nothing.
+    pub fn add_model(&mut self, path: &Path, name: Option<&str>) -> Result<ModelEntry> {
+        if !is_model_folder(path) {
+            return Err(RegistryError::NotAModelFolder { path: path.to_owned() });
+        }
+        let canonical = path.canonicalize().map_err(|error| RegistryError::Io { path: path.to_owned(), error })?;
+        if let Some(known) = self.list().into_iter().find(|m| m.path.canonicalize().ok().as_ref() == Some(&canonical)) {
+            return Ok(known);
+        }
+        let name = name.map(str::trim).filter(|n| !n.is_empty()).map_or_else(|| folder_name(&canonical), str::to_owned);
+        let text = std::fs::read_to_string(&self.path)
+            .map_err(|error| RegistryError::Io { path: self.path.clone(), error })?;
+        let current = Self::parse(&self.path, &text)?;
+        if current.get(&name).is_some() {
+            return Err(RegistryError::InvalidModel {
+                at: Place { path: self.path.clone(), line: None },
+                name,
+                message: "the name is taken by another model; pick another name".into(),
+            });
+        }
+        let mut doc: DocumentMut = text.parse().map_err(|e| parse_error(&self.path, &text, e))?;
+        add_model_entry(&mut doc, &name, &canonical.to_string_lossy());
+        let text = doc.to_string();
+        let updated = Self::parse(&self.path, &text)?;
+        if updated.get(&name).is_none() {
+            return Err(RegistryError::InvalidModel {
+                at: Place { path: self.path.clone(), line: None },
+                name,
+                message: "`model` must be an array of tables to add an entry".into(),
+            });
+        }
+        write_atomic(&self.path, &text)?;
+        *self = updated;
+        self.get(&name).ok_or_else(|| RegistryError::UnknownModel { name, known: Vec::new() })
+    }
+
     fn parse(path: &Path, text: &str) -> Result<Self> {
         let deserializer = toml_edit::de::Deserializer::parse(text).map_err(|e| parse_error(path, text, e))?;
         let spec: FileSpec =

@@ -7,11 +7,15 @@
 //!   no CSP exceptions, the same files and code paths as in a browser);
 //! - the tray menu shows the loaded model, live tok/s and memory from `Engine::subscribe_stats`, and
 //!   loads or unloads the default model through the engine's API;
-//! - a folder dropped on the window is handed to the UI (`window.onFolderDropped`).
+//! - a folder dropped on the window is chosen in the engine (conversions may read it) and handed to
+//!   the UI (`window.onFolderDropped`);
+//! - the UI's Browse… opens the native folder dialog through `POST /api/folders/pick`, which only this
+//!   window can call: it carries a token the shell gives the window alone (`folder_dialog`).
 
 // No console window next to the app on Windows release builds.
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
+mod folder_dialog;
 mod folder_drop;
 mod locations;
 mod tray;
@@ -84,6 +88,9 @@ fn start(app: &mut tauri::App) -> anyhow::Result<()> {
 
     let mut config = ServeConfig::new(&places.models_toml);
     config.host = "127.0.0.1".into();
+    let picker = folder_dialog::picker(app.handle().clone())?;
+    let shell_script = folder_dialog::window_script(&picker);
+    config.folder_picker = Some(picker);
     if let Some(ui_dir) = places.ui_dir {
         config.ui_dir = ui_dir;
     }
@@ -104,6 +111,7 @@ fn start(app: &mut tauri::App) -> anyhow::Result<()> {
         .min_inner_size(720.0, 480.0)
         // The UI would find the API on its own origin anyway; this says so explicitly.
         .initialization_script(format!("window.__TANDEM_API__ = {};", serde_json::to_string(&url)?))
+        .initialization_script(&shell_script)
         // The window shows the app only: links elsewhere (say, in a model's answer) do not replace it.
         .on_navigation({
             let origin = url.clone();
@@ -125,7 +133,7 @@ fn start(app: &mut tauri::App) -> anyhow::Result<()> {
         .context("cannot open the window")?;
     webview_language::apply(&window).context("cannot set the window's language")?;
     window.navigate(ui_url).context("cannot load the UI")?;
-    deliver_drops(&window);
+    deliver_drops(&window, engine.clone());
 
     // The app works without its tray icon (e.g. a Linux desktop without an indicator host).
     if let Err(error) = tray::install(app.handle(), engine.clone(), url) {
@@ -153,13 +161,17 @@ async fn listen(mut config: ServeConfig, engine: Engine) -> anyhow::Result<Runni
     }
 }
 
-/// Native file drops on the window go to the UI as folder paths.
-fn deliver_drops(window: &WebviewWindow) {
+/// Native file drops on the window: the folder is chosen in the engine (the person put it there, so a
+/// conversion may read it), then handed to the UI.
+fn deliver_drops(window: &WebviewWindow, engine: Engine) {
     let target = window.clone();
     window.on_window_event(move |event| {
         if let WindowEvent::DragDrop(tauri::DragDropEvent::Drop { paths, .. }) = event {
             if let Some(folder) = folder_drop::folder_of(paths) {
                 tracing::info!(folder = %folder.display(), "folder dropped on the window");
+                if let Err(error) = engine.choose_folder(&folder) {
+                    tracing::warn!("the dropped folder cannot be used: {}", error.message());
+                }
                 if let Err(error) = target.eval(folder_drop::script(&folder)) {
                     tracing::warn!("cannot hand the dropped folder to the UI: {error}");
                 }

@@ -19,7 +19,7 @@ pub mod stop;
 mod worker;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -408,6 +408,9 @@ struct Inner {
     live: live::Live,
     jobs: Jobs,
     conversations: ConversationStore,
+    /// Folders outside the models folder that the person chose (a native dialog, a drop on the
+    /// window, a confirmation in the UI) for this run: conversions may read them.
+    chosen: Mutex<Vec<PathBuf>>,
 }
 
 /// The engine: cheap to clone, shared by every caller.
@@ -433,6 +436,7 @@ impl Engine {
                 next_id: AtomicU64::new(1),
                 live: live::Live::new(),
                 jobs,
+                chosen: Mutex::default(),
             }),
         }
     }
@@ -714,6 +718,40 @@ impl Engine {
     /// generation waits for at most one tensor, not the whole conversion.
     pub fn compute_gate(&self) -> crate::quant::ComputeGate {
         compute_gate()
+    }
+
+    /// Records a folder the person chose, so that conversions may read it for the rest of this run:
+    /// the desktop shell calls this for a folder picked in its dialog or dropped on the window (a
+    /// channel no web page reaches), the server for one the person confirmed in the UI. Returns the
+    /// folder resolved (symlinks followed).
+    pub fn choose_folder(&self, path: &Path) -> Result<PathBuf> {
+        let real = path
+            .canonicalize()
+            .map_err(|e| EngineError::InvalidRequest(format!("folder `{}`: {e}", path.display())))?;
+        if !real.is_dir() {
+            return Err(EngineError::InvalidRequest(format!("`{}` is not a folder", path.display())));
+        }
+        let mut chosen = lock(&self.inner.chosen);
+        if !chosen.contains(&real) {
+            tracing::info!(folder = %real.display(), "folder chosen");
+            chosen.push(real.clone());
+        }
+        Ok(real)
+    }
+
+    /// The folders chosen so far ([`Engine::choose_folder`]).
+    pub fn chosen_folders(&self) -> Vec<PathBuf> {
+        lock(&self.inner.chosen).clone()
+    }
+
+    /// Registers an existing model folder (no conversion) in models.toml: see
+    /// [`Registry::add_model`].
+    pub fn add_model_blocking(&self, path: &Path, name: Option<&str>) -> Result<ModelEntry> {
+        let mut registry = self.inner.registry.write().unwrap_or_else(|p| p.into_inner());
+        let entry = registry.add_model(path, name)?;
+        drop(registry);
+        self.publish();
+        Ok(entry)
     }
 
     /// The conversion jobs started by [`Engine::convert`].

@@ -1,5 +1,6 @@
 //! `/api/convert`: the engine's conversion jobs ([`crate::engine::jobs`]) over HTTP, their events
-//! as server-sent events. Paths are confined to the models folder and the registry's models.
+//! as server-sent events. Sources are read from the models folder, the registry's models and the
+//! folders the person chose (server/folders.rs); outputs are written inside the models folder.
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -27,7 +28,8 @@ use crate::quant::{ConvertOptions, MtpMode};
 #[derive(Debug, Deserialize, TS)]
 #[ts(optional_fields)]
 pub struct ConvertRequest {
-    /// A model name from the registry, or a model folder inside the models folder.
+    /// A model name from the registry, or a model folder inside the models folder or a chosen folder
+    /// (`POST /api/folders`, or the desktop app's dialog and drops).
     pub src: String,
     /// The new folder: a name (created in the models folder) or a path inside it. Default:
     /// `<src>-<bits>bit` (or `<src>-<dtype>`) in the models folder. Also accepted as `name` or `out`.
@@ -65,11 +67,13 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
     Value::deserialize(d).map(Some)
 }
 
-fn path_rules(state: &AppState) -> PathRules {
+/// Where requests may read: the models folder, the registry's models, the folders chosen in this run.
+pub(super) fn path_rules(state: &AppState) -> PathRules {
     let registry = state.engine.registry();
     PathRules {
         models_dir: registry.models_dir().to_owned(),
         model_paths: registry.list().into_iter().map(|m| m.path).collect(),
+        chosen: state.engine.chosen_folders(),
     }
 }
 

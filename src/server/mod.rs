@@ -10,6 +10,7 @@ mod admin;
 mod conversations;
 mod convert;
 pub mod error;
+mod folders;
 mod listen;
 mod openai;
 mod security;
@@ -35,6 +36,7 @@ use tower_http::timeout::RequestBodyTimeoutLayer;
 use crate::engine::{Engine, EngineConfig};
 use crate::registry::Registry;
 use error::ApiError;
+pub use folders::{FolderPicker, SHELL_TOKEN_HEADER};
 pub use security::api_key_problem;
 
 pub const DEFAULT_PORT: u16 = 11435;
@@ -85,6 +87,8 @@ pub struct ServeConfig {
     /// make a conversion slow enough to overlap a chat. None outside tests.
     #[doc(hidden)]
     pub convert_pause: Option<Duration>,
+    /// The desktop app's native folder dialog (`POST /api/folders/pick`); None for `tandem serve`.
+    pub folder_picker: Option<FolderPicker>,
 }
 
 impl ServeConfig {
@@ -107,6 +111,7 @@ impl ServeConfig {
                 .unwrap_or_default(),
             engine: EngineConfig::default(),
             convert_pause: None,
+            folder_picker: None,
         }
     }
 }
@@ -138,6 +143,7 @@ pub(crate) struct AppState {
     image_dirs: Vec<PathBuf>,
     /// See [`ServeConfig::convert_pause`].
     convert_pause: Option<Duration>,
+    folder_picker: Option<FolderPicker>,
     started: Instant,
     started_unix: u64,
     shutdown: watch::Receiver<bool>,
@@ -307,6 +313,7 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
         max_body_bytes: config.max_body_bytes,
         image_dirs: config.image_dirs.clone(),
         convert_pause: config.convert_pause,
+        folder_picker: config.folder_picker.clone(),
         started: Instant::now(),
         started_unix: crate::engine::live::unix_ms() / 1000,
         shutdown: shutdown_rx,
@@ -328,7 +335,9 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(openai::list_models))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/api/health", get(admin::health))
-        .route("/api/models", get(admin::models))
+        .route("/api/models", get(admin::models).post(folders::add_model))
+        .route("/api/folders", get(folders::list).post(folders::choose))
+        .route("/api/folders/pick", post(folders::pick))
         .route("/api/models/{id}", get(admin::model))
         .route("/api/models/{id}/load", post(admin::load))
         .route("/api/models/{id}/unload", post(admin::unload))

@@ -121,7 +121,7 @@ fn host_name(host: &str) -> &str {
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     let mut diff = a.len() ^ b.len();
     for (i, &x) in a.iter().enumerate() {
         diff |= usize::from(x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
@@ -177,6 +177,8 @@ pub async fn guard(State(state): State<Arc<AppState>>, req: Request, next: Next)
 pub struct PathRules {
     pub models_dir: PathBuf,
     pub model_paths: Vec<PathBuf>,
+    /// Folders the person chose in this run ([`crate::engine::Engine::choose_folder`]): read, never written.
+    pub chosen: Vec<PathBuf>,
 }
 
 impl PathRules {
@@ -188,7 +190,7 @@ impl PathRules {
         if self.roots().iter().any(|root| real.starts_with(root)) {
             Ok(real)
         } else {
-            Err(self.refuse(what, path))
+            Err(self.not_chosen(what, path))
         }
     }
 
@@ -214,7 +216,24 @@ impl PathRules {
     }
 
     fn roots(&self) -> Vec<PathBuf> {
-        std::iter::once(&self.models_dir).chain(&self.model_paths).filter_map(|p| p.canonicalize().ok()).collect()
+        std::iter::once(&self.models_dir)
+            .chain(&self.model_paths)
+            .chain(&self.chosen)
+            .filter_map(|p| p.canonicalize().ok())
+            .collect()
+    }
+
+    /// A folder to read that nobody chose: the UI offers to confirm it (`folder_not_chosen`).
+    fn not_chosen(&self, what: &str, path: &str) -> ApiError {
+        ApiError::forbidden(
+            "folder_not_chosen",
+            format!(
+                "{what} `{path}` is outside the models folder ({}), the registry's models and the folders chosen in \
+                 this run; choose it in the app (Browse… or drop it on the window), confirm it with POST /api/folders, \
+                 or add it to models.toml",
+                self.models_dir.display()
+            ),
+        )
     }
 
     fn refuse(&self, what: &str, path: &str) -> ApiError {
@@ -265,7 +284,7 @@ pub fn image_file(path: &Path, roots: &[PathBuf]) -> Result<PathBuf, ApiError> {
     }
 }
 
-fn expand(path: &str) -> PathBuf {
+pub(super) fn expand(path: &str) -> PathBuf {
     match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
         (Some(rest), Some(home)) => Path::new(&home).join(rest),
         _ => PathBuf::from(path),

@@ -12,6 +12,7 @@ use crate::engine::{ConversationSummary, JobStatus, JobView, ModelStatus};
 use crate::generate::Stats;
 
 pub use super::convert::ConvertRequest;
+pub use super::folders::{AddModel, ChooseFolder, PickFolder};
 pub use super::openai::ChatRequest;
 
 /// Every error answer, and the `error` chunk of a stream that fails after it started.
@@ -86,6 +87,26 @@ pub struct JobDeleted {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub cancelling: Option<bool>,
+}
+
+/// `GET /api/folders`: the folders chosen in this run, which conversions may read.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct FolderList {
+    pub folders: Vec<PathBuf>,
+}
+
+/// `POST /api/folders`: the folder, resolved, and whether it holds a model (config.json and weights).
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ChosenFolder {
+    pub path: PathBuf,
+    pub model_folder: bool,
+}
+
+/// `POST /api/folders/pick`: the folder picked in the desktop app's dialog (`null`: the person closed it).
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct PickedFolder {
+    pub path: Option<PathBuf>,
+    pub model_folder: bool,
 }
 
 // -- OpenAI-compatible -----------------------------------------------------------------------------

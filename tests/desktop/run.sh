@@ -92,7 +92,7 @@ echo "desktop: the window loaded $URL"
 
 # The in-process server: health, and the UI it serves to the window.
 python3 - "$URL" <<'PY' || fail "the in-process server did not answer"
-import json, sys, urllib.request
+import json, sys, urllib.error, urllib.request
 url = sys.argv[1]
 with urllib.request.urlopen(url + "/api/health", timeout=10) as r:
     assert r.status == 200, r.status
@@ -103,6 +103,19 @@ with urllib.request.urlopen(url + "/", timeout=10) as r:
 with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
     ids = [m["id"] for m in json.load(r)["data"]]
     assert "tandem-tiny" in ids, ids
+# The app has a folder dialog, which only its window (holding the shell's token) may open.
+for token in (None, "a-guess"):
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["X-Tandem-Shell"] = token
+    req = urllib.request.Request(url + "/api/folders/pick", data=b"{}", headers=headers, method="POST")
+    try:
+        urllib.request.urlopen(req, timeout=10)
+        raise AssertionError("the folder dialog opened without the window's token")
+    except urllib.error.HTTPError as e:
+        body = json.load(e)
+        assert e.code == 403 and body["error"]["code"] == "not_the_app", (e.code, body)
+print("desktop: the folder dialog refuses callers without the window's token")
 PY
 
 # The page paints a moment after it loads, then again once its first API answers arrive: poll the

@@ -19,7 +19,9 @@
 // 10. at 720 px wide the conversation list, New chat and the Stats drawer are usable;
 // 11. converting onto an existing name offers Replace / another name, never an API hint;
 // 12. a chat is renamed, searched, exported (JSON, Markdown), deleted and undone, and imported;
-// 13. a new chat does not inherit the last one's settings; an edited message regenerates; versions switch.
+// 13. a new chat does not inherit the last one's settings; an edited message regenerates; versions switch;
+// 14. a model folder outside the models folder converts where it lies once the person allows it (nothing
+//     written beside it), and an existing model folder is added under Models without converting it.
 
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -486,5 +488,50 @@ describe('Tandem web UI against tandem serve', () => {
     await page.waitForFunction(() => document.querySelector('[data-testid="convert-src"]')?.value === '/tmp/dropped-by-event', null, {
       timeout: SHORT,
     });
+  });
+
+  test('a folder outside the models folder converts where it lies once allowed, and one is added as it is', async () => {
+    const outside = fs.mkdtempSync(path.join(os.tmpdir(), 'tandem-e2e-outside-'));
+    try {
+      const src = path.join(outside, 'my-checkpoint');
+      fs.cpSync(TINY, src, { recursive: true });
+      const before = fs.readdirSync(src).sort();
+      await byId('nav-convert').click();
+      await byId('convert-src').fill(src);
+      await byId('convert-recipe').selectOption('uniform');
+      await byId('convert-bits').selectOption('4');
+      await byId('convert-name').fill('outside-4bit');
+      await byId('convert-start').click();
+      // Not an error to dismiss: a question, naming the folder.
+      await byId('convert-allow-folder').waitFor();
+      assert.ok((await byId('convert-error').innerText()).includes(src), 'the question names the folder');
+      assert.equal(await byId('error-banner').count(), 0, 'no error banner for a question');
+      await shot('09-convert-allow-folder.png');
+      await byId('convert-allow-folder').click();
+      await page
+        .locator('[data-testid="convert-status"][data-state="finished"], [data-testid="convert-status"][data-state="error"]')
+        .first()
+        .waitFor({ timeout: CONVERSION });
+      assert.equal(await byId('convert-error').count(), 0, `no conversion error: ${await byId('convert-error').allInnerTexts()}`);
+      const out = path.join(WORK, 'models', 'outside-4bit');
+      assert.equal(fs.realpathSync((await byId('convert-result-path').innerText()).trim()), fs.realpathSync(out));
+      assert.deepEqual(fs.readdirSync(src).sort(), before, 'nothing written beside the source');
+
+      const added = path.join(outside, 'already-mlx');
+      fs.cpSync(out, added, { recursive: true });
+      await openModels();
+      await byId('models-add-folder').click();
+      await byId('add-folder-path').fill(added);
+      await byId('add-folder-submit').click();
+      await byId('add-folder-allow').click();
+      const row = modelRow('already-mlx');
+      await row.waitFor({ timeout: SHORT });
+      assert.match(await row.getByTestId('model-quantization').innerText(), /4/);
+      await shot('10-models-added-folder.png');
+      const toml = fs.readFileSync(path.join(WORK, 'models.toml'), 'utf8');
+      assert.ok(toml.includes('name = "already-mlx"') && toml.includes(fs.realpathSync(added)), 'registered in models.toml');
+    } finally {
+      fs.rmSync(outside, { recursive: true, force: true });
+    }
   });
 });

@@ -213,6 +213,35 @@ fn no_variant_runs_mtp_silently_near_zero() {
     assert!(seen.iter().any(|(n, got, _, _)| *n == "garbage head" && got.is_none()), "{seen:?}");
 }
 
+/// The probe's figures are remembered for unchanged files (a reload reuses them, with the same
+/// verdict) and measured anew once a file changes.
+#[test]
+fn probe_figures_are_remembered_for_unchanged_files_only() {
+    use tandem::model::mtp_head::probe::memo::remembered;
+    let tmp = tempdir();
+    let dir = tmp.path().join("tiny");
+    copy_dir(&tiny_model_dir(), &dir);
+    assert!(!remembered(&dir, None));
+    let first = load(&dir);
+    assert!(remembered(&dir, None), "probed once, remembered");
+    assert!(!remembered(&dir, Some(mlx::Dtype::F32)), "another dtype computes other figures");
+    let again = load(&dir);
+    let (a, b) = (first.mtp_status.probe.clone().unwrap(), again.mtp_status.probe.clone().unwrap());
+    assert_eq!(
+        (a.acceptance, &a.tried, a.chosen.as_deref(), a.tokens),
+        (b.acceptance, &b.tried, b.chosen.as_deref(), b.tokens)
+    );
+    assert_eq!(first.has_mtp(), again.has_mtp());
+    // Any file written since (here the config, rewritten with the same bytes) is measured anew.
+    let config = std::fs::read(dir.join("config.json")).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::remove_file(dir.join("config.json")).unwrap();
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    assert!(!remembered(&dir, None), "a changed folder is not remembered");
+    let third = load(&dir);
+    assert_eq!(third.mtp_status.probe.unwrap().acceptance, a.acceptance, "the same files measure the same");
+}
+
 #[test]
 fn the_probe_agrees_with_measured_depth1_acceptance() {
     let m = load(&tiny_model_dir());

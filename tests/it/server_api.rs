@@ -15,7 +15,7 @@ use crate::common::http::{get, parse_reply, post_json, send, Reply};
 use serde_json::{json, Value};
 use tandem::engine::{Engine, EngineConfig, Event, Input, Request};
 use tandem::registry::Registry;
-use tandem::server::{start_with_engine, RunningServer, ServeConfig};
+use tandem::server::{start_with_engine, FolderPicker, RunningServer, ServeConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -211,7 +211,7 @@ async fn bad_requests_get_json_errors() {
 
     // Paths outside the models folder.
     let outside = common::tempdir();
-    post_json(a, "/api/convert", &json!({"src": "/etc", "bits": 4})).await.error(403, "path_forbidden");
+    post_json(a, "/api/convert", &json!({"src": "/etc", "bits": 4})).await.error(403, "folder_not_chosen");
     post_json(a, "/api/convert", &json!({"src": MODEL, "dst": outside.path().join("x"), "bits": 4}))
         .await
         .error(403, "path_forbidden");
@@ -220,7 +220,7 @@ async fn bad_requests_get_json_errors() {
         .error(403, "path_forbidden");
     post_json(a, "/api/convert", &json!({"src": MODEL, "calibration": "/etc/passwd", "bits": 4}))
         .await
-        .error(403, "path_forbidden");
+        .error(403, "folder_not_chosen");
     post_json(a, "/api/convert", &json!({"src": MODEL, "bits": "four"})).await.error(400, "invalid_value");
 
     // Unknown routes and methods, unknown models and jobs.
@@ -802,6 +802,95 @@ async fn conversion_job() {
 /// held for the whole conversion (as `Engine::exclusive` did), the chat would answer only after
 /// the job had finished, and the state read after the answer would be `finished`. Cancelling the
 /// job afterwards still works and leaves nothing behind.
+/// A folder outside the models folder: refused until chosen (by the person through the UI's
+/// confirmation, or the desktop app's dialog, whose route only the app's token opens), then converted
+/// where it lies with nothing written beside it; an existing model folder is added without converting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn folders_the_person_chose_convert_where_they_lie_and_add_as_they_are() {
+    let setup = Setup::new();
+    let outside = common::tempdir();
+    let src = outside.path().join("my checkpoint");
+    common::copy_dir(&tiny_dir(), &src);
+    let before: Vec<_> = std::fs::read_dir(&src).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let picked = common::tempdir();
+    let picked_dir = picked.path().join("picked");
+    common::copy_dir(&tiny_dir(), &picked_dir);
+    let mut config = setup.config();
+    let answer = picked_dir.clone();
+    config.folder_picker =
+        Some(FolderPicker { token: "secret-token".into(), pick: std::sync::Arc::new(move |_| Some(answer.clone())) });
+    let server = setup.start(config, 16).await;
+    let a = server.addr();
+    let src_s = src.to_str().unwrap();
+
+    let refused = post_json(a, "/api/convert", &json!({"src": src_s, "dst": "mine-8bit", "bits": 8})).await;
+    let message = refused.error(403, "folder_not_chosen");
+    assert!(message.contains(src_s), "{message}");
+    // Choosing: relative paths, missing folders and unknown fields are refused, naming them.
+    post_json(a, "/api/folders", &json!({"path": "relative/dir"})).await.error(400, "invalid_path");
+    let missing = post_json(a, "/api/folders", &json!({"path": "/no/such/folder"})).await.error(400, "invalid_path");
+    assert!(missing.contains("/no/such/folder"), "{missing}");
+    post_json(a, "/api/folders", &json!({"path": src_s, "why": 1})).await.error(400, "invalid_value");
+    let chosen = post_json(a, "/api/folders", &json!({"path": src_s})).await;
+    assert_eq!(chosen.status, 200, "{}", chosen.text());
+    assert_eq!(chosen.json()["model_folder"], true);
+    assert_eq!(get(a, "/api/folders").await.json()["folders"][0], src.canonicalize().unwrap().to_str().unwrap());
+    // A chosen folder is read, never written: outputs stay inside the models folder.
+    post_json(a, "/api/convert", &json!({"src": src_s, "dst": outside.path().join("out"), "bits": 8}))
+        .await
+        .error(403, "path_forbidden");
+    let r = post_json(a, "/api/convert", &json!({"src": src_s, "dst": "mine-8bit", "bits": 8})).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let job = r.json()["job"].as_str().unwrap().to_owned();
+    let events = tokio::time::timeout(Duration::from_secs(300), get(a, &format!("/api/convert/{job}/events")))
+        .await
+        .expect("conversion ends");
+    assert!(events.text().contains("\"finished\""), "{}", events.text());
+    assert!(setup.dir.path().join("models/mine-8bit/config.json").is_file());
+    let after: Vec<_> = std::fs::read_dir(&src).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(before, after, "nothing written beside the source");
+
+    // The desktop app's dialog: 403 without the window's token, the picked folder chosen with it.
+    post_json(a, "/api/folders/pick", &json!({})).await.error(403, "not_the_app");
+    let json_ct = "Content-Type: application/json";
+    send(a, "POST", "/api/folders/pick", &[json_ct, "X-Tandem-Shell: guess"], b"{}").await.error(403, "not_the_app");
+    let r = send(a, "POST", "/api/folders/pick", &[json_ct, "X-Tandem-Shell: secret-token"], b"{}").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["path"], picked_dir.canonicalize().unwrap().to_str().unwrap());
+
+    // Adding a model folder as it is: only a chosen (or models-folder) one, only a model folder.
+    let stranger = common::tempdir();
+    common::copy_dir(&tiny_dir(), &stranger.path().join("m"));
+    let m = stranger.path().join("m");
+    post_json(a, "/api/models", &json!({"path": m})).await.error(403, "folder_not_chosen");
+    let r = post_json(a, "/api/models", &json!({"path": picked_dir, "name": "picked-tiny"})).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["name"], "picked-tiny");
+    let listed = get(a, "/api/models").await.json();
+    assert!(listed["models"].as_array().unwrap().iter().any(|m| m["name"] == "picked-tiny"), "{listed}");
+    let toml = std::fs::read_to_string(setup.registry_path()).unwrap();
+    assert!(toml.contains("# keep this comment") && toml.contains("name = \"picked-tiny\""), "{toml}");
+    // The same folder again is the same model; a taken name is refused and nothing is written.
+    let again = post_json(a, "/api/models", &json!({"path": picked_dir, "name": "other"})).await;
+    assert_eq!(again.json()["name"], "picked-tiny");
+    post_json(a, "/api/folders", &json!({"path": stranger.path()})).await;
+    let taken =
+        post_json(a, "/api/models", &json!({"path": m, "name": "picked-tiny"})).await.error(400, "invalid_value");
+    assert!(taken.contains("picked-tiny"), "{taken}");
+    let not_model = post_json(a, "/api/models", &json!({"path": stranger.path()})).await.error(400, "invalid_path");
+    assert!(not_model.contains("not a model folder"), "{not_model}");
+    assert_eq!(std::fs::read_to_string(setup.registry_path()).unwrap(), toml, "refusals write nothing");
+    // The registered model loads and answers.
+    let r = post_json(
+        a,
+        "/v1/chat/completions",
+        &json!({"model": "picked-tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chat_answers_while_a_conversion_runs() {
     let setup = Setup::new();

@@ -40,6 +40,12 @@ fn export_all(cfg: &Config) {
     one::<ConversationCore>(cfg);
     one::<wire::ConversationList>(cfg);
     one::<wire::ConversationDeleted>(cfg);
+    one::<wire::FolderList>(cfg);
+    one::<wire::ChosenFolder>(cfg);
+    one::<wire::PickedFolder>(cfg);
+    one::<wire::ChooseFolder>(cfg);
+    one::<wire::PickFolder>(cfg);
+    one::<wire::AddModel>(cfg);
 }
 
 /// `name -> text` of the `.ts` files in `dir`.

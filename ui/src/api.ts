@@ -3,8 +3,10 @@
 
 import type { Conversation } from './conversation';
 import type {
+  AddModelRequest,
   ChatCompletionChunk,
   ChatCompletionRequest,
+  ChosenFolder,
   ConversationList,
   ConversationSummary,
   ConvertRequest,
@@ -15,9 +17,11 @@ import type {
   ModelStatus,
   OpenAIModel,
   OpenAIModelList,
+  PickedFolder,
   SettingsPatch,
   StatsSnapshot,
 } from './generated';
+import { folderDialog } from './shell';
 import { readSse } from './sse';
 
 export const DEFAULT_ENGINE = 'http://127.0.0.1:11435';
@@ -162,8 +166,14 @@ export class Api {
     return res;
   }
 
-  private async json<T>(path: string, method = 'GET', body?: unknown, signal?: AbortSignal): Promise<T> {
-    const init: RequestInit = { method, signal, headers: { Accept: 'application/json' } };
+  private async json<T>(
+    path: string,
+    method = 'GET',
+    body?: unknown,
+    signal?: AbortSignal,
+    headers: Record<string, string> = {},
+  ): Promise<T> {
+    const init: RequestInit = { method, signal, headers: { Accept: 'application/json', ...headers } };
     if (body !== undefined) {
       init.body = JSON.stringify(body);
       init.headers = { ...init.headers, 'Content-Type': 'application/json' };
@@ -272,6 +282,33 @@ export class Api {
 
   cancelConvert(job: string): Promise<unknown> {
     return this.json(`/api/convert/${encodeURIComponent(job)}`, 'DELETE');
+  }
+
+  // -- Folders the person chose, and model folders added as they are ---------------------------
+
+  /** Lets conversions read `path` for this run: call it only after the person confirmed the folder. */
+  chooseFolder(path: string): Promise<ChosenFolder> {
+    return this.json<ChosenFolder>('/api/folders', 'POST', { path });
+  }
+
+  /** Whether this window can open the desktop app's folder dialog. */
+  canPickFolder(): boolean {
+    return folderDialog() != null;
+  }
+
+  /** The desktop app's native folder dialog; null when the person closed it (or outside the app). */
+  async pickFolder(title?: string): Promise<PickedFolder | null> {
+    const dialog = folderDialog();
+    if (!dialog) return null;
+    const picked = await this.json<PickedFolder>('/api/folders/pick', 'POST', title ? { title } : {}, undefined, {
+      [dialog.header]: dialog.token,
+    });
+    return picked?.path ? picked : null;
+  }
+
+  /** Registers an existing model folder (no conversion) in models.toml. */
+  addModel(req: AddModelRequest): Promise<ModelStatus> {
+    return this.json<ModelStatus>('/api/models', 'POST', req);
   }
 
   // -- Conversations (kept by the engine, one file each) ---------------------------------------

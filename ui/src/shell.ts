@@ -5,6 +5,8 @@
 //   (`detail` may also be the path string itself). The Convert view opens with that path as its source.
 // - Conversation storage: `window.__TANDEM_STORAGE__` (see storage.ts); by default the engine keeps them.
 // - The engine's address: `window.__TANDEM_API__` (see api.ts).
+// - The native folder dialog: `window.__TANDEM_SHELL__ = { folderDialog: { header, token } }`; the UI sends
+//   the token in that header to `POST /api/folders/pick` (see api.ts). No other page learns the token.
 
 export const DROPPED_FOLDER_EVENT = 'tandem://dropped-folder';
 
@@ -70,4 +72,13 @@ export function installShellHooks(win: Window & { onFolderDropped?: (path: strin
   };
   win.addEventListener(DROPPED_FOLDER_EVENT, onEvent);
   return () => win.removeEventListener(DROPPED_FOLDER_EVENT, onEvent);
+}
+
+/** The desktop app's folder dialog credentials, when this window is the app's. */
+export function folderDialog(
+  win: { __TANDEM_SHELL__?: unknown } = globalThis as unknown as { __TANDEM_SHELL__?: unknown },
+): { header: string; token: string } | null {
+  const shell = win.__TANDEM_SHELL__ as { folderDialog?: { header?: unknown; token?: unknown } } | undefined;
+  const d = shell?.folderDialog;
+  return d && typeof d.header === 'string' && typeof d.token === 'string' && d.token ? { header: d.header, token: d.token } : null;
 }

@@ -160,3 +160,102 @@ describe('calibration progress', () => {
     expect((root.querySelector('.progress-fill') as HTMLElement).style.width).toBe('25%');
   });
 });
+
+const NOT_CHOSEN = 'src `/elsewhere/ckpt` is outside the models folder (/m/models), the registry\'s models and the folders chosen in this run';
+
+describe('a source folder nobody chose', () => {
+  it('is a question naming the folder, and Allow chooses it, then converts', async () => {
+    let converts = 0;
+    let chosen = false;
+    const mock = mockFetch({
+      'POST /api/convert': () => {
+        converts++;
+        if (!chosen) return json({ error: { message: NOT_CHOSEN, type: 'permission_error', code: 'folder_not_chosen' } }, 403);
+        return json({ job: 'j2', state: 'running' });
+      },
+      'POST /api/folders': (call) => {
+        chosen = (call.body as { path: string }).path === '/elsewhere/ckpt';
+        return json({ path: '/elsewhere/ckpt', model_folder: true });
+      },
+      'GET /api/convert/j2/events': () => sse([`data: ${JSON.stringify({ event: 'cancelled' })}\n\n`]),
+    });
+    root = document.createElement('div');
+    document.body.appendChild(root);
+    act(() =>
+      render(
+        <>
+          <ErrorBanner />
+          <ConvertView client={new Api('', mock.fetch, null)} onFinished={() => {}} onShowModels={() => {}} />
+        </>,
+        root!,
+      ),
+    );
+    expect(byId('convert-browse')).toBeNull(); // a browser has no folder dialog
+    await setValue('convert-src', '/elsewhere/ckpt');
+    await act(async () => {
+      byId('convert-start')!.click();
+    });
+    await waitFor(() => !!byId('convert-allow-folder'), 'the question');
+    expect(byId('convert-error')!.textContent).toContain('/elsewhere/ckpt');
+    expect(byId('error-banner')).toBeNull();
+    await act(async () => {
+      byId('convert-allow-folder')!.click();
+    });
+    await waitFor(() => converts === 2, 'the conversion started again');
+    expect(chosen).toBe(true);
+    expect(mock.calls.map((c) => `${c.method} ${c.url}`).slice(0, 3)).toEqual(['POST /api/convert', 'POST /api/folders', 'POST /api/convert']);
+  });
+
+  it("in the desktop app, Browse… asks the shell's dialog with the window's token", async () => {
+    (globalThis as { __TANDEM_SHELL__?: unknown }).__TANDEM_SHELL__ = { folderDialog: { header: 'x-tandem-shell', token: 't0k' } };
+    try {
+      const mock = mockFetch({ 'POST /api/folders/pick': () => json({ path: '/picked/model', model_folder: true }) });
+      root = document.createElement('div');
+      document.body.appendChild(root);
+      act(() => render(<ConvertView client={new Api('', mock.fetch, null)} onFinished={() => {}} onShowModels={() => {}} />, root!));
+      await act(async () => {
+        byId('convert-browse')!.click();
+      });
+      await waitFor(() => (byId('convert-src') as HTMLInputElement).value === '/picked/model', 'the picked folder');
+      expect(mock.calls[0]!.headers['x-tandem-shell']).toBe('t0k');
+    } finally {
+      delete (globalThis as { __TANDEM_SHELL__?: unknown }).__TANDEM_SHELL__;
+    }
+  });
+});
+
+describe('Add model folder', () => {
+  it('asks before reading a folder nobody chose, then registers it and reloads', async () => {
+    const { AddFolder } = await import('../src/views/models');
+    let chosen = false;
+    let reloaded = 0;
+    const mock = mockFetch({
+      'POST /api/models': (call) =>
+        chosen
+          ? json({ id: 'ckpt', name: 'ckpt', path: (call.body as { path: string }).path }, 201)
+          : json({ error: { message: NOT_CHOSEN, type: 'permission_error', code: 'folder_not_chosen' } }, 403),
+      'POST /api/folders': () => {
+        chosen = true;
+        return json({ path: '/elsewhere/ckpt', model_folder: true });
+      },
+    });
+    root = document.createElement('div');
+    document.body.appendChild(root);
+    act(() => render(<AddFolder client={new Api('', mock.fetch, null)} reload={async () => void reloaded++} />, root!));
+    await act(async () => {
+      byId('models-add-folder')!.click();
+    });
+    await setValue('add-folder-path', '/elsewhere/ckpt');
+    await act(async () => {
+      byId('add-folder-submit')!.click();
+    });
+    await waitFor(() => !!byId('add-folder-allow'), 'the question');
+    expect(byId('add-folder-confirm')!.textContent).toContain('/elsewhere/ckpt');
+    await act(async () => {
+      byId('add-folder-allow')!.click();
+    });
+    await waitFor(() => reloaded === 1, 'the reload');
+    expect(byId('add-folder-form')).toBeNull();
+    expect(mock.calls.map((c) => `${c.method} ${c.url}`)).toEqual(['POST /api/models', 'POST /api/folders', 'POST /api/models']);
+  });
+});

@@ -224,30 +224,54 @@ pub fn judge(
     dir: &Path,
 ) -> Result<Judgement, LoadError> {
     let t0 = Instant::now();
-    let ids = probe_tokens(dir, config.text.vocab_size);
-    let run = run_body(model, &ids).map_err(mlx_err)?;
     let plans = candidates(decision);
-    let can_judge = run.body_agreement >= MIN_BODY_AGREEMENT;
-    let floor = FLOOR.max(RELATIVE_FLOOR * run.body_agreement);
     // Candidate heads need no separate observer: they never run under calibration.
     let observer = Arc::new(Observer::default());
-    let mut tried = Vec::new();
+    let fingerprint = memo::Fingerprint::of(dir, store.dtype);
     let mut heads: Vec<Option<MtpHead>> = Vec::new();
-    let mut current = current;
-    for (i, plan) in plans.iter().enumerate() {
-        let head = match (i, current.take()) {
-            (0, Some(h)) => h,
-            _ => MtpHead::load(store, config, plan, &observer)?,
-        };
-        let acceptance = agreement(model, &head, &run).map_err(mlx_err)?;
-        tried.push(Tried { convention: label(plan), acceptance });
-        heads.push(Some(head));
-        // The decided head of a head whose provenance is a fact, probing well: nothing to compare.
-        let settled = decision.refused.is_none() && provenance_is_fact(decision) && acceptance >= floor;
-        if i == 0 && (settled || !can_judge) {
-            break;
+    let measured = match fingerprint.as_ref().and_then(memo::get) {
+        Some(m) => {
+            heads.push(current);
+            m
         }
-    }
+        None => {
+            let ids = probe_tokens(dir, config.text.vocab_size);
+            let run = run_body(model, &ids).map_err(mlx_err)?;
+            let can_judge = run.body_agreement >= MIN_BODY_AGREEMENT;
+            let floor = FLOOR.max(RELATIVE_FLOOR * run.body_agreement);
+            let mut tried = Vec::new();
+            let mut current = current;
+            for (i, plan) in plans.iter().enumerate() {
+                let head = match (i, current.take()) {
+                    (0, Some(h)) => h,
+                    _ => MtpHead::load(store, config, plan, &observer)?,
+                };
+                let acceptance = agreement(model, &head, &run).map_err(mlx_err)?;
+                tried.push(Tried { convention: label(plan), acceptance });
+                heads.push(Some(head));
+                // The decided head of a head whose provenance is a fact, probing well: nothing to compare.
+                let settled = decision.refused.is_none() && provenance_is_fact(decision) && acceptance >= floor;
+                if i == 0 && (settled || !can_judge) {
+                    break;
+                }
+            }
+            let m = memo::Measured { tried, tokens: run.ids.len(), body_agreement: run.body_agreement };
+            if let Some(f) = fingerprint {
+                memo::put(f, m.clone());
+            }
+            m
+        }
+    };
+    let memo::Measured { tried, tokens, body_agreement } = measured;
+    let can_judge = body_agreement >= MIN_BODY_AGREEMENT;
+    let floor = FLOOR.max(RELATIVE_FLOOR * body_agreement);
+    // The head of plan `i`: loaded by the measurement, or (figures remembered) now.
+    let mut head_of = |i: usize| -> Result<Option<MtpHead>, LoadError> {
+        match heads.get_mut(i).and_then(Option::take) {
+            Some(h) => Ok(Some(h)),
+            None => plans.get(i).map(|plan| MtpHead::load(store, config, plan, &observer)).transpose(),
+        }
+    };
     let decided_runs = decision.refused.is_none();
     let best = (0..tried.len()).max_by(|&a, &b| tried[a].acceptance.total_cmp(&tried[b].acceptance)).unwrap_or(0);
     // The decided head stays unless another is clearly better; a refused decision has no head.
@@ -264,15 +288,15 @@ pub fn judge(
         tried: tried.clone(),
         chosen: None,
         seconds: 0.0,
-        tokens: run.ids.len(),
-        body_agreement: run.body_agreement,
+        tokens,
+        body_agreement,
         inconclusive: !can_judge,
     };
     let mut j = Judgement { head: None, report: report.clone(), refused: None, repaired: None, plan: None };
     let accepted = tried[pick].acceptance;
     if !can_judge {
         if decided_runs {
-            j.head = heads[0].take();
+            j.head = head_of(0)?;
             j.plan = Some(plans[0].clone());
             report.acceptance = Some(accepted);
             report.chosen = Some(tried[0].convention.clone());
@@ -280,12 +304,11 @@ pub fn judge(
     } else if accepted < floor {
         j.refused = Some(format!(
             "the MTP head ({where_}) probes at best {accepted:.3} top-1 agreement with its body on {} tokens \
-             (tried: {figures}), below the floor {floor:.3} (the body itself agrees {:.3} with the text); MTP is off",
-            run.ids.len(),
-            run.body_agreement
+             (tried: {figures}), below the floor {floor:.3} (the body itself agrees {body_agreement:.3} with the text); MTP is off",
+            tokens,
         ));
     } else {
-        j.head = heads[pick].take();
+        j.head = head_of(pick)?;
         j.plan = Some(plans[pick].clone());
         report.acceptance = Some(accepted);
         report.chosen = Some(tried[pick].convention.clone());
@@ -294,13 +317,90 @@ pub fn judge(
                 "MTP norm convention chosen by the probe: {} ({accepted:.3} top-1 agreement on {} tokens; tried: {figures}) \
                  for the head in {where_}",
                 tried[pick].convention,
-                run.ids.len()
+                tokens
             ));
         }
     }
     report.seconds = t0.elapsed().as_secs_f64();
     j.report = report;
     Ok(j)
+}
+
+/// What the probe measured of a folder's files, remembered for this process: loading the same files
+/// again (a model unloaded and loaded, a source converted twice) reuses the figures instead of running
+/// the body again. Files are known by name, size, modification time and inode, so a file written since
+/// is measured anew.
+pub mod memo {
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+    use std::time::SystemTime;
+
+    use super::Tried;
+
+    /// Folders remembered at most (the oldest is forgotten first).
+    const CAPACITY: usize = 64;
+
+    #[derive(Clone, PartialEq)]
+    pub struct Fingerprint {
+        dir: PathBuf,
+        dtype: Option<mlx::Dtype>,
+        files: Vec<(std::ffi::OsString, u64, SystemTime, u64)>,
+    }
+
+    #[derive(Clone)]
+    pub struct Measured {
+        pub tried: Vec<Tried>,
+        pub tokens: usize,
+        pub body_agreement: f64,
+    }
+
+    static MEMO: Mutex<Vec<(Fingerprint, Measured)>> = Mutex::new(Vec::new());
+
+    impl Fingerprint {
+        /// None when the folder cannot be listed (then nothing is remembered).
+        pub fn of(dir: &Path, dtype: Option<mlx::Dtype>) -> Option<Fingerprint> {
+            let dir = dir.canonicalize().ok()?;
+            let mut files = Vec::new();
+            for entry in std::fs::read_dir(&dir).ok()? {
+                let entry = entry.ok()?;
+                let meta = std::fs::metadata(entry.path()).ok()?;
+                if meta.is_file() {
+                    files.push((entry.file_name(), meta.len(), meta.modified().ok()?, inode(&meta)));
+                }
+            }
+            files.sort();
+            Some(Fingerprint { dir, dtype, files })
+        }
+    }
+
+    #[cfg(unix)]
+    fn inode(meta: &std::fs::Metadata) -> u64 {
+        std::os::unix::fs::MetadataExt::ino(meta)
+    }
+
+    #[cfg(not(unix))]
+    fn inode(_: &std::fs::Metadata) -> u64 {
+        0
+    }
+
+    /// Whether the folder's files as they are now have figures remembered.
+    pub fn remembered(dir: &Path, dtype: Option<mlx::Dtype>) -> bool {
+        Fingerprint::of(dir, dtype).is_some_and(|f| get(&f).is_some())
+    }
+
+    pub fn get(f: &Fingerprint) -> Option<Measured> {
+        let memo = MEMO.lock().unwrap_or_else(|p| p.into_inner());
+        memo.iter().find(|(k, _)| k == f).map(|(_, m)| m.clone())
+    }
+
+    pub fn put(f: Fingerprint, m: Measured) {
+        let mut memo = MEMO.lock().unwrap_or_else(|p| p.into_inner());
+        memo.retain(|(k, _)| k.dir != f.dir || k.dtype != f.dtype);
+        if memo.len() >= CAPACITY {
+            memo.remove(0);
+        }
+        memo.push((f, m));
+    }
 }
 
 /// Writes `report` into a config.json as `{"tandem": {"mtp": {"convention", "probe"}}}`: what the

@@ -6,7 +6,8 @@ import type { MtpMode } from "./MtpMode";
  */
 export type ConvertRequest = { 
 /**
- * A model name from the registry, or a model folder inside the models folder.
+ * A model name from the registry, or a model folder inside the models folder or a chosen folder
+ * (`POST /api/folders`, or the desktop app's dialog and drops).
  */
 src: string, 
 /**

@@ -35,6 +35,8 @@ export interface JobState {
   error: string | null;
   /** The destination exists: the person may replace it (the request's `force`) or pick another name. */
   exists?: boolean;
+  /** The source is a folder nobody chose yet: the person may allow Tandem to read it. */
+  confirmFolder?: string | null;
   /** Recipe `auto` measures each module first: how far it is, and when it began (ms), for an ETA. */
   calibration?: { done: number; total: number; module: string; since: number } | null;
   /** When the first tensor was written (ms), for an ETA. */
@@ -125,10 +127,17 @@ export function requestOf(f: Form, force = false): ConvertRequest {
  * The error for a conversion that could not start, as the Convert form says it. A destination that exists
  * becomes a choice (replace it, or another name) instead of the API's advice to pass `"force": true`.
  */
-export function startError(e: unknown): Pick<JobState, 'error' | 'exists'> {
+export function startError(e: unknown, src = ''): Pick<JobState, 'error' | 'exists' | 'confirmFolder'> {
   if (e instanceof ApiError && e.code === 'already_exists') {
     const what = e.message.split(/ already exists/)[0]?.trim();
     return { error: `${what || 'The destination'} already exists.`, exists: true };
+  }
+  if (e instanceof ApiError && e.code === 'folder_not_chosen' && src.trim()) {
+    return {
+      error: `Tandem reads only folders you chose. Allow it to read ${src.trim()}? Nothing there is changed; the converted model goes to the models folder.`,
+      exists: false,
+      confirmFolder: src.trim(),
+    };
   }
   return { error: errorMessage(e), exists: false };
 }
@@ -222,10 +231,35 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
       const id = await client.startConvert(requestOf(form, force));
       await follow(id, c.signal);
     } catch (err) {
-      const why = startError(err);
+      const why = startError(err, form.src);
       setJob({ ...IDLE, phase: 'error', ...why });
       // A choice to make is shown by the form, not as an error besides.
-      if (!why.exists) showError(err);
+      if (!why.exists && !why.confirmFolder) showError(err);
+    }
+  }
+
+  /** The person allowed Tandem to read the folder: record that, then start again. */
+  async function allowFolder(path: string) {
+    try {
+      await client.chooseFolder(path);
+    } catch (err) {
+      setJob({ ...IDLE, phase: 'error', error: errorMessage(err) });
+      showError(err);
+      return;
+    }
+    await start(null);
+  }
+
+  /** The desktop app's folder dialog. */
+  async function browse() {
+    try {
+      const picked = await client.pickFolder('Choose a model folder to convert');
+      if (picked?.path) {
+        setDropHint(picked.model_folder ? null : 'This folder has no config.json and .safetensors files: is it the model\'s folder?');
+        set({ src: picked.path });
+      }
+    } catch (err) {
+      showError(err);
     }
   }
 
@@ -251,7 +285,7 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
       setDropHint(null);
       set({ src: path });
     } else {
-      setDropHint('A browser does not reveal where a dropped folder is: type or paste its path. (In the Tandem app, dropping works.)');
+      setDropHint('A browser does not reveal where a dropped folder is: type or paste its path. (In the Tandem app, dropping and Browse… work.)');
     }
   }
 
@@ -293,6 +327,11 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
             disabled={active}
             onInput={(e) => set({ src: (e.target as HTMLInputElement).value })}
           />
+          {client.canPickFolder() && (
+            <button type="button" class="button" data-testid="convert-browse" disabled={active} onClick={() => void browse()}>
+              Browse…
+            </button>
+          )}
           {dropHint && <div class="notice small">{dropHint}</div>}
         </div>
 
@@ -476,6 +515,22 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
               {job.phase === 'error' && (
                 <span class="error-text" data-testid="convert-error">
                   {job.error}
+                </span>
+              )}
+              {job.phase === 'error' && job.confirmFolder && (
+                <span class="convert-choice">
+                  {' '}
+                  <button
+                    type="button"
+                    class="button"
+                    data-testid="convert-allow-folder"
+                    onClick={() => void allowFolder(job.confirmFolder ?? '')}
+                  >
+                    Allow and convert
+                  </button>{' '}
+                  <button type="button" class="link-button" data-testid="convert-deny-folder" onClick={() => setJob(IDLE)}>
+                    Cancel
+                  </button>
                 </span>
               )}
               {job.phase === 'error' && job.exists && (

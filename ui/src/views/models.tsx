@@ -1,7 +1,7 @@
 // Models: what is on disk, what is loaded, and whether MTP runs for each (and why not).
 
 import { useState } from 'preact/hooks';
-import { api as defaultApi, type Api } from '../api';
+import { api as defaultApi, type Api, ApiError, errorMessage } from '../api';
 import { showError } from '../components/banner';
 import { MtpHealth } from '../components/mtp_health';
 import * as fmt from '../format';
@@ -207,6 +207,7 @@ export function ModelsView(props: {
         <button class="button" data-testid="models-convert" onClick={props.onConvert}>
           Convert a model…
         </button>
+        <AddFolder client={client} reload={props.reload} />
         <button class="button" data-testid="models-refresh" onClick={() => void props.reload()} disabled={props.loading}>
           {props.loading ? 'Refreshing…' : 'Refresh'}
         </button>
@@ -214,7 +215,7 @@ export function ModelsView(props: {
       <div class="model-list" data-testid="model-list">
         {props.models.length === 0 && !props.loading && (
           <p class="dim empty" data-testid="models-empty">
-            No models found. Convert one, or add a folder to models.toml.
+            No models found. Convert one, or add a model folder you already have (Add model folder…).
           </p>
         )}
         {props.models.map((m) => (
@@ -222,5 +223,98 @@ export function ModelsView(props: {
         ))}
       </div>
     </div>
+  );
+}
+
+type AddState =
+  | { step: 'closed' }
+  | { step: 'path'; path: string; error: string | null }
+  | { step: 'confirm'; path: string }
+  | { step: 'busy'; path: string };
+
+/**
+ * "Add model folder…": registers a model folder that is already on disk (an MLX conversion or a raw
+ * checkpoint) without converting it. The app's Browse… picks it natively; in a browser the person types
+ * the path and confirms that Tandem may read it.
+ */
+export function AddFolder(props: { client: Api; reload: () => Promise<void> }) {
+  const [st, setSt] = useState<AddState>({ step: 'closed' });
+
+  async function add(path: string, allow: boolean) {
+    setSt({ step: 'busy', path });
+    try {
+      if (allow) await props.client.chooseFolder(path);
+      await props.client.addModel({ path });
+      setSt({ step: 'closed' });
+      await props.reload();
+    } catch (e) {
+      if (e instanceof ApiError && e.code === 'folder_not_chosen') setSt({ step: 'confirm', path });
+      else setSt({ step: 'path', path, error: errorMessage(e) });
+    }
+  }
+
+  async function open() {
+    if (!props.client.canPickFolder()) {
+      setSt({ step: 'path', path: '', error: null });
+      return;
+    }
+    try {
+      const picked = await props.client.pickFolder('Choose a model folder to add');
+      if (picked?.path) await add(picked.path, false);
+    } catch (e) {
+      showError(e);
+    }
+  }
+
+  return (
+    <span class="add-folder">
+      <button class="button" data-testid="models-add-folder" disabled={st.step === 'busy'} onClick={() => void open()}>
+        Add model folder…
+      </button>
+      {(st.step === 'path' || st.step === 'busy') && (
+        <form
+          class="add-folder-form"
+          data-testid="add-folder-form"
+          onSubmit={(e) => {
+            e.preventDefault();
+            if (st.path.trim()) void add(st.path.trim(), false);
+          }}
+        >
+          <input
+            type="text"
+            class="path-input"
+            data-testid="add-folder-path"
+            placeholder="/path/to/model-folder"
+            value={st.path}
+            spellcheck={false}
+            autocomplete="off"
+            disabled={st.step === 'busy'}
+            onInput={(e) => setSt({ step: 'path', path: (e.target as HTMLInputElement).value, error: null })}
+          />
+          <button type="submit" class="button" data-testid="add-folder-submit" disabled={st.step === 'busy' || !st.path.trim()}>
+            {st.step === 'busy' ? 'Adding…' : 'Add'}
+          </button>
+          <button type="button" class="link-button" onClick={() => setSt({ step: 'closed' })}>
+            Cancel
+          </button>
+          {st.step === 'path' && st.error && (
+            <div class="error-text small" data-testid="add-folder-error">
+              {st.error}
+            </div>
+          )}
+        </form>
+      )}
+      {st.step === 'confirm' && (
+        <div class="notice small" data-testid="add-folder-confirm">
+          Allow Tandem to read <span class="mono">{st.path}</span> and list it as a model? Nothing there is changed.{' '}
+          <button type="button" class="button" data-testid="add-folder-allow" onClick={() => void add(st.path, true)}>
+            Allow and add
+          </button>{' '}
+          <button type="button" class="link-button" onClick={() => setSt({ step: 'closed' })}>
+            Cancel
+          </button>
+        </div>
+      )}
+    </span>
   );
 }
