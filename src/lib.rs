@@ -6,6 +6,7 @@ pub mod cache;
 pub mod chat;
 pub mod engine;
 pub mod generate;
+pub mod hub;
 pub mod kernels;
 pub mod model;
 pub mod quant;

@@ -10,6 +10,7 @@
 
 pub mod catalog;
 pub mod conversations;
+pub mod downloads;
 pub mod faults;
 pub mod images;
 pub mod jobs;
@@ -154,6 +155,8 @@ pub struct EngineConfig {
     /// A load still running after this long is cancelled and reported (the service keeps
     /// answering; the load's thread stops at its next layer).
     pub load_timeout: std::time::Duration,
+    /// Where downloads come from and go ([`Engine::pull`]); from the environment by default.
+    pub hub: crate::hub::HubConfig,
 }
 
 impl Default for EngineConfig {
@@ -166,6 +169,7 @@ impl Default for EngineConfig {
             adaptive: None,
             max_conversions: jobs::DEFAULT_MAX_CONVERSIONS,
             load_timeout: std::time::Duration::from_secs(600),
+            hub: crate::hub::HubConfig::from_env(),
         }
     }
 }
@@ -411,6 +415,7 @@ struct Inner {
     /// Folders outside the models folder that the person chose (a native dialog, a drop on the
     /// window, a confirmation in the UI) for this run: conversions may read them.
     chosen: Mutex<Vec<PathBuf>>,
+    downloads: downloads::Downloads,
 }
 
 /// The engine: cheap to clone, shared by every caller.
@@ -437,6 +442,7 @@ impl Engine {
                 live: live::Live::new(),
                 jobs,
                 chosen: Mutex::default(),
+                downloads: downloads::Downloads::default(),
             }),
         }
     }
@@ -752,6 +758,31 @@ impl Engine {
         drop(registry);
         self.publish();
         Ok(entry)
+    }
+
+    /// Downloads from Hugging Face started by [`Engine::pull`].
+    pub fn downloads(&self) -> &downloads::Downloads {
+        &self.inner.downloads
+    }
+
+    /// Pulls `repo` into the Hub cache as a job (see [`downloads`]) and links the snapshot into the
+    /// models folder, where the registry lists it.
+    pub fn pull(&self, repo: crate::hub::RepoRef, include: Vec<String>) -> Result<downloads::DownloadView> {
+        let models_dir = self.registry().models_dir().to_path_buf();
+        let engine = self.clone_weak();
+        self.inner.downloads.start(
+            self.inner.config.hub.clone(),
+            repo,
+            include,
+            move |pulled| {
+                let link = crate::hub::link_into_models(&models_dir, pulled).map_err(|e| e.to_string())?;
+                let name = link.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                Ok((name, link))
+            },
+            move || {
+                engine.with(|e| e.publish());
+            },
+        )
     }
 
     /// The conversion jobs started by [`Engine::convert`].

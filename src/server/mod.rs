@@ -9,6 +9,7 @@
 mod admin;
 mod conversations;
 mod convert;
+mod downloads;
 pub mod error;
 mod folders;
 mod listen;
@@ -338,6 +339,9 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/api/models", get(admin::models).post(folders::add_model))
         .route("/api/folders", get(folders::list).post(folders::choose))
         .route("/api/folders/pick", post(folders::pick))
+        .route("/api/pull", post(downloads::start).get(downloads::list))
+        .route("/api/pull/{job}", get(downloads::get).delete(downloads::delete))
+        .route("/api/pull/{job}/events", get(downloads::events))
         .route("/api/models/{id}", get(admin::model))
         .route("/api/models/{id}/load", post(admin::load))
         .route("/api/models/{id}/unload", post(admin::unload))

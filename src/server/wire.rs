@@ -12,6 +12,7 @@ use crate::engine::{ConversationSummary, JobStatus, JobView, ModelStatus};
 use crate::generate::Stats;
 
 pub use super::convert::ConvertRequest;
+pub use super::downloads::{DownloadList, PullRequest};
 pub use super::folders::{AddModel, ChooseFolder, PickFolder};
 pub use super::openai::ChatRequest;
 

@@ -34,7 +34,9 @@ BIN=${TANDEM_BIN:-$ROOT/target/debug/tandem}
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tandem-e2e.XXXXXX")
 SERVER_PID=
+HUB_PID=
 cleanup() {
+  [ -n "$HUB_PID" ] && kill "$HUB_PID" 2>/dev/null || true
   if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
     kill "$SERVER_PID" 2>/dev/null || true
     for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
@@ -59,7 +61,15 @@ mtp = { enabled = true, depth = 3 }
 sampling = { temperature = 0.0, top_p = 1.0, max_tokens = 200 }
 TOML
 
-TANDEM_CONFIG="$WORK/models.toml" TANDEM_UI_DIR="$ROOT/ui/dist" \
+# A mock of the Hugging Face Hub for the Download page (tests/e2e/mock_hub.mjs).
+node tests/e2e/mock_hub.mjs "$ROOT/assets/models/tandem-tiny" >"$WORK/hub.url" 2>"$WORK/hub.log" &
+HUB_PID=$!
+for _ in $(seq 100); do [ -s "$WORK/hub.url" ] && break; sleep 0.1; done
+HUB_URL=$(head -1 "$WORK/hub.url")
+[ -n "$HUB_URL" ] || { cat "$WORK/hub.log" >&2; echo "e2e: the mock Hub did not start" >&2; exit 1; }
+
+TANDEM_CONFIG="$WORK/models.toml" TANDEM_UI_DIR="$ROOT/ui/dist" HF_ENDPOINT="$HUB_URL" HF_HOME="$WORK/hf" \
+  HF_HUB_CACHE= HF_TOKEN= HF_HUB_OFFLINE= \
   "$BIN" serve --host 127.0.0.1 --port 0 >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
 URL=

@@ -8,6 +8,7 @@ mod family;
 mod forward_reference;
 mod fuzz;
 mod hostile_folders;
+mod hub;
 mod inspect;
 mod kernels;
 mod load_errors;

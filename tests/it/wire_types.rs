@@ -46,6 +46,10 @@ fn export_all(cfg: &Config) {
     one::<wire::ChooseFolder>(cfg);
     one::<wire::PickFolder>(cfg);
     one::<wire::AddModel>(cfg);
+    one::<wire::PullRequest>(cfg);
+    one::<wire::DownloadList>(cfg);
+    one::<tandem::engine::downloads::DownloadView>(cfg);
+    one::<tandem::engine::downloads::DownloadEvent>(cfg);
 }
 
 /// `name -> text` of the `.ts` files in `dir`.

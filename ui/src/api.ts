@@ -10,6 +10,9 @@ import type {
   ConversationList,
   ConversationSummary,
   ConvertRequest,
+  DownloadEvent,
+  DownloadList,
+  DownloadView,
   Health,
   JobEvent,
   JobView,
@@ -18,6 +21,7 @@ import type {
   OpenAIModel,
   OpenAIModelList,
   PickedFolder,
+  PullRequest,
   SettingsPatch,
   StatsSnapshot,
 } from './generated';
@@ -282,6 +286,35 @@ export class Api {
 
   cancelConvert(job: string): Promise<unknown> {
     return this.json(`/api/convert/${encodeURIComponent(job)}`, 'DELETE');
+  }
+
+  // -- Downloads from Hugging Face (engine jobs) ------------------------------------------------
+
+  startPull(req: PullRequest): Promise<DownloadView> {
+    return this.json<DownloadView>('/api/pull', 'POST', req);
+  }
+
+  async listPulls(signal?: AbortSignal): Promise<DownloadView[]> {
+    return (await this.json<DownloadList>('/api/pull', 'GET', undefined, signal)).downloads;
+  }
+
+  pullStatus(job: string, signal?: AbortSignal): Promise<DownloadView> {
+    return this.json<DownloadView>(`/api/pull/${encodeURIComponent(job)}`, 'GET', undefined, signal);
+  }
+
+  /** The download's events, until it ends. */
+  async *pullEvents(job: string, signal?: AbortSignal): AsyncGenerator<DownloadEvent, void, undefined> {
+    for await (const ev of this.events(`/api/pull/${encodeURIComponent(job)}/events`, signal)) {
+      try {
+        yield JSON.parse(ev.data) as DownloadEvent;
+      } catch {
+        // a keep-alive or a malformed event: skip it
+      }
+    }
+  }
+
+  cancelPull(job: string): Promise<unknown> {
+    return this.json(`/api/pull/${encodeURIComponent(job)}`, 'DELETE');
   }
 
   // -- Folders the person chose, and model folders added as they are ---------------------------

@@ -1,4 +1,4 @@
-// The window: a narrow rail to move between Chat, Models and Convert; every view stays mounted so a
+// The window: a narrow rail to move between Chat, Models, Download and Convert; every view stays mounted so a
 // streaming reply or a running conversion goes on while another view is shown.
 
 import { useCallback, useEffect, useMemo, useState } from 'preact/hooks';
@@ -10,18 +10,20 @@ import { type ConversationStore, defaultStore } from './storage';
 import type { ModelStatus, OpenAIModel } from './generated';
 import { ChatView } from './views/chat/view';
 import { ConvertView } from './views/convert';
+import { DownloadPage } from './views/download';
 import { ModelsView } from './views/models';
 
-export type View = 'chat' | 'models' | 'convert';
+export type View = 'chat' | 'models' | 'download' | 'convert';
 const VIEWS: { id: View; label: string }[] = [
   { id: 'chat', label: 'Chat' },
   { id: 'models', label: 'Models' },
+  { id: 'download', label: 'Download' },
   { id: 'convert', label: 'Convert' },
 ];
 
 function viewFromHash(): View {
   const h = (globalThis.location?.hash ?? '').replace(/^#\/?/, '');
-  return h === 'models' || h === 'convert' ? h : 'chat';
+  return h === 'models' || h === 'convert' || h === 'download' ? h : 'chat';
 }
 
 /** The rail's icons. Convert turns one model into another: two opposed arrows (not a download arrow). */
@@ -29,6 +31,7 @@ export const ICONS: Record<View, string> = {
   chat: 'M4 5h16v10H9l-5 4z',
   models: 'M4 7l8-4 8 4-8 4zM4 12l8 4 8-4M4 17l8 4 8-4',
   convert: 'M4 8h15M15 4l4 4-4 4M20 16H5M9 12l-4 4 4 4',
+  download: 'M12 3v12M7 10l5 5 5-5M5 20h14',
 };
 
 function Icon({ view }: { view: View }) {
@@ -197,6 +200,9 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
         </div>
         <div class="view" hidden={view !== 'models'} data-view="models">
           <ModelsView models={adminModels} loading={loadingModels} reload={reloadModels} client={client} onConvert={() => go('convert')} />
+        </div>
+        <div class="view" hidden={view !== 'download'} data-view="download">
+          <DownloadPage client={client} onFinished={() => void reloadModels()} onShowModels={() => go('models')} />
         </div>
         <div class="view" hidden={view !== 'convert'} data-view="convert">
           <ConvertView client={client} onFinished={() => void reloadModels()} onShowModels={() => go('models')} />

@@ -108,7 +108,7 @@ describe('the Convert icon', () => {
     const { ICONS } = await import('../src/app');
     // A download arrow: a vertical stroke with a downward head over a baseline.
     expect(ICONS.convert).not.toMatch(/^M12 3v12M7 10l5 5 5-5/);
-    expect(new Set(Object.values(ICONS)).size).toBe(3);
+    expect(new Set(Object.values(ICONS)).size).toBe(4);
   });
 });
 
@@ -196,7 +196,8 @@ describe('a source folder nobody chose', () => {
       byId('convert-start')!.click();
     });
     await waitFor(() => !!byId('convert-allow-folder'), 'the question');
-    expect(byId('convert-error')!.textContent).toContain('/elsewhere/ckpt');
+    expect(byId('convert-question')!.textContent).toContain('/elsewhere/ckpt');
+    expect(byId('convert-error')).toBeNull();
     expect(byId('error-banner')).toBeNull();
     await act(async () => {
       byId('convert-allow-folder')!.click();

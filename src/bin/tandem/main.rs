@@ -6,6 +6,7 @@ mod convert;
 mod model_arg;
 mod models;
 mod out;
+mod pull;
 mod serve;
 
 use anyhow::Result;
@@ -32,6 +33,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// List the models in models.toml and the models folder.
     Models(models::ModelsArgs),
+    /// Download a model from Hugging Face (resumable, checksummed, into the Hub cache) and link it into
+    /// the models folder.
+    Pull(pull::PullArgs),
 }
 
 fn main() {
@@ -54,5 +58,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Serve(a) => serve::run(a),
         Command::Convert(a) => convert::run(a),
         Command::Inspect(a) => convert::inspect(a),
+        Command::Pull(a) => pull::run(a),
     }
 }

@@ -512,11 +512,12 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
                 </span>
               )}
               {job.phase === 'cancelled' && <span data-testid="convert-cancelled">Cancelled.</span>}
-              {job.phase === 'error' && (
+              {job.phase === 'error' && !job.confirmFolder && (
                 <span class="error-text" data-testid="convert-error">
                   {job.error}
                 </span>
               )}
+              {job.phase === 'error' && job.confirmFolder && <span data-testid="convert-question">{job.error}</span>}
               {job.phase === 'error' && job.confirmFolder && (
                 <span class="convert-choice">
                   {' '}

@@ -1,0 +1,190 @@
+// Download: a model from Hugging Face (ORG/NAME[@REVISION]) into the Hub cache, linked into the models
+// folder. Downloads are engine jobs: they go on while this page is closed and are found again on reload.
+
+import { useEffect, useRef, useState } from 'preact/hooks';
+import { api as defaultApi, type Api, errorMessage, isAbort } from '../api';
+import { showError } from '../components/banner';
+import * as fmt from '../format';
+import { onFolderDropped } from '../shell';
+import type { DownloadView } from '../generated';
+
+/** "about 40 s left" at the download's speed; null while unknown. */
+export function downloadEta(v: Pick<DownloadView, 'total_bytes' | 'done_bytes' | 'bytes_per_s'>): string | null {
+  const left = v.total_bytes - v.done_bytes;
+  if (v.bytes_per_s <= 0 || left <= 0) return null;
+  const s = left / v.bytes_per_s;
+  if (s < 90) return `about ${Math.max(1, Math.round(s))} s left`;
+  if (s < 90 * 60) return `about ${Math.round(s / 60)} min left`;
+  return `about ${(s / 3600).toFixed(1)} h left`;
+}
+
+/** Globs from the include field: separated by commas or spaces. */
+export function includeOf(text: string): string[] {
+  return text
+    .split(/[\s,]+/)
+    .map((s) => s.trim())
+    .filter(Boolean);
+}
+
+export function DownloadPage(props: { client?: Api; onFinished: () => void; onShowModels: () => void }) {
+  const client = props.client ?? defaultApi;
+  const [repo, setRepo] = useState('');
+  const [include, setInclude] = useState('');
+  const [busy, setBusy] = useState(false);
+  const [downloads, setDownloads] = useState<DownloadView[]>([]);
+  const followed = useRef(new Map<string, AbortController>());
+
+  const upsert = (v: DownloadView) =>
+    setDownloads((all) => (all.some((d) => d.job === v.job) ? all.map((d) => (d.job === v.job ? v : d)) : [...all, v]));
+
+  /** Polls the job while its events arrive (the view carries speed and totals). */
+  async function follow(job: string) {
+    if (followed.current.has(job)) return;
+    const c = new AbortController();
+    followed.current.set(job, c);
+    try {
+      for await (const ev of client.pullEvents(job, c.signal)) {
+        upsert(await client.pullStatus(job, c.signal));
+        if (ev.event === 'finished') props.onFinished();
+      }
+      upsert(await client.pullStatus(job, c.signal));
+    } catch (e) {
+      if (!isAbort(e) && !c.signal.aborted) showError(e);
+    } finally {
+      followed.current.delete(job);
+    }
+  }
+
+  useEffect(() => {
+    const c = new AbortController();
+    client.listPulls(c.signal).then(
+      (list) => {
+        setDownloads(list);
+        for (const d of list) if (d.state === 'queued' || d.state === 'running') void follow(d.job);
+      },
+      (e) => !isAbort(e) && showError(e),
+    );
+    return () => {
+      c.abort();
+      for (const f of followed.current.values()) f.abort();
+    };
+  }, [client]);
+
+  async function start(e: Event) {
+    e.preventDefault();
+    if (!repo.trim() || busy) return;
+    setBusy(true);
+    try {
+      const v = await client.startPull({ repo: repo.trim(), include: includeOf(include) });
+      upsert(v);
+      void follow(v.job);
+    } catch (err) {
+      showError(errorMessage(err));
+    } finally {
+      setBusy(false);
+    }
+  }
+
+  return (
+    <div class="page">
+      <header class="page-header">
+        <h1>Download</h1>
+      </header>
+      <form class="download-form" data-testid="download-form" onSubmit={start}>
+        <label class="field">
+          <span class="field-label">Hugging Face repo</span>
+          <input
+            type="text"
+            class="path-input"
+            data-testid="download-repo"
+            placeholder="Qwen/Qwen3.5-4B or mlx-community/Qwen3.5-4B-4bit (optionally @revision)"
+            value={repo}
+            spellcheck={false}
+            autocomplete="off"
+            onInput={(e) => setRepo((e.target as HTMLInputElement).value)}
+          />
+        </label>
+        <label class="field">
+          <span class="field-label">Only these files</span>
+          <input
+            type="text"
+            data-testid="download-include"
+            placeholder="every file (or globs: *.json, *.safetensors)"
+            value={include}
+            spellcheck={false}
+            onInput={(e) => setInclude((e.target as HTMLInputElement).value)}
+          />
+          <span class="field-hint">Files go to the Hugging Face cache (shared with other tools) and appear under Models.</span>
+        </label>
+        <button type="submit" class="button primary" data-testid="download-start" disabled={busy || !repo.trim()}>
+          Download
+        </button>
+      </form>
+      <div class="download-list" data-testid="download-list">
+        {downloads
+          .slice()
+          .reverse()
+          .map((d) => (
+            <DownloadRow key={d.job} d={d} client={client} onShowModels={props.onShowModels} />
+          ))}
+      </div>
+    </div>
+  );
+}
+
+function DownloadRow(props: { d: DownloadView; client: Api; onShowModels: () => void }) {
+  const d = props.d;
+  const running = d.state === 'queued' || d.state === 'running';
+  const share = d.total_bytes > 0 ? d.done_bytes / d.total_bytes : d.state === 'finished' ? 1 : 0;
+  const left = running ? downloadEta(d) : null;
+  return (
+    <div class="download-row" data-testid="download-row" data-repo={d.repo} data-state={d.state}>
+      <div class="download-title">
+        <b>{d.repo}</b> <span class="dim">@{d.revision}</span>
+        {d.commit && <span class="dim mono small"> {d.commit.slice(0, 12)}</span>}
+      </div>
+      <div class="progress" data-testid="download-progress" data-done={d.done_bytes} data-total={d.total_bytes}>
+        <div class={`progress-fill ${d.state === "finished" ? "finished" : d.state === "error" ? "error" : ""}`} style={{ width: `${Math.round(share * 100)}%` }} />
+      </div>
+      <div class="small">
+        {fmt.bytes(d.done_bytes)} of {fmt.bytes(d.total_bytes)}
+        {d.cached_bytes > 0 && <span class="dim"> ({fmt.bytes(d.cached_bytes)} already here)</span>}
+        {running && d.bytes_per_s > 0 && <span> · {fmt.bytes(d.bytes_per_s)}/s</span>}
+        {left && <span> · {left}</span>}
+        {running && d.file && <span class="dim mono"> · {d.file}</span>}
+      </div>
+      {d.state === 'error' && (
+        <div class="error-text small" data-testid="download-error">
+          {d.error}
+        </div>
+      )}
+      {d.state === 'cancelled' && <div class="small">Cancelled: what arrived is kept, and downloading again resumes it.</div>}
+      <div class="download-actions">
+        {running && (
+          <button type="button" class="link-button" data-testid="download-cancel" onClick={() => void props.client.cancelPull(d.job).catch(showError)}>
+            Cancel
+          </button>
+        )}
+        {d.state === 'finished' && d.model && (
+          <>
+            <span data-testid="download-done">
+              Ready as model <b>{d.model}</b>.
+            </span>{' '}
+            <button type="button" class="link-button" onClick={props.onShowModels}>
+              Show in Models
+            </button>{' '}
+            <button
+              type="button"
+              class="link-button"
+              data-testid="download-convert"
+              title="Quantize it with Convert, keeping its MTP head"
+              onClick={() => d.path && onFolderDropped(d.path)}
+            >
+              Convert…
+            </button>
+          </>
+        )}
+      </div>
+    </div>
+  );
+}
