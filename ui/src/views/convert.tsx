@@ -475,6 +475,24 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
 
         {job.phase !== 'idle' && (
           <div class="convert-status" data-testid="convert-status" data-state={job.phase}>
+            {job.phase === 'error' && job.confirmFolder && (
+              <div class="notice question">
+                <div data-testid="convert-question">{job.error}</div>
+                <div class="question-actions">
+                  <button
+                    type="button"
+                    class="button button-primary"
+                    data-testid="convert-allow-folder"
+                    onClick={() => void allowFolder(job.confirmFolder ?? '')}
+                  >
+                    Allow and convert
+                  </button>
+                  <button type="button" class="link-button" data-testid="convert-deny-folder" onClick={() => setJob(IDLE)}>
+                    Cancel
+                  </button>
+                </div>
+              </div>
+            )}
             {/* A conversion refused before it started has no progress to show. */}
             {!(job.phase === 'error' && job.job == null) && (
               <div
@@ -517,23 +535,7 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
                   {job.error}
                 </span>
               )}
-              {job.phase === 'error' && job.confirmFolder && <span data-testid="convert-question">{job.error}</span>}
-              {job.phase === 'error' && job.confirmFolder && (
-                <span class="convert-choice">
-                  {' '}
-                  <button
-                    type="button"
-                    class="button"
-                    data-testid="convert-allow-folder"
-                    onClick={() => void allowFolder(job.confirmFolder ?? '')}
-                  >
-                    Allow and convert
-                  </button>{' '}
-                  <button type="button" class="link-button" data-testid="convert-deny-folder" onClick={() => setJob(IDLE)}>
-                    Cancel
-                  </button>
-                </span>
-              )}
+
               {job.phase === 'error' && job.exists && (
                 <span class="convert-choice">
                   {' '}

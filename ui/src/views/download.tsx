@@ -114,12 +114,15 @@ export function DownloadPage(props: { client?: Api; onFinished: () => void; onSh
             spellcheck={false}
             onInput={(e) => setInclude((e.target as HTMLInputElement).value)}
           />
-          <span class="field-hint">Files go to the Hugging Face cache (shared with other tools) and appear under Models.</span>
         </label>
-        <button type="submit" class="button primary" data-testid="download-start" disabled={busy || !repo.trim()}>
+        <button type="submit" class="button button-primary" data-testid="download-start" disabled={busy || !repo.trim()}>
           Download
         </button>
       </form>
+      <p class="dim small download-hint">
+        Files go to the Hugging Face cache (shared with other tools: what they fetched is not fetched again), are checked
+        against the Hub's checksums, and appear under Models. A stopped download resumes where it was.
+      </p>
       <div class="download-list" data-testid="download-list">
         {downloads
           .slice()
