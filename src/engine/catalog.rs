@@ -158,10 +158,56 @@ pub fn memory_needed(weight_bytes: u64) -> u64 {
     weight_bytes + weight_bytes / 10 + MARGIN_FIXED
 }
 
+/// Whether weights of `weight_bytes` run on a machine of `total_memory` bytes, and, for unquantized
+/// (bf16) weights that do not, the widest quantization that would: a download's answer to "does this
+/// fit my machine?" before its 17 GB arrive.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, ts_rs::TS)]
+pub struct Fit {
+    /// Memory the model needs loaded as it is ([`memory_needed`]).
+    pub need: u64,
+    pub fits: bool,
+    /// For bf16 weights that do not fit: the most bits (8, 6, 5, 4, 3) whose conversion would.
+    pub recommended_bits: Option<u8>,
+}
+
+/// At most this share of the machine's memory goes to one model: the system and the app need the rest.
+const MEMORY_SHARE: f64 = 0.75;
+
+pub fn fit(weight_bytes: u64, unquantized: bool, total_memory: u64) -> Fit {
+    let budget = (total_memory as f64 * MEMORY_SHARE) as u64;
+    let need = memory_needed(weight_bytes);
+    let fits = total_memory == 0 || need <= budget;
+    // bf16: 16 bits a weight; an affine width b with groups of 64 costs b + 0.5 (a bf16 scale and bias).
+    let recommended_bits = (!fits && unquantized).then(|| {
+        [8u8, 6, 5, 4, 3]
+            .into_iter()
+            .find(|&b| memory_needed((weight_bytes as f64 * (b as f64 + 0.5) / 16.0) as u64) <= budget)
+    });
+    Fit { need, fits, recommended_bits: recommended_bits.flatten() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_fit_recommends_the_widest_quantization_that_runs() {
+        const GB: u64 = 1_000_000_000;
+        // 54 GB of bf16 (a 27B model) on a 64 GB machine: 48 GB usable; 8 bits needs ~31.8 GB with its margins.
+        let f = fit(54 * GB, true, 64 * GB);
+        assert!(!f.fits && f.need > 54 * GB, "{f:?}");
+        assert_eq!(f.recommended_bits, Some(8));
+        // On 32 GB (24 usable): 6 bits needs ~24.4 GB, too much; 5 bits (~20.7 GB) runs.
+        assert_eq!(fit(54 * GB, true, 32 * GB).recommended_bits, Some(5));
+        // On 16 GB (12 usable): even 3 bits needs ~13.3 GB: nothing runs.
+        assert_eq!(fit(54 * GB, true, 16 * GB).recommended_bits, None);
+        // Already quantized weights get no recommendation; weights that fit need none.
+        assert_eq!(fit(54 * GB, false, 32 * GB).recommended_bits, None);
+        assert!(fit(8 * GB, true, 32 * GB).fits);
+        // Unknown memory is no reason to refuse.
+        assert!(fit(54 * GB, true, 0).fits);
+    }
 
     #[test]
     fn quantization_blocks_are_summarized_keeping_their_other_values() {

@@ -68,6 +68,11 @@ pub struct DownloadView {
     pub file: Option<String>,
     /// Bytes per second over the transfer so far.
     pub bytes_per_s: f64,
+    /// Whether the weights run on this machine as they are, and (bf16 weights that do not) the
+    /// quantization that would; known once the listing and config.json are in.
+    pub fit: Option<super::catalog::Fit>,
+    /// This machine's memory, for the figures beside `fit`.
+    pub memory_total: u64,
     /// Once finished: the model's name and its folder (the link in the models folder).
     pub model: Option<String>,
     pub path: Option<PathBuf>,
@@ -136,6 +141,7 @@ impl Downloads {
         hub_config: HubConfig,
         r: RepoRef,
         include: Vec<String>,
+        memory_total: u64,
         link: impl FnOnce(&Pulled) -> Result<(String, PathBuf), String> + Send + 'static,
         on_end: impl FnOnce() + Send + 'static,
     ) -> Result<DownloadView, EngineError> {
@@ -154,6 +160,8 @@ impl Downloads {
             cached_bytes: 0,
             file: None,
             bytes_per_s: 0.0,
+            fit: None,
+            memory_total,
             model: None,
             path: None,
             error: None,
@@ -187,14 +195,31 @@ impl Downloads {
             lock(&job.view).state = JobStatus::Running;
             let started = Instant::now();
             let mut first_done = None;
+            let mut weight_bytes = 0;
+            let repo_dir = hub::repo_dir(&hub_config.cache, &r.repo);
             let mut on_event = |e: PullEvent| {
                 {
                     let mut v = lock(&job.view);
                     match &e {
-                        PullEvent::Listed { commit, total_bytes, cached_bytes, .. } => {
+                        PullEvent::Listed { commit, total_bytes, cached_bytes, files } => {
                             v.commit = Some(commit.clone());
                             (v.total_bytes, v.done_bytes, v.cached_bytes) =
                                 (*total_bytes, *cached_bytes, *cached_bytes);
+                            weight_bytes =
+                                files.iter().filter(|f| f.path.ends_with(".safetensors")).map(|f| f.size).sum();
+                            // Until config.json says whether they are quantized: as they are.
+                            v.fit = Some(super::catalog::fit(weight_bytes, false, memory_total));
+                        }
+                        PullEvent::FileDone { file, .. } if file == "config.json" => {
+                            let config =
+                                v.commit.as_ref().map(|c| repo_dir.join("snapshots").join(c).join("config.json"));
+                            let quantized = config
+                                .and_then(|p| std::fs::read_to_string(p).ok())
+                                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                                .map(|c| c.get("quantization").is_some() || c.get("quantization_config").is_some());
+                            if let Some(quantized) = quantized {
+                                v.fit = Some(super::catalog::fit(weight_bytes, !quantized, memory_total));
+                            }
                         }
                         PullEvent::Progress { file, done, .. } => {
                             let base = *first_done.get_or_insert(*done);

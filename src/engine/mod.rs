@@ -774,6 +774,7 @@ impl Engine {
             self.inner.config.hub.clone(),
             repo,
             include,
+            self.inner.live.memory().system_total_bytes,
             move |pulled| {
                 let link = crate::hub::link_into_models(&models_dir, pulled).map_err(|e| e.to_string())?;
                 let name = link.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

@@ -380,6 +380,7 @@ fn tandem_pull_on_the_command_line_links_the_model_and_says_what_next() {
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("as model `tiny`") && stdout.contains("tandem chat --model tiny"), "{stdout}");
     assert!(stdout.contains("tandem convert tiny --bits 4"), "a raw checkpoint is offered a conversion: {stdout}");
+    assert!(stdout.contains("of memory to run; this machine has"), "{stdout}");
     assert!(tandem::registry::is_model_folder(&models.join("tiny")));
     assert!(tmp.path().join("hf/hub/models--tandem--tiny/snapshots").join(COMMIT).is_dir(), "HF_HOME's hub cache");
     let bad = std::process::Command::new(common::repo().join("target/debug/tandem"))
@@ -427,6 +428,12 @@ async fn the_api_downloads_as_a_job_and_the_model_is_listed() {
     let list = get(a, "/api/pull").await.json();
     assert_eq!(list["downloads"][0]["state"], "finished", "{list}");
     assert_eq!(list["downloads"][0]["commit"], COMMIT);
+    // Whether it fits this machine: tandem-tiny's 14.6 MB of weights always do.
+    let fit = &list["downloads"][0]["fit"];
+    assert!(
+        fit["fits"] == true && fit["need"].as_u64().unwrap() > 14_000_000 && fit["recommended_bits"].is_null(),
+        "{fit}"
+    );
     let listed = get(a, "/api/models").await.json();
     assert!(listed["models"].as_array().unwrap().iter().any(|m| m["name"] == "tiny"), "{listed}");
     assert_eq!(send(a, "DELETE", &format!("/api/pull/{job}"), &[], b"").await.status, 200);

@@ -31,6 +31,8 @@ const view = (over: Partial<DownloadView> = {}): DownloadView => ({
   cached_bytes: 0,
   file: 'model.safetensors',
   bytes_per_s: 50,
+  fit: null,
+  memory_total: 0,
   model: null,
   path: null,
   error: null,
@@ -88,8 +90,27 @@ describe('the Download page', () => {
     expect(row.dataset.state).toBe('finished');
     expect(row.textContent).toContain('Ready as model tiny');
     expect(row.querySelector('[data-testid="download-convert"]')).not.toBeNull();
+    expect(row.querySelector('[data-testid="download-fit"]')).toBeNull(); // no listing figures in this mock
     expect(finished).toBe(1);
     const post = mock.calls.find((c) => c.method === 'POST');
     expect(post?.body).toEqual({ repo: 'tandem/tiny', include: [] });
+  });
+});
+
+describe('a download too large for this machine', () => {
+  it('says so and names the quantization that would run', async () => {
+    const big = view({ state: 'running', memory_total: 32e9, fit: { need: 60e9, fits: false, recommended_bits: 5 } });
+    const mock = mockFetch({ 'GET /api/pull': () => json({ downloads: [big] }), 'GET /api/pull/1/events': () => sse([]), 'GET /api/pull/1': () => json(big) });
+    root = document.createElement('div');
+    document.body.appendChild(root);
+    act(() => render(<DownloadPage client={new Api('', mock.fetch, null)} onFinished={() => {}} onShowModels={() => {}} />, root!));
+    for (let i = 0; i < 50 && !root.querySelector('[data-testid="download-fit"]'); i++) {
+      await act(async () => {
+        await new Promise((r) => setTimeout(r, 10));
+      });
+    }
+    const fit = root.querySelector('[data-testid="download-fit"]') as HTMLElement;
+    expect(fit.dataset.fits).toBe('false');
+    expect(fit.textContent).toContain('convert it to 5 bits or fewer');
   });
 });

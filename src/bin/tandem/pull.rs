@@ -104,6 +104,22 @@ pub fn run(a: PullArgs) -> Result<()> {
         link.display()
     ));
     let info = tandem::engine::catalog::inspect_folder(&link);
+    let mut sys = sysinfo::System::new();
+    sys.refresh_memory();
+    let fit = tandem::engine::catalog::fit(info.size_bytes, info.quantization.is_none(), sys.total_memory());
+    crate::out::line(match (fit.fits, fit.recommended_bits) {
+        (true, _) => format!("  needs about {} of memory to run; this machine has {}", size(fit.need), size(sys.total_memory())),
+        (false, Some(bits)) => format!(
+            "  needs about {} of memory as it is, more than this machine's {} allows: convert it to {bits} bits (or fewer) to run it here",
+            size(fit.need),
+            size(sys.total_memory())
+        ),
+        (false, None) => format!(
+            "  needs about {} of memory, more than this machine's {} allows even quantized",
+            size(fit.need),
+            size(sys.total_memory())
+        ),
+    });
     let mtp = if info.mtp_available { "with its MTP head" } else { "without an MTP head" };
     match info.format {
         Some(tandem::model::Layout::Hf) => crate::out::line(format!(

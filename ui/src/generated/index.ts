@@ -26,6 +26,7 @@ export type { DownloadList } from './DownloadList';
 export type { DownloadView } from './DownloadView';
 export type { ErrorBody } from './ErrorBody';
 export type { ErrorDetail } from './ErrorDetail';
+export type { Fit } from './Fit';
 export type { FolderList } from './FolderList';
 export type { Health } from './Health';
 export type { ImageUrl } from './ImageUrl';

@@ -156,6 +156,15 @@ function DownloadRow(props: { d: DownloadView; client: Api; onShowModels: () => 
         {left && <span> · {left}</span>}
         {running && d.file && <span class="dim mono"> · {d.file}</span>}
       </div>
+      {d.fit && (
+        <div class={`small ${d.fit.fits ? 'dim' : 'warn-text'}`} data-testid="download-fit" data-fits={String(d.fit.fits)}>
+          {d.fit.fits
+            ? `Runs here: needs about ${fmt.bytes(d.fit.need)} of this machine's ${fmt.bytes(d.memory_total)}.`
+            : d.fit.recommended_bits != null
+              ? `Too large for this machine as it is (about ${fmt.bytes(d.fit.need)} of ${fmt.bytes(d.memory_total)}): convert it to ${d.fit.recommended_bits} bits or fewer to run it here.`
+              : `Too large for this machine (about ${fmt.bytes(d.fit.need)} of ${fmt.bytes(d.memory_total)}), even quantized.`}
+        </div>
+      )}
       {d.state === 'error' && (
         <div class="error-text small" data-testid="download-error">
           {d.error}
