@@ -7,6 +7,7 @@
 //! are file names, never paths.
 
 mod admin;
+mod completions;
 mod conversations;
 mod convert;
 mod downloads;
@@ -335,6 +336,7 @@ fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/models", get(openai::list_models))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(completions::completions))
         .route("/api/health", get(admin::health))
         .route("/api/models", get(admin::models).post(folders::add_model))
         .route("/api/folders", get(folders::list).post(folders::choose))

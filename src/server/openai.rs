@@ -81,7 +81,7 @@ pub struct ChatRequest {
 /// that send their defaults or echo a returned message back work; anything else is a 400 naming it,
 /// never silently dropped.
 /// `harmless` names fields accepted whatever their value.
-fn unsupported(
+pub(super) fn unsupported(
     other: &serde_json::Map<String, serde_json::Value>,
     path: &str,
     harmless: &[&str],
@@ -106,15 +106,15 @@ fn unsupported(
 
 #[derive(Debug, Deserialize, TS)]
 #[ts(optional_fields)]
-struct StreamOptions {
-    include_usage: Option<bool>,
+pub(super) struct StreamOptions {
+    pub(super) include_usage: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, TS)]
 #[ts(optional_fields, rename = "RequestMtp")]
-struct MtpIn {
-    enabled: Option<bool>,
-    depth: Option<usize>,
+pub(super) struct MtpIn {
+    pub(super) enabled: Option<bool>,
+    pub(super) depth: Option<usize>,
 }
 
 #[derive(Debug, Deserialize, TS)]
@@ -126,9 +126,27 @@ struct TemplateKwargs {
 #[derive(Debug, Deserialize, TS)]
 #[serde(untagged)]
 #[ts(rename = "Stop")]
-enum StopIn {
+pub(super) enum StopIn {
     One(String),
     Many(Vec<String>),
+}
+
+impl StopIn {
+    /// The stop sequences, at most [`MAX_STOPS`].
+    pub(super) fn list(stop: Option<StopIn>) -> Result<Vec<String>, ApiError> {
+        let stop = match stop {
+            None => Vec::new(),
+            Some(StopIn::One(s)) => vec![s],
+            Some(StopIn::Many(v)) => v,
+        };
+        if stop.len() > MAX_STOPS {
+            return Err(ApiError::bad_request(
+                "invalid_value",
+                format!("`stop` has {} sequences; at most {MAX_STOPS}", stop.len()),
+            ));
+        }
+        Ok(stop)
+    }
 }
 
 #[derive(Debug, Deserialize, TS)]
@@ -176,7 +194,7 @@ struct Parsed {
     include_usage: bool,
 }
 
-const MAX_STOPS: usize = 16;
+pub(super) const MAX_STOPS: usize = 16;
 
 fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
     // OpenAI's end-user identifier changes nothing about the answer.
@@ -234,17 +252,7 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_request("invalid_value", "`messages` is empty"));
     }
-    let stop = match req.stop {
-        None => Vec::new(),
-        Some(StopIn::One(s)) => vec![s],
-        Some(StopIn::Many(v)) => v,
-    };
-    if stop.len() > MAX_STOPS {
-        return Err(ApiError::bad_request(
-            "invalid_value",
-            format!("`stop` has {} sequences; at most {MAX_STOPS}", stop.len()),
-        ));
-    }
+    let stop = StopIn::list(req.stop)?;
     let max_tokens = req.max_completion_tokens.or(req.max_tokens).map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     let thinking = req.chat_template_kwargs.and_then(|k| k.enable_thinking).or(req.enable_thinking);
     let mtp = req.mtp.map(|m| MtpOverrides { enabled: m.enabled, depth: m.depth, adaptive: None }).unwrap_or_default();
@@ -381,7 +389,7 @@ pub async fn chat_completions(
     }
 }
 
-fn cancelled() -> ApiError {
+pub(super) fn cancelled() -> ApiError {
     ApiError::new(
         axum::http::StatusCode::SERVICE_UNAVAILABLE,
         "server_error",
@@ -390,11 +398,11 @@ fn cancelled() -> ApiError {
     )
 }
 
-fn now_unix() -> u64 {
+pub(super) fn now_unix() -> u64 {
     crate::engine::live::unix_ms() / 1000
 }
 
-fn finish_reason(finish: FinishReason) -> &'static str {
+pub(super) fn finish_reason(finish: FinishReason) -> &'static str {
     match finish {
         FinishReason::Length => "length",
         FinishReason::Stop | FinishReason::Cancelled => "stop",
@@ -427,7 +435,7 @@ impl ChunkMeta {
     }
 }
 
-fn data(value: &impl Serialize) -> SseEvent {
+pub(super) fn data(value: &impl Serialize) -> SseEvent {
     SseEvent::default().data(serde_json::to_string(value).unwrap_or_else(|_| "{}".into()))
 }
 

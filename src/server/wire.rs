@@ -11,6 +11,7 @@ use ts_rs::TS;
 use crate::engine::{ConversationSummary, JobStatus, JobView, ModelStatus};
 use crate::generate::Stats;
 
+pub use super::completions::{CompletionRequest, TextCompletion};
 pub use super::convert::ConvertRequest;
 pub use super::downloads::{DownloadList, PullRequest};
 pub use super::folders::{AddModel, ChooseFolder, PickFolder};

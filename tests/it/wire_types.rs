@@ -47,6 +47,8 @@ fn export_all(cfg: &Config) {
     one::<wire::PickFolder>(cfg);
     one::<wire::AddModel>(cfg);
     one::<wire::PullRequest>(cfg);
+    one::<wire::CompletionRequest>(cfg);
+    one::<wire::TextCompletion>(cfg);
     one::<wire::DownloadList>(cfg);
     one::<tandem::engine::downloads::DownloadView>(cfg);
     one::<tandem::engine::downloads::DownloadEvent>(cfg);

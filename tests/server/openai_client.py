@@ -11,7 +11,9 @@ Checks, with Hugging Face `transformers` as the independent oracle for token cou
 - streaming with include_usage: chunks in OpenAI's shape, the same text as non-streaming (greedy),
   a final usage chunk with empty choices;
 - stop sequences (streaming and not), max_completion_tokens, seeded sampling reproducible;
-- errors surface as the client's typed exceptions (404 unknown model, 400 bad value).
+- errors surface as the client's typed exceptions (404 unknown model, 400 bad value);
+- /v1/completions: a raw prompt (token count without the chat template), streamed and not, the default
+  max_tokens, and its unimplemented parameters refused by name.
 Prints one line per check; exits non-zero on the first failure.
 """
 
@@ -170,6 +172,41 @@ def main():
         model=args.model, messages=messages, max_tokens=2, user="someone", frequency_penalty=0, logprobs=False, tools=[]
     )
     check(r.choices[0].message.content is not None, "user and parameters at their off values are accepted")
+
+    # /v1/completions: a raw prompt, no chat template.
+    prompt = "Once upon a time"
+    r = client.completions.create(model=args.model, prompt=prompt, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    check(r.object == "text_completion" and r.id.startswith("cmpl-"), "text_completion object and id")
+    ctext = r.choices[0].text
+    check(isinstance(ctext, str) and len(ctext) > 0 and r.choices[0].finish_reason == "length", f"completion text ({ctext!r})")
+    raw_ids = tok(prompt)["input_ids"]
+    check(r.usage.prompt_tokens == len(raw_ids), f"completion prompt_tokens {r.usage.prompt_tokens} == transformers' {len(raw_ids)} (no template)")
+    check(r.usage.completion_tokens == 8, f"completion_tokens {r.usage.completion_tokens} == 8")
+    check(isinstance((r.model_extra or {}).get("stats"), dict), "stats on the completion")
+    pieces = list(
+        client.completions.create(
+            model=args.model, prompt=[prompt], max_tokens=8, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )
+    )
+    streamed = "".join(c.choices[0].text for c in pieces if c.choices)
+    check(streamed == ctext, f"streamed completion equals non-streamed ({streamed!r} vs {ctext!r})")
+    check(pieces[-1].choices == [] and pieces[-1].usage.completion_tokens == 8, "completion usage chunk last")
+    check([c.choices[0].finish_reason for c in pieces if c.choices and c.choices[0].finish_reason] == ["length"], "one finish chunk")
+    d = client.completions.create(model=args.model, prompt=prompt, temperature=0)
+    check(d.usage.completion_tokens <= 16, f"max_tokens defaults to 16 ({d.usage.completion_tokens})")
+    for what, extra in [("echo", {"echo": True}), ("suffix", {"suffix": "."}), ("logprobs", {"logprobs": 2})]:
+        try:
+            client.completions.create(model=args.model, prompt=prompt, max_tokens=2, **extra)
+            check(False, f"completions {what} raises")
+        except openai.BadRequestError as e:
+            body = e.body or {}
+            check(body.get("code") == "unsupported_parameter" and f"`{what}`" in body.get("message", ""), f"completions {what}: 400 naming it")
+    try:
+        client.completions.create(model=args.model, prompt=["a", "b"], max_tokens=2)
+        check(False, "two prompts raise")
+    except openai.BadRequestError as e:
+        check("one prompt" in str(e), f"two prompts: 400 ({e})")
     print("all checks passed")
 
 

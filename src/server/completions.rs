@@ -1,0 +1,243 @@
+//! `POST /v1/completions`: OpenAI's text completion of a raw prompt (no chat template), streamed as SSE
+//! chunks ending with `data: [DONE]` or not, with `usage` and Tandem's `stats` as on chat completions.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::{Stream, StreamExt};
+use serde::{Deserialize, Serialize};
+use ts_rs::TS;
+
+use super::error::{ApiError, ApiJson};
+use super::openai::{cancelled, data, finish_reason, now_unix, unsupported, MtpIn, StopIn, StreamOptions};
+use super::wire::{FinishReasonName, Usage};
+use super::AppState;
+use crate::engine::{Completion, Event, Generation, Input, MtpOverrides, Request, SamplingOverrides};
+use crate::generate::{FinishReason, Stats};
+
+/// OpenAI's default `max_tokens` for completions.
+const DEFAULT_MAX_TOKENS: usize = 16;
+
+/// `POST /v1/completions`
+#[derive(Debug, Deserialize, TS)]
+#[ts(rename = "CompletionRequest", optional_fields)]
+pub struct CompletionRequest {
+    /// Empty or absent: the default model.
+    #[serde(default)]
+    #[ts(optional, as = "Option<String>")]
+    model: String,
+    /// The text to continue (one; a list of one is accepted).
+    #[ts(optional = false)]
+    prompt: PromptIn,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    /// Default 16, as OpenAI's.
+    max_tokens: Option<u64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<u64>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
+    seed: Option<i64>,
+    stop: Option<StopIn>,
+    n: Option<u64>,
+    /// Tandem's extension, as on chat completions.
+    mtp: Option<MtpIn>,
+    ignore_eos: Option<bool>,
+    /// Every other field (`echo`, `suffix`, `logprobs`, `best_of`, penalties...): refused by name unless off.
+    #[serde(flatten)]
+    #[ts(skip)]
+    other: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize, TS)]
+#[serde(untagged)]
+#[ts(rename = "CompletionPrompt")]
+enum PromptIn {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The non-streamed answer, and (with `finish_reason` null until the last) each streamed chunk.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct TextCompletion {
+    pub id: String,
+    /// "text_completion"
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    #[ts(type = "null")]
+    pub system_fingerprint: (),
+    pub choices: Vec<TextChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable, as = "Option<Usage>")]
+    pub usage: Option<Option<Usage>>,
+    /// Tandem's extension: the generation's statistics (running on streamed chunks, final at the end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub stats: Option<Stats>,
+}
+
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct TextChoice {
+    pub index: u32,
+    pub text: String,
+    #[ts(type = "null")]
+    pub logprobs: (),
+    #[ts(type = "string | null")]
+    pub finish_reason: Option<FinishReasonName>,
+}
+
+struct Parsed {
+    request: Request,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn parse(req: CompletionRequest, state: &AppState) -> Result<Parsed, ApiError> {
+    unsupported(&req.other, "", &["user"])?;
+    if let Some(n) = req.n.filter(|&n| n != 1) {
+        return Err(ApiError::bad_request(
+            "invalid_value",
+            format!("`n` = {n}: only one choice per request is supported"),
+        ));
+    }
+    let prompt = match req.prompt {
+        PromptIn::One(p) => p,
+        PromptIn::Many(mut v) if v.len() == 1 => v.remove(0),
+        PromptIn::Many(v) => {
+            return Err(ApiError::bad_request(
+                "invalid_value",
+                format!("`prompt` has {} texts: one prompt per request is supported", v.len()),
+            ))
+        }
+    };
+    let model = if req.model.trim().is_empty() { state.engine.default_model()? } else { req.model };
+    let mtp = req.mtp.map(|m| MtpOverrides { enabled: m.enabled, depth: m.depth, adaptive: None }).unwrap_or_default();
+    let request = Request {
+        model,
+        input: Input::Raw(prompt),
+        sampling: SamplingOverrides {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k.map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
+            min_p: req.min_p,
+            repetition_penalty: req.repetition_penalty,
+            seed: req.seed.map(|s| s as u64),
+        },
+        max_tokens: Some(req.max_tokens.map_or(DEFAULT_MAX_TOKENS, |n| usize::try_from(n).unwrap_or(usize::MAX))),
+        stop: StopIn::list(req.stop)?,
+        mtp,
+        enable_thinking: None,
+        ignore_eos: req.ignore_eos.unwrap_or(false),
+    };
+    let stream = req.stream.unwrap_or(false);
+    let include_usage = stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+    Ok(Parsed { request, stream, include_usage })
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Meta {
+    fn body(&self, choices: Vec<TextChoice>, usage: Option<Option<Usage>>, stats: Option<Stats>) -> TextCompletion {
+        TextCompletion {
+            id: self.id.clone(),
+            object: "text_completion".into(),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: (),
+            choices,
+            usage,
+            stats,
+        }
+    }
+}
+
+fn choice(text: String, finish: Option<FinishReasonName>) -> Vec<TextChoice> {
+    vec![TextChoice { index: 0, text, logprobs: (), finish_reason: finish }]
+}
+
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    ApiJson(body): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    let parsed = parse(body, &state)?;
+    let generation = state.engine.chat(parsed.request).await?;
+    let meta = Meta {
+        id: format!("cmpl-{:x}{:08x}", state.started_unix, generation.id),
+        created: now_unix(),
+        model: generation.model.clone(),
+    };
+    if parsed.stream {
+        let stream = chunks(generation, meta, parsed.include_usage).take_until(state.shutdown_signal());
+        return Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response());
+    }
+    let completion = generation.collect().await?;
+    if completion.finish == FinishReason::Cancelled {
+        return Err(cancelled());
+    }
+    let usage = Usage::of(&completion.stats);
+    let body = meta.body(
+        choice(completion.text, Some(finish_reason(completion.finish))),
+        Some(Some(usage)),
+        Some(completion.stats),
+    );
+    Ok(Json(body).into_response())
+}
+
+/// One chunk per text delta, a last one with the finish reason and the final `stats`, the usage chunk
+/// when asked for, then `[DONE]`; an error after the start is sent as `{"error": ...}` before `[DONE]`.
+fn chunks(generation: Generation, meta: Meta, include_usage: bool) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    let meta = Arc::new(meta);
+    futures::stream::unfold((generation, false), move |(mut g, done)| {
+        let meta = meta.clone();
+        async move {
+            if done {
+                return None;
+            }
+            loop {
+                let events = match g.events.recv().await {
+                    Some(Event::Started) => continue,
+                    Some(Event::Delta { text, .. }) if text.is_empty() => continue,
+                    Some(Event::Delta { text, stats, .. }) => {
+                        vec![data(&meta.body(choice(text, None), include_usage.then_some(None), stats))]
+                    }
+                    Some(Event::Done(c)) => return Some((end(&meta, &c, include_usage), (g, true))),
+                    Some(Event::Failed(e)) => vec![data(&ApiError::from(e).body()), SseEvent::default().data("[DONE]")],
+                    None => {
+                        let e = ApiError::internal("the model's worker stopped without finishing the answer");
+                        vec![data(&e.body()), SseEvent::default().data("[DONE]")]
+                    }
+                };
+                let finished = events.len() > 1;
+                return Some((events, (g, finished)));
+            }
+        }
+    })
+    .flat_map(|events| futures::stream::iter(events.into_iter().map(Ok)))
+}
+
+fn end(meta: &Meta, c: &Completion, include_usage: bool) -> Vec<SseEvent> {
+    if c.finish == FinishReason::Cancelled {
+        return vec![data(&cancelled().body()), SseEvent::default().data("[DONE]")];
+    }
+    let last = meta.body(
+        choice(String::new(), Some(finish_reason(c.finish))),
+        include_usage.then_some(None),
+        Some(c.stats.clone()),
+    );
+    let mut events = vec![data(&last)];
+    if include_usage {
+        events.push(data(&meta.body(Vec::new(), Some(Some(Usage::of(&c.stats))), Some(c.stats.clone()))));
+    }
+    events.push(SseEvent::default().data("[DONE]"));
+    events
+}
