@@ -14,6 +14,7 @@ mod downloads;
 pub mod error;
 mod folders;
 mod listen;
+mod ollama;
 mod openai;
 mod security;
 mod ui;
@@ -338,6 +339,12 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/api/health", get(admin::health))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/show", post(ollama::show))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
         .route("/api/models", get(admin::models).post(folders::add_model))
         .route("/api/folders", get(folders::list).post(folders::choose))
         .route("/api/folders/pick", post(folders::pick))

@@ -331,7 +331,7 @@ fn read_image(url: &str, state: &AppState, roots: &mut Option<Vec<PathBuf>>) -> 
 }
 
 /// The media type from the file's first bytes.
-fn image_kind(b: &[u8]) -> Option<&'static str> {
+pub(super) fn image_kind(b: &[u8]) -> Option<&'static str> {
     if b.starts_with(b"\x89PNG\r\n\x1a\n") {
         Some("image/png")
     } else if b.starts_with(&[0xff, 0xd8, 0xff]) {

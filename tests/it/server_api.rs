@@ -120,6 +120,33 @@ async fn openai_python_client() {
     server.shutdown().await.unwrap();
 }
 
+/// Tandem's Ollama-compatible routes with the official `ollama` Python client (tests/server/ollama_client.py).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ollama_python_client() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config(), 16).await;
+    let host = server.url();
+    let script = common::repo().join("tests/server/ollama_client.py");
+    let python = common::python();
+    let model_dir = tiny_dir();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python)
+            .arg(script)
+            .args(["--host", &host, "--model", MODEL, "--model-dir"])
+            .arg(model_dir)
+            .env("HF_HUB_OFFLINE", "1")
+            .env("TRANSFORMERS_VERBOSITY", "error")
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_requests_get_json_errors() {
     let setup = Setup::new();
