@@ -7,6 +7,7 @@
 //! are file names, never paths.
 
 mod admin;
+mod anthropic;
 mod completions;
 mod conversations;
 mod convert;
@@ -338,6 +339,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(openai::list_models))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/messages", post(anthropic::messages))
         .route("/api/health", get(admin::health))
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))

@@ -86,10 +86,12 @@ impl Policy {
         let Some(key) = &self.api_key else {
             return true;
         };
+        // `Authorization: Bearer <key>`, or `x-api-key: <key>` as Anthropic's clients send it.
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
             .map(str::trim);
         given.is_some_and(|given| constant_time_eq(given.as_bytes(), key.as_bytes()))
     }

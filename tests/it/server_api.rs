@@ -120,6 +120,33 @@ async fn openai_python_client() {
     server.shutdown().await.unwrap();
 }
 
+/// `POST /v1/messages` with the official `anthropic` Python client (tests/server/anthropic_client.py).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn anthropic_python_client() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config(), 16).await;
+    let url = server.url();
+    let script = common::repo().join("tests/server/anthropic_client.py");
+    let python = common::python();
+    let model_dir = tiny_dir();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python)
+            .arg(script)
+            .args(["--base-url", &url, "--model", MODEL, "--model-dir"])
+            .arg(model_dir)
+            .env("HF_HUB_OFFLINE", "1")
+            .env("TRANSFORMERS_VERBOSITY", "error")
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+    server.shutdown().await.unwrap();
+}
+
 /// Tandem's Ollama-compatible routes with the official `ollama` Python client (tests/server/ollama_client.py).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ollama_python_client() {
@@ -296,6 +323,9 @@ async fn api_key_and_binding() {
     get(a, "/v1/models").await.error(401, "invalid_api_key");
     send(a, "GET", "/api/models", &["Authorization: Bearer wrong"], b"").await.error(401, "invalid_api_key");
     assert_eq!(send(a, "GET", "/v1/models", &["Authorization: Bearer s3cret"], b"").await.status, 200);
+    // Anthropic's clients send the key as `x-api-key`.
+    assert_eq!(send(a, "GET", "/v1/models", &["x-api-key: s3cret"], b"").await.status, 200);
+    send(a, "GET", "/v1/models", &["x-api-key: wrong"], b"").await.error(401, "invalid_api_key");
     let health = get(a, "/api/health").await;
     assert_eq!(health.status, 200, "health stays open");
     let backend = format!("{:?}", mlx::device::backend()).to_lowercase();

@@ -1,0 +1,82 @@
+"""The official `anthropic` Python client against a running `tandem serve` (started by tests/it/server_api.rs,
+test `anthropic_python_client`): Tandem's `POST /v1/messages`.
+
+    python tests/server/anthropic_client.py --base-url http://127.0.0.1:PORT --model NAME --model-dir DIR
+
+Checks, with Hugging Face `transformers` as the oracle for token counts: a message answers with a text
+block, `usage.input_tokens` equals transformers' count of the chat template (system prompt included),
+`stop_reason` is `max_tokens` at the limit; streamed events in Anthropic's order give the same text and
+usage; a stop sequence is reported as `stop_sequence`; Tandem's `stats` ride on the message; errors are
+the client's typed exceptions (404 unknown model, 400 naming an unsupported field such as `tools`).
+Sampling is the registry's (greedy in the test's models.toml): this client version takes no `temperature`.
+Prints one line per check; exits non-zero on the first failure.
+"""
+
+import argparse
+import sys
+
+import anthropic
+from transformers import AutoTokenizer
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL: {what}", flush=True)
+        sys.exit(1)
+    print(f"ok: {what}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--model-dir", required=True)
+    args = ap.parse_args()
+    client = anthropic.Anthropic(base_url=args.base_url, api_key="not-needed", max_retries=0, timeout=120)
+    tok = AutoTokenizer.from_pretrained(args.model_dir)
+    m = args.model
+    system = "You are a helpful assistant."
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Tell me a short story about a cat."}]}]
+    flat = [{"role": "system", "content": system}, {"role": "user", "content": "Tell me a short story about a cat."}]
+    enc = tok.apply_chat_template(flat, add_generation_prompt=True, tokenize=True)
+    expected = len(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+    r = client.messages.create(model=m, max_tokens=10, system=system, messages=messages)
+    text = r.content[0].text
+    check(r.type == "message" and r.role == "assistant" and r.id.startswith("msg_"), "a message object")
+    check(r.content[0].type == "text" and len(text) > 0, f"a text block ({text!r})")
+    check(r.usage.input_tokens == expected, f"input_tokens {r.usage.input_tokens} == transformers' {expected}")
+    check(r.stop_reason in ("max_tokens", "end_turn"), f"stop_reason {r.stop_reason}")
+    check(r.stop_reason != "max_tokens" or r.usage.output_tokens == 10, f"output_tokens {r.usage.output_tokens} at the limit")
+    check(isinstance((r.model_extra or {}).get("stats"), dict), "Tandem's stats on the message")
+
+    kinds = []
+    with client.messages.stream(model=m, max_tokens=10, system=system, messages=messages) as s:
+        for ev in s:
+            kinds.append(ev.type)
+        final = s.get_final_message()
+    check(kinds[0] == "message_start" and "content_block_start" in kinds and kinds[-1] == "message_stop", f"event order ({kinds[:3]}...{kinds[-2:]})")
+    check(final.content[0].text == text, f"streamed text equals non-streamed ({final.content[0].text!r})")
+    check(final.usage.output_tokens == r.usage.output_tokens and final.stop_reason == r.stop_reason, "streamed usage and stop_reason")
+
+    words = text.split()
+    if len(words) >= 2:
+        stop = words[1]
+        rs = client.messages.create(model=m, max_tokens=10, system=system, messages=messages, stop_sequences=[stop])
+        check(rs.stop_reason == "stop_sequence" and rs.stop_sequence == stop, f"stop_sequence {stop!r} ({rs.stop_reason}, {rs.stop_sequence!r})")
+
+    try:
+        client.messages.create(model="no-such-model", max_tokens=4, messages=messages)
+        check(False, "unknown model raises")
+    except anthropic.NotFoundError as e:
+        check(e.status_code == 404, "unknown model: 404 NotFoundError")
+    try:
+        client.messages.create(model=m, max_tokens=4, messages=messages, tools=[{"name": "f", "input_schema": {"type": "object"}}])
+        check(False, "tools raise")
+    except anthropic.BadRequestError as e:
+        check("`tools`" in str(e), f"tools: 400 naming it ({e})")
+    print("all checks passed")
+
+
+if __name__ == "__main__":
+    main()
