@@ -92,18 +92,16 @@ async fn wait_idle(engine: &Engine) {
 
 // ---------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn openai_python_client() {
-    let setup = Setup::new();
-    let server = setup.start(setup.config(), 16).await;
-    let url = format!("{}/v1", server.url());
-    let script = common::repo().join("tests/server/openai_client.py");
-    let python = common::python();
-    let model_dir = tiny_dir();
+/// Runs one of tests/server/*_client.py (an official client library against this server) with
+/// `--<url_flag> <url> --model tiny --model-dir <tandem-tiny>`; fails with its output unless every check
+/// passed. The model's folder is the token-count oracle's (transformers) input.
+async fn python_client(script: &str, url_flag: &str, url: String) {
+    let script = common::repo().join("tests/server").join(script);
+    let (python, model_dir, flag) = (common::python(), tiny_dir(), url_flag.to_owned());
     let out = tokio::task::spawn_blocking(move || {
         Command::new(python)
-            .arg(script)
-            .args(["--base-url", &url, "--model", MODEL, "--model-dir"])
+            .arg(&script)
+            .args([flag.as_str(), &url, "--model", MODEL, "--model-dir"])
             .arg(model_dir)
             .env("HF_HUB_OFFLINE", "1")
             .env("TRANSFORMERS_VERBOSITY", "error")
@@ -113,9 +111,16 @@ async fn openai_python_client() {
     .await
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "openai client checks failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "client checks failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("all checks passed"), "{stdout}");
     eprintln!("{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn openai_python_client() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config(), 16).await;
+    python_client("openai_client.py", "--base-url", format!("{}/v1", server.url())).await;
     wait_idle(server.engine()).await;
     server.shutdown().await.unwrap();
 }
@@ -125,25 +130,7 @@ async fn openai_python_client() {
 async fn anthropic_python_client() {
     let setup = Setup::new();
     let server = setup.start(setup.config(), 16).await;
-    let url = server.url();
-    let script = common::repo().join("tests/server/anthropic_client.py");
-    let python = common::python();
-    let model_dir = tiny_dir();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(script)
-            .args(["--base-url", &url, "--model", MODEL, "--model-dir"])
-            .arg(model_dir)
-            .env("HF_HUB_OFFLINE", "1")
-            .env("TRANSFORMERS_VERBOSITY", "error")
-            .output()
-    })
-    .await
-    .unwrap()
-    .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    python_client("anthropic_client.py", "--base-url", server.url()).await;
     server.shutdown().await.unwrap();
 }
 
@@ -152,25 +139,7 @@ async fn anthropic_python_client() {
 async fn ollama_python_client() {
     let setup = Setup::new();
     let server = setup.start(setup.config(), 16).await;
-    let host = server.url();
-    let script = common::repo().join("tests/server/ollama_client.py");
-    let python = common::python();
-    let model_dir = tiny_dir();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(script)
-            .args(["--host", &host, "--model", MODEL, "--model-dir"])
-            .arg(model_dir)
-            .env("HF_HUB_OFFLINE", "1")
-            .env("TRANSFORMERS_VERBOSITY", "error")
-            .output()
-    })
-    .await
-    .unwrap()
-    .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    python_client("ollama_client.py", "--host", server.url()).await;
     server.shutdown().await.unwrap();
 }
 

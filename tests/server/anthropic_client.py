@@ -13,17 +13,10 @@ Prints one line per check; exits non-zero on the first failure.
 """
 
 import argparse
-import sys
-
 import anthropic
 from transformers import AutoTokenizer
 
-
-def check(cond, what):
-    if not cond:
-        print(f"FAIL: {what}", flush=True)
-        sys.exit(1)
-    print(f"ok: {what}", flush=True)
+from checks import check, template_tokens
 
 
 def main():
@@ -38,8 +31,7 @@ def main():
     system = "You are a helpful assistant."
     messages = [{"role": "user", "content": [{"type": "text", "text": "Tell me a short story about a cat."}]}]
     flat = [{"role": "system", "content": system}, {"role": "user", "content": "Tell me a short story about a cat."}]
-    enc = tok.apply_chat_template(flat, add_generation_prompt=True, tokenize=True)
-    expected = len(enc["input_ids"] if hasattr(enc, "keys") else enc)
+    expected = template_tokens(tok, flat)
 
     r = client.messages.create(model=m, max_tokens=10, system=system, messages=messages)
     text = r.content[0].text

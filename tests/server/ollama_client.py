@@ -13,18 +13,12 @@ Prints one line per check; exits non-zero on the first failure.
 
 import argparse
 import json
-import sys
 import urllib.request
 
 import ollama
 from transformers import AutoTokenizer
 
-
-def check(cond, what):
-    if not cond:
-        print(f"FAIL: {what}", flush=True)
-        sys.exit(1)
-    print(f"ok: {what}", flush=True)
+from checks import check, template_tokens
 
 
 def raw_post(host, path, body):
@@ -47,8 +41,7 @@ def main():
     check(m in names, f"/api/tags lists {m} ({names})")
 
     messages = [{"role": "user", "content": "Tell me a short story about a cat."}]
-    enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    expected = len(enc["input_ids"] if hasattr(enc, "keys") else enc)
+    expected = template_tokens(tok, messages)
     opts = {"temperature": 0, "num_predict": 12, "seed": 1}
     r = client.chat(model=m + ":latest", messages=messages, options=opts, stream=False)
     text = r.message.content

@@ -18,17 +18,10 @@ Prints one line per check; exits non-zero on the first failure.
 """
 
 import argparse
-import sys
-
 import openai
 from transformers import AutoTokenizer
 
-
-def check(cond, what):
-    if not cond:
-        print(f"FAIL: {what}", flush=True)
-        sys.exit(1)
-    print(f"ok: {what}", flush=True)
+from checks import check, template_tokens
 
 
 def main():
@@ -45,8 +38,7 @@ def main():
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "Tell me a short story about a cat."},
     ]
-    enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    expected_prompt = len(enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc)
+    expected_prompt = template_tokens(tok, messages)
 
     ids = [m.id for m in client.models.list().data]
     check(args.model in ids, f"/v1/models lists {args.model} ({ids})")
