@@ -114,3 +114,33 @@ describe('a download too large for this machine', () => {
     expect(fit.textContent).toContain('convert it to 5 bits or fewer');
   });
 });
+
+describe('a cancelled download', () => {
+  it('resumes with the same repo, revision and files', async () => {
+    const cancelled = view({ state: 'cancelled', revision: 'v2', include: ['*.json'] });
+    const mock = mockFetch({
+      'GET /api/pull': () => json({ downloads: [cancelled] }),
+      'POST /api/pull': () => json(view({ job: '2', state: 'queued' }), 202),
+      'GET /api/pull/2/events': () => sse([]),
+      'GET /api/pull/2': () => json(view({ job: '2', state: 'finished', model: 'tiny', path: '/m/tiny' })),
+    });
+    root = document.createElement('div');
+    document.body.appendChild(root);
+    act(() => render(<DownloadPage client={new Api('', mock.fetch, null)} onFinished={() => {}} onShowModels={() => {}} />, root!));
+    for (let i = 0; i < 50 && !root.querySelector('[data-testid="download-resume"]'); i++) {
+      await act(async () => {
+        await new Promise((r) => setTimeout(r, 10));
+      });
+    }
+    expect(root.querySelector('[data-testid="download-resume"]')!.textContent).toBe('Resume');
+    await act(async () => {
+      (root!.querySelector('[data-testid="download-resume"]') as HTMLButtonElement).click();
+    });
+    for (let i = 0; i < 50 && !mock.calls.some((c) => c.method === 'POST'); i++) {
+      await act(async () => {
+        await new Promise((r) => setTimeout(r, 10));
+      });
+    }
+    expect(mock.calls.find((c) => c.method === 'POST')?.body).toEqual({ repo: 'tandem/tiny@v2', include: ['*.json'] });
+  });
+});

@@ -70,12 +70,13 @@ export function DownloadPage(props: { client?: Api; onFinished: () => void; onSh
     };
   }, [client]);
 
-  async function start(e: Event) {
-    e.preventDefault();
-    if (!repo.trim() || busy) return;
+  async function start(e: Event | null, again?: DownloadView) {
+    e?.preventDefault();
+    const target = again ? `${again.repo}@${again.revision}` : repo.trim();
+    if (!target || busy) return;
     setBusy(true);
     try {
-      const v = await client.startPull({ repo: repo.trim(), include: includeOf(include) });
+      const v = await client.startPull({ repo: target, include: again ? again.include : includeOf(include) });
       upsert(v);
       void follow(v.job);
     } catch (err) {
@@ -90,7 +91,7 @@ export function DownloadPage(props: { client?: Api; onFinished: () => void; onSh
       <header class="page-header">
         <h1>Download</h1>
       </header>
-      <form class="download-form" data-testid="download-form" onSubmit={start}>
+      <form class="download-form" data-testid="download-form" onSubmit={(e) => void start(e)}>
         <label class="field">
           <span class="field-label">Hugging Face repo</span>
           <input
@@ -128,14 +129,14 @@ export function DownloadPage(props: { client?: Api; onFinished: () => void; onSh
           .slice()
           .reverse()
           .map((d) => (
-            <DownloadRow key={d.job} d={d} client={client} onShowModels={props.onShowModels} />
+            <DownloadRow key={d.job} d={d} client={client} onShowModels={props.onShowModels} onResume={() => void start(null, d)} />
           ))}
       </div>
     </div>
   );
 }
 
-function DownloadRow(props: { d: DownloadView; client: Api; onShowModels: () => void }) {
+function DownloadRow(props: { d: DownloadView; client: Api; onShowModels: () => void; onResume: () => void }) {
   const d = props.d;
   const running = d.state === 'queued' || d.state === 'running';
   const share = d.total_bytes > 0 ? d.done_bytes / d.total_bytes : d.state === 'finished' ? 1 : 0;
@@ -172,6 +173,11 @@ function DownloadRow(props: { d: DownloadView; client: Api; onShowModels: () => 
       )}
       {d.state === 'cancelled' && <div class="small">Cancelled: what arrived is kept, and downloading again resumes it.</div>}
       <div class="download-actions">
+        {(d.state === 'cancelled' || d.state === 'error') && (
+          <button type="button" class="link-button" data-testid="download-resume" onClick={props.onResume}>
+            {d.state === 'cancelled' ? 'Resume' : 'Try again'}
+          </button>
+        )}
         {running && (
           <button type="button" class="link-button" data-testid="download-cancel" onClick={() => void props.client.cancelPull(d.job).catch(showError)}>
             Cancel
