@@ -12,15 +12,15 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use base64::Engine as _;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::error::{parse_json, ApiError};
-use super::openai::{cancelled, image_kind, unsupported};
+use super::openai::cancelled;
+use super::request::{base64_image, count, model_or_default, stops, unsupported};
 use super::AppState;
-use crate::engine::{ChatMessage, Completion, Event, Image, Input, Part, Request, SamplingOverrides};
+use crate::engine::{ChatMessage, Completion, Event, Input, Part, Request, SamplingOverrides};
 use crate::generate::FinishReason;
 
 /// An error as Anthropic writes it.
@@ -123,15 +123,10 @@ fn parts(blocks: Vec<Block>, at: &str) -> Result<Vec<Part>, ApiError> {
         match (b.kind.as_str(), b.text, b.source) {
             ("text", Some(text), None) => out.push(Part::Text(text)),
             ("image", None, Some(src)) if src.kind == "base64" => {
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(src.data.unwrap_or_default().trim().as_bytes())
-                    .map_err(|e| {
-                        ApiError::bad_request("invalid_image", format!("`{here}.source.data`: not valid base64: {e}"))
-                    })?;
-                let kind = image_kind(&bytes).ok_or_else(|| {
-                    ApiError::bad_request("invalid_image", format!("`{here}`: not a PNG, JPEG, GIF or WebP image"))
-                })?;
-                out.push(Part::Image(Image { bytes, media_type: src.media_type.or_else(|| Some(kind.to_owned())) }));
+                let mut image =
+                    base64_image(src.data.as_deref().unwrap_or_default(), &format!("`{here}.source.data`"))?;
+                image.media_type = src.media_type.or(image.media_type);
+                out.push(Part::Image(image));
             }
             ("image", _, Some(src)) => {
                 return Err(ApiError::bad_request(
@@ -152,7 +147,7 @@ fn parts(blocks: Vec<Block>, at: &str) -> Result<Vec<Part>, ApiError> {
 
 fn parse(b: MessagesBody, state: &AppState) -> Result<(Request, bool), ApiError> {
     unsupported(&b.other, "", HARMLESS)?;
-    let model = if b.model.trim().is_empty() { state.engine.default_model()? } else { b.model };
+    let model = model_or_default(state, b.model)?;
     let mut messages = Vec::new();
     match b.system {
         Some(SystemIn::Text(t)) => messages.push(ChatMessage::text("system", t)),
@@ -175,20 +170,17 @@ fn parse(b: MessagesBody, state: &AppState) -> Result<(Request, bool), ApiError>
         };
         messages.push(ChatMessage { role: m.role, parts });
     }
-    let stop = b.stop_sequences.unwrap_or_default();
-    if stop.len() > super::openai::MAX_STOPS {
-        return Err(ApiError::bad_request("invalid_value", format!("`stop_sequences` has {} sequences", stop.len())));
-    }
+    let stop = stops(b.stop_sequences.unwrap_or_default(), "stop_sequences")?;
     let request = Request {
         model,
         input: Input::Chat(messages),
         sampling: SamplingOverrides {
             temperature: b.temperature,
             top_p: b.top_p,
-            top_k: b.top_k.map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
+            top_k: b.top_k.map(count),
             ..Default::default()
         },
-        max_tokens: Some(usize::try_from(b.max_tokens).unwrap_or(usize::MAX)),
+        max_tokens: Some(count(b.max_tokens)),
         stop,
         mtp: Default::default(),
         enable_thinking: None,

@@ -9,12 +9,13 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::{Stream, StreamExt};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use ts_rs::TS;
 
 use super::error::{ApiError, ApiJson};
-use super::openai::{cancelled, data, finish_reason, now_unix, unsupported, MtpIn, StopIn, StreamOptions};
-use super::wire::{FinishReasonName, Usage};
+use super::openai::{cancelled, data, finish_reason, now_unix, MtpIn, StopIn, StreamOptions};
+use super::request::{count, model_or_default, one_choice, unsupported};
+use super::wire::{FinishReasonName, TextChoice, TextCompletion, Usage};
 use super::AppState;
 use crate::engine::{Completion, Event, Generation, Input, MtpOverrides, Request, SamplingOverrides};
 use crate::generate::{FinishReason, Stats};
@@ -62,36 +63,6 @@ enum PromptIn {
     Many(Vec<String>),
 }
 
-/// The non-streamed answer, and (with `finish_reason` null until the last) each streamed chunk.
-#[derive(Debug, Clone, Serialize, TS)]
-pub struct TextCompletion {
-    pub id: String,
-    /// "text_completion"
-    pub object: String,
-    pub created: u64,
-    pub model: String,
-    #[ts(type = "null")]
-    pub system_fingerprint: (),
-    pub choices: Vec<TextChoice>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[ts(optional = nullable, as = "Option<Usage>")]
-    pub usage: Option<Option<Usage>>,
-    /// Tandem's extension: the generation's statistics (running on streamed chunks, final at the end).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[ts(optional)]
-    pub stats: Option<Stats>,
-}
-
-#[derive(Debug, Clone, Serialize, TS)]
-pub struct TextChoice {
-    pub index: u32,
-    pub text: String,
-    #[ts(type = "null")]
-    pub logprobs: (),
-    #[ts(type = "string | null")]
-    pub finish_reason: Option<FinishReasonName>,
-}
-
 struct Parsed {
     request: Request,
     stream: bool,
@@ -100,12 +71,7 @@ struct Parsed {
 
 fn parse(req: CompletionRequest, state: &AppState) -> Result<Parsed, ApiError> {
     unsupported(&req.other, "", &["user"])?;
-    if let Some(n) = req.n.filter(|&n| n != 1) {
-        return Err(ApiError::bad_request(
-            "invalid_value",
-            format!("`n` = {n}: only one choice per request is supported"),
-        ));
-    }
+    one_choice(req.n)?;
     let prompt = match req.prompt {
         PromptIn::One(p) => p,
         PromptIn::Many(mut v) if v.len() == 1 => v.remove(0),
@@ -116,7 +82,7 @@ fn parse(req: CompletionRequest, state: &AppState) -> Result<Parsed, ApiError> {
             ))
         }
     };
-    let model = if req.model.trim().is_empty() { state.engine.default_model()? } else { req.model };
+    let model = model_or_default(state, req.model)?;
     let mtp = req.mtp.map(|m| MtpOverrides { enabled: m.enabled, depth: m.depth, adaptive: None }).unwrap_or_default();
     let request = Request {
         model,
@@ -124,12 +90,12 @@ fn parse(req: CompletionRequest, state: &AppState) -> Result<Parsed, ApiError> {
         sampling: SamplingOverrides {
             temperature: req.temperature,
             top_p: req.top_p,
-            top_k: req.top_k.map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
+            top_k: req.top_k.map(count),
             min_p: req.min_p,
             repetition_penalty: req.repetition_penalty,
             seed: req.seed.map(|s| s as u64),
         },
-        max_tokens: Some(req.max_tokens.map_or(DEFAULT_MAX_TOKENS, |n| usize::try_from(n).unwrap_or(usize::MAX))),
+        max_tokens: Some(req.max_tokens.map_or(DEFAULT_MAX_TOKENS, count)),
         stop: StopIn::list(req.stop)?,
         mtp,
         enable_thinking: None,

@@ -17,6 +17,7 @@ mod folders;
 mod listen;
 mod ollama;
 mod openai;
+mod request;
 mod security;
 mod ui;
 pub mod wire;

@@ -13,15 +13,14 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use base64::Engine as _;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use super::error::{parse_json, ApiError};
-use super::openai::{image_kind, unsupported};
+use super::request::{base64_image, count, model_or_default, stops, unsupported};
 use super::AppState;
-use crate::engine::{ChatMessage, Completion, Event, Image, Input, ModelStatus, Part, Request, SamplingOverrides};
+use crate::engine::{ChatMessage, Completion, Event, Input, ModelStatus, Part, Request, SamplingOverrides};
 use crate::generate::{FinishReason, Stats};
 
 /// An error as Ollama writes it.
@@ -119,21 +118,9 @@ const HARMLESS: &[&str] = &["keep_alive"];
 /// The registry's name for an Ollama model name (`name:latest` is `name`).
 fn model_name(state: &AppState, given: &str) -> std::result::Result<String, ApiError> {
     let given = given.trim();
-    if given.is_empty() {
-        return Ok(state.engine.default_model()?);
-    }
-    let registry = state.engine.registry();
     let plain = given.strip_suffix(":latest").unwrap_or(given);
-    Ok(if registry.get(given).is_some() { given } else { plain }.to_owned())
-}
-
-fn image(b64: &str, what: &str) -> std::result::Result<Image, ApiError> {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(b64.trim().as_bytes())
-        .map_err(|e| ApiError::bad_request("invalid_image", format!("{what}: not valid base64: {e}")))?;
-    let kind = image_kind(&bytes)
-        .ok_or_else(|| ApiError::bad_request("invalid_image", format!("{what}: not a PNG, JPEG, GIF or WebP image")))?;
-    Ok(Image { bytes, media_type: Some(kind.to_owned()) })
+    let name = if state.engine.registry().get(given).is_some() { given } else { plain };
+    model_or_default(state, name.to_owned())
 }
 
 fn sampling(o: &Options) -> std::result::Result<(SamplingOverrides, Option<usize>, Vec<String>), ApiError> {
@@ -141,21 +128,18 @@ fn sampling(o: &Options) -> std::result::Result<(SamplingOverrides, Option<usize
     let s = SamplingOverrides {
         temperature: o.temperature,
         top_p: o.top_p,
-        top_k: o.top_k.map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
+        top_k: o.top_k.map(count),
         min_p: o.min_p,
         repetition_penalty: o.repeat_penalty,
         seed: o.seed.map(|s| s as u64),
     };
     // Ollama's -1 (and -2) mean "until the context is full": the engine's own limit.
-    let max = o.num_predict.filter(|&n| n > 0).map(|n| n as usize);
-    Ok((s, max, o.stop.clone().unwrap_or_default()))
+    let max = o.num_predict.filter(|&n| n > 0).map(|n| count(n as u64));
+    Ok((s, max, stops(o.stop.clone().unwrap_or_default(), "options.stop")?))
 }
 
 fn request(model: String, input: Input, o: &Options, think: Option<bool>) -> std::result::Result<Request, ApiError> {
     let (sampling, max_tokens, stop) = sampling(o)?;
-    if stop.len() > super::openai::MAX_STOPS {
-        return Err(ApiError::bad_request("invalid_value", format!("`options.stop` has {} sequences", stop.len())));
-    }
     Ok(Request {
         model,
         input,
@@ -188,7 +172,7 @@ pub async fn chat(State(state): State<Arc<AppState>>, bytes: Bytes) -> Result<Re
         }
         let mut parts = vec![Part::Text(m.content)];
         for (j, img) in m.images.iter().enumerate() {
-            parts.push(Part::Image(image(img, &format!("`messages[{i}].images[{j}]`"))?));
+            parts.push(Part::Image(base64_image(img, &format!("`messages[{i}].images[{j}]`"))?));
         }
         messages.push(ChatMessage { role: m.role, parts });
     }
@@ -218,7 +202,7 @@ pub async fn generate(State(state): State<Arc<AppState>>, bytes: Bytes) -> Resul
         }
         let mut parts = vec![Part::Text(b.prompt)];
         for (j, img) in b.images.iter().enumerate() {
-            parts.push(Part::Image(image(img, &format!("`images[{j}]`"))?));
+            parts.push(Part::Image(base64_image(img, &format!("`images[{j}]`"))?));
         }
         messages.push(ChatMessage { role: "user".into(), parts });
         Input::Chat(messages)

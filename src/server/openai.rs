@@ -16,6 +16,7 @@ use serde::Serialize;
 use ts_rs::TS;
 
 use super::error::{ApiError, ApiJson};
+use super::request::{count, image_kind, model_or_default, one_choice, stops, unsupported};
 use super::wire::{
     AssistantMessage, ChatCompletion, ChatCompletionChunk, ChunkChoice, ChunkDelta, CompletionChoice, OpenAiModel,
     OpenAiModelList, Usage,
@@ -75,35 +76,6 @@ pub struct ChatRequest {
     other: serde_json::Map<String, serde_json::Value>,
 }
 
-/// The first field of `other` that asks for something Tandem does not do: a parameter it does not
-/// implement (tools, response_format, logprobs, penalties, ...) or one it does not know. A field set
-/// to what means "off" in OpenAI's API (null, false, 0, "", [] or {}) asks for nothing, so clients
-/// that send their defaults or echo a returned message back work; anything else is a 400 naming it,
-/// never silently dropped.
-/// `harmless` names fields accepted whatever their value.
-pub(super) fn unsupported(
-    other: &serde_json::Map<String, serde_json::Value>,
-    path: &str,
-    harmless: &[&str],
-) -> Result<(), ApiError> {
-    use serde_json::Value;
-    let asks = |v: &Value| match v {
-        Value::Null | Value::Bool(false) => false,
-        Value::Number(n) => n.as_f64() != Some(0.0),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(a) => !a.is_empty(),
-        Value::Object(o) => !o.is_empty(),
-        Value::Bool(true) => true,
-    };
-    match other.iter().find(|(k, v)| asks(v) && !harmless.contains(&k.as_str())) {
-        None => Ok(()),
-        Some((name, value)) => Err(ApiError::bad_request(
-            "unsupported_parameter",
-            format!("`{path}{name}` = {value}: not supported by this server (it would be ignored, so it is refused)"),
-        )),
-    }
-}
-
 #[derive(Debug, Deserialize, TS)]
 #[ts(optional_fields)]
 pub(super) struct StreamOptions {
@@ -132,20 +104,14 @@ pub(super) enum StopIn {
 }
 
 impl StopIn {
-    /// The stop sequences, at most [`MAX_STOPS`].
+    /// The stop sequences, checked ([`stops`]).
     pub(super) fn list(stop: Option<StopIn>) -> Result<Vec<String>, ApiError> {
         let stop = match stop {
             None => Vec::new(),
             Some(StopIn::One(s)) => vec![s],
             Some(StopIn::Many(v)) => v,
         };
-        if stop.len() > MAX_STOPS {
-            return Err(ApiError::bad_request(
-                "invalid_value",
-                format!("`stop` has {} sequences; at most {MAX_STOPS}", stop.len()),
-            ));
-        }
-        Ok(stop)
+        stops(stop, "stop")
     }
 }
 
@@ -194,21 +160,14 @@ struct Parsed {
     include_usage: bool,
 }
 
-pub(super) const MAX_STOPS: usize = 16;
-
 fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
     // OpenAI's end-user identifier changes nothing about the answer.
     unsupported(&req.other, "", &["user"])?;
     for (i, m) in req.messages.iter().enumerate() {
         unsupported(&m.other, &format!("messages[{i}]."), &[])?;
     }
-    if let Some(n) = req.n.filter(|&n| n != 1) {
-        return Err(ApiError::bad_request(
-            "invalid_value",
-            format!("`n` = {n}: only one choice per request is supported"),
-        ));
-    }
-    let model = if req.model.trim().is_empty() { state.engine.default_model()? } else { req.model };
+    one_choice(req.n)?;
+    let model = model_or_default(state, req.model)?;
     let mut messages = Vec::with_capacity(req.messages.len());
     // Images are numbered across the conversation, as the engine names them in its errors.
     let mut images = 0;
@@ -253,7 +212,7 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
         return Err(ApiError::bad_request("invalid_value", "`messages` is empty"));
     }
     let stop = StopIn::list(req.stop)?;
-    let max_tokens = req.max_completion_tokens.or(req.max_tokens).map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens).map(count);
     let thinking = req.chat_template_kwargs.and_then(|k| k.enable_thinking).or(req.enable_thinking);
     let mtp = req.mtp.map(|m| MtpOverrides { enabled: m.enabled, depth: m.depth, adaptive: None }).unwrap_or_default();
     let request = Request {
@@ -262,7 +221,7 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
         sampling: SamplingOverrides {
             temperature: req.temperature,
             top_p: req.top_p,
-            top_k: req.top_k.map(|k| usize::try_from(k).unwrap_or(usize::MAX)),
+            top_k: req.top_k.map(count),
             min_p: req.min_p,
             repetition_penalty: req.repetition_penalty,
             // OpenAI's seed is a signed integer; every value names a distinct stream.
@@ -328,21 +287,6 @@ fn read_image(url: &str, state: &AppState, roots: &mut Option<Vec<PathBuf>>) -> 
     };
     let kind = image_kind(&bytes).ok_or_else(|| bad("not a PNG, JPEG, GIF or WebP image".into()))?;
     Ok(Image { bytes, media_type: media_type.or_else(|| Some(kind.to_owned())) })
-}
-
-/// The media type from the file's first bytes.
-pub(super) fn image_kind(b: &[u8]) -> Option<&'static str> {
-    if b.starts_with(b"\x89PNG\r\n\x1a\n") {
-        Some("image/png")
-    } else if b.starts_with(&[0xff, 0xd8, 0xff]) {
-        Some("image/jpeg")
-    } else if b.starts_with(b"GIF87a") || b.starts_with(b"GIF89a") {
-        Some("image/gif")
-    } else if b.len() >= 12 && &b[..4] == b"RIFF" && &b[8..12] == b"WEBP" {
-        Some("image/webp")
-    } else {
-        None
-    }
 }
 
 pub async fn chat_completions(

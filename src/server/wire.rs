@@ -11,7 +11,7 @@ use ts_rs::TS;
 use crate::engine::{ConversationSummary, JobStatus, JobView, ModelStatus};
 use crate::generate::Stats;
 
-pub use super::completions::{CompletionRequest, TextCompletion};
+pub use super::completions::CompletionRequest;
 pub use super::convert::ConvertRequest;
 pub use super::downloads::{DownloadList, PullRequest};
 pub use super::folders::{AddModel, ChooseFolder, PickFolder};
@@ -230,4 +230,35 @@ pub struct ChunkDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub content: Option<String>,
+}
+
+/// `POST /v1/completions`: the non-streamed answer, and (`finish_reason` null until the last) each
+/// streamed chunk.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct TextCompletion {
+    pub id: String,
+    /// "text_completion"
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    #[ts(type = "null")]
+    pub system_fingerprint: (),
+    pub choices: Vec<TextChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional = nullable, as = "Option<Usage>")]
+    pub usage: Option<Option<Usage>>,
+    /// Tandem's extension: the generation's statistics (running on streamed chunks, final at the end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub stats: Option<Stats>,
+}
+
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct TextChoice {
+    pub index: u32,
+    pub text: String,
+    #[ts(type = "null")]
+    pub logprobs: (),
+    #[ts(type = "string | null")]
+    pub finish_reason: Option<FinishReasonName>,
 }

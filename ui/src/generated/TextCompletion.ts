@@ -4,7 +4,8 @@ import type { TextChoice } from "./TextChoice";
 import type { Usage } from "./Usage";
 
 /**
- * The non-streamed answer, and (with `finish_reason` null until the last) each streamed chunk.
+ * `POST /v1/completions`: the non-streamed answer, and (`finish_reason` null until the last) each
+ * streamed chunk.
  */
 export type TextCompletion = { id: string, 
 /**
