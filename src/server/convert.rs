@@ -8,13 +8,12 @@ use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio_stream::wrappers::BroadcastStream;
 use ts_rs::TS;
 
 use super::error::{ApiError, ApiJson};
@@ -200,22 +199,5 @@ pub async fn events(
     Path(id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     let subscription = job(&state, &id)?.subscribe();
-    let replay = futures::stream::iter(subscription.past);
-    let live: futures::stream::BoxStream<'static, JobEvent> = match subscription.live {
-        Some(rx) => BroadcastStream::new(rx).filter_map(|r| async move { r.ok() }).boxed(),
-        None => futures::stream::empty().boxed(),
-    };
-    // Ends right after the terminal event, without waiting for another.
-    let events = futures::stream::unfold((replay.chain(live).boxed(), false), |(mut events, ended)| async move {
-        if ended {
-            return None;
-        }
-        let event = events.next().await?;
-        let terminal = event.is_terminal();
-        Some((event, (events, terminal)))
-    });
-    let stream = events
-        .map(|event| Ok(SseEvent::default().data(serde_json::to_string(&event).unwrap_or_else(|_| "{}".into()))))
-        .take_until(state.shutdown_signal());
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    Ok(super::job_events(&state, subscription.past, subscription.live, JobEvent::is_terminal))
 }

@@ -164,6 +164,41 @@ impl AppState {
     }
 }
 
+/// A job's events as server-sent events (conversions, downloads): `past` replayed, then `live` ones unless
+/// the job had ended, closing right after the event `is_terminal` marks, or when the server stops.
+fn job_events<E>(
+    state: &AppState,
+    past: Vec<E>,
+    live: Option<tokio::sync::broadcast::Receiver<E>>,
+    is_terminal: fn(&E) -> bool,
+) -> axum::response::sse::Sse<impl futures::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>>
+where
+    E: serde::Serialize + Clone + Send + 'static,
+{
+    use futures::StreamExt;
+    let replay = futures::stream::iter(past);
+    let live: futures::stream::BoxStream<'static, E> = match live {
+        Some(rx) => tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|r| async move { r.ok() }).boxed(),
+        None => futures::stream::empty().boxed(),
+    };
+    // Ends right after the terminal event, without waiting for another.
+    let events = futures::stream::unfold((replay.chain(live).boxed(), false), move |(mut events, ended)| async move {
+        if ended {
+            return None;
+        }
+        let event = events.next().await?;
+        let terminal = is_terminal(&event);
+        Some((event, (events, terminal)))
+    });
+    let stream = events
+        .map(|event| {
+            let data = serde_json::to_string(&event).unwrap_or_else(|_| "{}".into());
+            Ok(axum::response::sse::Event::default().data(data))
+        })
+        .take_until(state.shutdown_signal());
+    axum::response::sse::Sse::new(stream).keep_alive(axum::response::sse::KeepAlive::default())
+}
+
 /// A server running on a tokio runtime.
 pub struct RunningServer {
     addr: SocketAddr,
