@@ -138,8 +138,8 @@ pub fn run(a: PullArgs) -> Result<()> {
 
 fn size(bytes: u64) -> String {
     match bytes {
-        b if b >= 1 << 30 => format!("{:.2} GB", b as f64 / 1e9),
-        b if b >= 1 << 20 => format!("{:.1} MB", b as f64 / 1e6),
+        b if b >= 1_000_000_000 => format!("{:.2} GB", b as f64 / 1e9),
+        b if b >= 1_000_000 => format!("{:.1} MB", b as f64 / 1e6),
         b => format!("{b} B"),
     }
 }
