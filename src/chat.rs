@@ -258,6 +258,19 @@ impl Tokenizer {
     }
 
     /// The id of a token of the vocabulary (added tokens included), e.g. `<|im_end|>`.
+    /// What each of the first `width` ids spells, as bytes (special tokens marked as llguidance
+    /// marks them; ids without a token empty): the vocabulary a grammar is compiled against.
+    pub fn token_bytes(&self, width: usize) -> std::result::Result<Vec<Vec<u8>>, String> {
+        let json: Json = serde_json::from_str(&self.inner.to_string(false).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+        let mut bytes = llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| e.to_string())?;
+        if bytes.len() > width {
+            return Err(format!("the tokenizer has {} ids, more than the model's {width} logits", bytes.len()));
+        }
+        bytes.resize(width, Vec::new());
+        Ok(bytes)
+    }
+
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }

@@ -227,6 +227,8 @@ pub struct Request {
     pub enable_thinking: Option<bool>,
     /// Keep generating past end-of-sequence tokens, up to `max_tokens` (benchmarks, tests).
     pub ignore_eos: bool,
+    /// What the output must match (constrained decoding), if anything.
+    pub grammar: Option<crate::generate::GrammarSpec>,
 }
 
 impl Request {
@@ -240,6 +242,7 @@ impl Request {
             mtp: MtpOverrides::default(),
             enable_thinking: None,
             ignore_eos: false,
+            grammar: None,
         }
     }
 }

@@ -14,6 +14,8 @@ pub struct SamplingOverrides {
     pub top_k: Option<usize>,
     pub min_p: Option<f32>,
     pub repetition_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
     pub seed: Option<u64>,
 }
 
@@ -53,6 +55,8 @@ pub fn generate_options(
         top_k: o.top_k.unwrap_or(s.top_k as usize),
         min_p: o.min_p.unwrap_or(s.min_p),
         repetition_penalty: o.repetition_penalty.unwrap_or(s.repetition_penalty),
+        presence_penalty: o.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: o.frequency_penalty.unwrap_or(0.0),
         seed: o.seed,
         ..SamplingParams::default()
     };

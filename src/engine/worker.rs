@@ -16,7 +16,10 @@ use super::{
     Event, Generation, ModelFacts, Request, Result, WeakEngine,
 };
 use crate::chat::Tokenizer;
-use crate::generate::{generate_prompt, Control, FinishReason, GenerateError, GenerateOptions, Progress, Prompt};
+use crate::generate::{
+    generate_prompt, Constraint, Control, FinishReason, GenerateError, GenerateOptions, GrammarSpec, Grammars,
+    Progress, Prompt,
+};
 use crate::model::{LoadOptions, Qwen35};
 use crate::registry::ModelEntry;
 
@@ -78,6 +81,8 @@ pub(crate) struct Worker {
     shared: Arc<Shared>,
     jobs: Mutex<Option<std_mpsc::Sender<Job>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The grammar compiler of this model's vocabulary, built by the first constrained request.
+    grammars: std::sync::OnceLock<std::result::Result<Grammars, String>>,
 }
 
 impl Worker {
@@ -167,6 +172,7 @@ impl Worker {
             shared,
             jobs: Mutex::new(Some(jobs_tx)),
             thread: Mutex::new(Some(thread)),
+            grammars: std::sync::OnceLock::new(),
         })
     }
 
@@ -196,8 +202,27 @@ impl Worker {
         let entry = self.entry();
         let (prompt, images_held) =
             prompt_of(&entry.name, &self.info, &self.tokenizer, self.images.as_ref(), &request)?;
-        let opts = resolve_options(&entry, &self.info, &self.tokenizer, &request, prompt.ids.len())?;
+        let mut opts = resolve_options(&entry, &self.info, &self.tokenizer, &request, prompt.ids.len())?;
+        if let Some(spec) = &request.grammar {
+            opts.constraint = Some(self.compile(spec)?);
+        }
         Ok(Prepared { id, prompt, images_held, opts, stop: request.stop })
+    }
+
+    /// Compiles a request's grammar against this model's vocabulary; one it cannot compile is an
+    /// invalid request that says why.
+    fn compile(&self, spec: &GrammarSpec) -> Result<Constraint> {
+        let grammars = self.grammars.get_or_init(|| {
+            let t = Instant::now();
+            let end = self.tokenizer.stop_ids().first().copied().ok_or("the tokenizer has no end token")?;
+            let grammars = Grammars::new(&self.tokenizer.token_bytes(self.info.vocab_size)?, end);
+            tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "grammar compiler built");
+            grammars
+        });
+        let grammars = grammars.as_ref().map_err(|e| {
+            EngineError::InvalidRequest(format!("constrained output is not available for this model: {e}"))
+        })?;
+        grammars.compile(spec).map_err(|e| EngineError::InvalidRequest(format!("cannot compile the grammar: {e}")))
     }
 
     /// Puts a prepared request at the end of the queue, or refuses it when the queue is full.

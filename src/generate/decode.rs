@@ -100,7 +100,8 @@ fn generate_with(
     on_progress: &mut dyn FnMut(Progress<'_>) -> Control,
 ) -> Result<Output> {
     opts.check(model, prompt)?;
-    let mut sampler = Sampler::new(opts.sampling.clone())?;
+    let mut sampler =
+        Sampler::new(opts.sampling.clone())?.with_prompt_len(prompt.len()).with_constraint(opts.constraint.clone());
     let mut cache = model.make_cache();
     let t0 = Instant::now();
     let hidden = if images.is_empty() {

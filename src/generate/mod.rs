@@ -1,6 +1,7 @@
 //! Generation, in layers: options; prefill and the plain step; a [`Decoder`] (plain or MTP
 //! speculative) stepped by the decode loop; the sampler; statistics.
 
+pub mod constraint;
 pub mod decode;
 pub mod decoder;
 pub mod error;
@@ -11,6 +12,7 @@ pub mod sampler;
 pub mod stats;
 pub mod step;
 
+pub use constraint::{Constraint, GrammarSpec, Grammars};
 pub use decode::{generate, generate_prompt, Control, FinishReason, Output, Progress, Prompt};
 pub use decoder::Decoder;
 pub use error::GenerateError;

@@ -1,5 +1,6 @@
 //! What a generation is asked to do, and the checks of a request against the model.
 
+use super::constraint::Constraint;
 use super::error::{GenerateError, Result};
 use super::mtp::oracle::Oracle;
 use super::sampler::SamplingParams;
@@ -38,6 +39,8 @@ pub struct GenerateOptions {
     /// Benchmarks only: draft from a known continuation instead of the head's guesses (`tandem
     /// bench --oracle-acceptance`).
     pub oracle: Option<Oracle>,
+    /// What the output must match (a compiled grammar), if anything.
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for GenerateOptions {
@@ -49,6 +52,7 @@ impl Default for GenerateOptions {
             mtp: MtpOptions::default(),
             prefill_chunk: 512,
             oracle: None,
+            constraint: None,
         }
     }
 }

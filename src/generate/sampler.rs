@@ -9,6 +9,8 @@
 
 use mlx::{random, where_, Array, Dtype};
 
+use super::constraint::Constraint;
+
 pub type Result<T> = std::result::Result<T, mlx::Error>;
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -26,6 +28,11 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// How many recent tokens the penalty looks at.
     pub repetition_context: usize,
+    /// OpenAI's penalties, over the generated tokens (not the prompt): subtracted once from the
+    /// logit of every token already generated (presence), and once per time it was (frequency).
+    /// 0 disables them.
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
     pub seed: Option<u64>,
 }
 
@@ -38,6 +45,8 @@ impl Default for SamplingParams {
             min_p: 0.0,
             repetition_penalty: 1.0,
             repetition_context: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: None,
         }
     }
@@ -49,6 +58,10 @@ impl SamplingParams {
     }
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0
+    }
+    /// Whether a token's logits depend on the tokens before it (a penalty is on).
+    pub fn uses_history(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
     /// Checks ranges; the message names the field and value.
     pub fn validate(&self) -> std::result::Result<(), String> {
@@ -65,16 +78,28 @@ impl SamplingParams {
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             return bad("repetition_penalty", self.repetition_penalty);
         }
+        // OpenAI's range.
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return bad("presence_penalty", self.presence_penalty);
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return bad("frequency_penalty", self.frequency_penalty);
+        }
         Ok(())
     }
 }
 
-/// A sampler with its own random stream (seeded for reproducible runs).
+/// A sampler with its own random stream (seeded for reproducible runs), and the grammar that
+/// constrains what it draws, if any.
 pub struct Sampler {
     pub params: SamplingParams,
     seed: u64,
     /// Tokens drawn so far: the position of the next one.
     drawn: u64,
+    /// How many tokens of the history are the prompt: presence and frequency penalties count
+    /// only what follows.
+    prompt_len: usize,
+    constraint: Option<Constraint>,
 }
 
 impl Sampler {
@@ -82,7 +107,23 @@ impl Sampler {
         let seed = params.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
         });
-        Ok(Sampler { params, seed, drawn: 0 })
+        Ok(Sampler { params, seed, drawn: 0, prompt_len: 0, constraint: None })
+    }
+
+    /// Counts the first `n` tokens of every history as the prompt.
+    pub fn with_prompt_len(mut self, n: usize) -> Sampler {
+        self.prompt_len = n;
+        self
+    }
+
+    /// Draws only what `constraint` allows.
+    pub fn with_constraint(mut self, constraint: Option<Constraint>) -> Sampler {
+        self.constraint = constraint;
+        self
+    }
+
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -100,11 +141,13 @@ impl Sampler {
         self.drawn += n as u64;
     }
 
-    /// Applies the repetition penalty for `history` to one row of logits `[V]` (f32).
+    /// Applies the penalties for `history` (the prompt, then the generated tokens) to one row of
+    /// logits `[V]` (f32).
     pub fn penalize(&self, logits: &Array, history: &[u32]) -> Result<Array> {
+        let logits = self.penalize_generated(logits, history.get(self.prompt_len..).unwrap_or_default())?;
         let p = self.params.repetition_penalty;
         if p == 1.0 || history.is_empty() {
-            return Ok(logits.clone());
+            return Ok(logits);
         }
         let start = history.len().saturating_sub(self.params.repetition_context);
         let mut recent: Vec<u32> = history[start..].to_vec();
@@ -117,6 +160,24 @@ impl Sampler {
         let scaled =
             where_(&picked.greater(&Array::f32(0.0))?, &picked.divide(&penalty)?, &picked.multiply(&penalty)?)?;
         logits.put_along_axis(&idx, &scaled, -1)
+    }
+
+    /// Presence and frequency penalties over the generated tokens.
+    fn penalize_generated(&self, logits: &Array, generated: &[u32]) -> Result<Array> {
+        let (presence, frequency) = (self.params.presence_penalty, self.params.frequency_penalty);
+        if (presence == 0.0 && frequency == 0.0) || generated.is_empty() {
+            return Ok(logits.clone());
+        }
+        let mut counts = std::collections::BTreeMap::<u32, u32>::new();
+        for &t in generated {
+            *counts.entry(t).or_default() += 1;
+        }
+        let ids: Vec<u32> = counts.keys().copied().collect();
+        let minus: Vec<f32> = counts.values().map(|&n| presence + frequency * n as f32).collect();
+        let idx = Array::from_slice(&ids, &[ids.len() as i32])?;
+        let picked = logits.take(&idx, -1)?;
+        let lowered = picked.subtract(&Array::from_slice(&minus, &[minus.len() as i32])?)?;
+        logits.put_along_axis(&idx, &lowered, -1)
     }
 
     /// Log-probabilities `[.., V]` of the distribution this sampler draws from: temperature, then
@@ -154,10 +215,40 @@ impl Sampler {
 
     /// Picks the next token from logits `[V]`: argmax when greedy, else a draw from
     /// [`Self::logprobs`] with the next position's key. Advances one position either way.
+    /// Under a constraint the logits are masked first and the grammar moves past the token (which
+    /// is then read).
     pub fn sample(&mut self, logits: &Array) -> Result<Array> {
-        let token = self.sample_rows(&logits.reshape(&[1, -1])?)?.reshape(&[])?;
+        let mut logits = logits.reshape(&[1, -1])?;
+        if let Some(c) = self.constraint.as_mut() {
+            let width = logits.dim(-1) as usize;
+            logits = logits.add(&c.bias(width).map_err(grammar_error)?)?;
+        }
+        let token = self.sample_rows(&logits)?.reshape(&[])?;
         self.advance(1);
+        if let Some(c) = self.constraint.as_mut() {
+            c.consume(&[token.item::<u32>()?]).map_err(grammar_error)?;
+        }
         Ok(token)
+    }
+
+    /// Masks verify logits `[k + 1, V]`: row j with the grammar after drafts 0..j (unchanged
+    /// without a constraint).
+    pub fn mask_verify(&mut self, logits: &Array, drafts: &[u32]) -> Result<Array> {
+        match self.constraint.as_mut() {
+            None => Ok(logits.clone()),
+            Some(c) => {
+                let width = logits.dim(-1) as usize;
+                logits.add(&c.biases_along(drafts, width).map_err(grammar_error)?)
+            }
+        }
+    }
+
+    /// Moves the grammar past tokens emitted without [`Sampler::sample`] (a verify's).
+    pub fn consumed(&mut self, tokens: &[u32]) -> Result<()> {
+        match self.constraint.as_mut() {
+            None => Ok(()),
+            Some(c) => c.consume(tokens).map_err(grammar_error),
+        }
     }
 
     /// Picks one token per row of `[n, V]`, row i with the key of the position i ahead, without
@@ -174,6 +265,10 @@ impl Sampler {
     }
 }
 
+fn grammar_error(message: String) -> mlx::Error {
+    mlx::Error::Invalid(format!("constrained decoding: {message}"))
+}
+
 /// A 64-bit seed for the draw at `position` (SplitMix64's finalizer over seed and position), so
 /// that neighbouring positions and seeds get unrelated keys.
 fn mix(seed: u64, position: u64) -> u64 {
@@ -182,3 +277,6 @@ fn mix(seed: u64, position: u64) -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
 }
+
+#[cfg(test)]
+mod tests;

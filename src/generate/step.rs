@@ -32,13 +32,13 @@ pub struct Started {
 }
 
 /// Whether steps can be pipelined: the next step's graph is built from the previous step's token
-/// before that token is read. Sampling must then not need the token on the host; the repetition
-/// penalty reads the history, so it keeps steps synchronous.
+/// before that token is read. Sampling must then not need the token on the host; penalties read
+/// the history and a grammar reads each token, so they keep steps synchronous.
 /// `TANDEM_NO_PIPELINE=1` turns pipelining off, to measure what it earns.
 pub fn can_pipeline(sampler: &Sampler) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var_os("TANDEM_NO_PIPELINE").is_some_and(|v| v != "0"));
-    !off && sampler.params.repetition_penalty == 1.0
+    !off && !sampler.params.uses_history() && !sampler.is_constrained()
 }
 
 /// Builds the step that feeds `token` (`[1, 1]`, possibly still being computed) and starts

@@ -185,6 +185,7 @@ fn parse(b: MessagesBody, state: &AppState) -> Result<(Request, bool), ApiError>
         mtp: Default::default(),
         enable_thinking: None,
         ignore_eos: false,
+        grammar: None,
     };
     Ok((request, b.stream.unwrap_or(false)))
 }

@@ -14,7 +14,7 @@ use ts_rs::TS;
 
 use super::error::{ApiError, ApiJson};
 use super::openai::{cancelled, data, finish_reason, now_unix, MtpIn, StopIn, StreamOptions};
-use super::request::{count, model_or_default, one_choice, unsupported};
+use super::request::{count, model_or_default, one_choice, unsupported, ResponseFormat};
 use super::wire::{FinishReasonName, TextChoice, TextCompletion, Usage};
 use super::AppState;
 use crate::engine::{Completion, Event, Generation, Input, MtpOverrides, Request, SamplingOverrides};
@@ -43,7 +43,11 @@ pub struct CompletionRequest {
     top_k: Option<u64>,
     min_p: Option<f32>,
     repetition_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
     seed: Option<i64>,
+    /// Free text (the default), any JSON object, or JSON matching a schema: constrained decoding.
+    response_format: Option<ResponseFormat>,
     stop: Option<StopIn>,
     n: Option<u64>,
     /// Tandem's extension, as on chat completions.
@@ -93,6 +97,8 @@ fn parse(req: CompletionRequest, state: &AppState) -> Result<Parsed, ApiError> {
             top_k: req.top_k.map(count),
             min_p: req.min_p,
             repetition_penalty: req.repetition_penalty,
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
             seed: req.seed.map(|s| s as u64),
         },
         max_tokens: Some(req.max_tokens.map_or(DEFAULT_MAX_TOKENS, count)),
@@ -100,6 +106,7 @@ fn parse(req: CompletionRequest, state: &AppState) -> Result<Parsed, ApiError> {
         mtp,
         enable_thinking: None,
         ignore_eos: req.ignore_eos.unwrap_or(false),
+        grammar: ResponseFormat::grammar(req.response_format)?,
     };
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);

@@ -21,7 +21,7 @@ use super::error::{parse_json, ApiError};
 use super::request::{base64_image, count, model_or_default, stops, unsupported};
 use super::AppState;
 use crate::engine::{ChatMessage, Completion, Event, Input, ModelStatus, Part, Request, SamplingOverrides};
-use crate::generate::{FinishReason, Stats};
+use crate::generate::{FinishReason, GrammarSpec, Stats};
 
 /// An error as Ollama writes it.
 pub struct OllamaError(ApiError);
@@ -54,6 +54,8 @@ struct Options {
     top_k: Option<u64>,
     min_p: Option<f32>,
     repeat_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
     seed: Option<i64>,
     num_predict: Option<i64>,
     stop: Option<Vec<String>>,
@@ -82,6 +84,8 @@ struct ChatBody {
     #[serde(default)]
     options: Options,
     think: Option<bool>,
+    /// `"json"` or a JSON schema: constrained decoding.
+    format: Option<Value>,
     #[serde(flatten)]
     other: Map<String, Value>,
 }
@@ -100,6 +104,8 @@ struct GenerateBody {
     #[serde(default)]
     options: Options,
     think: Option<bool>,
+    /// `"json"` or a JSON schema: constrained decoding.
+    format: Option<Value>,
     #[serde(flatten)]
     other: Map<String, Value>,
 }
@@ -131,6 +137,8 @@ fn sampling(o: &Options) -> std::result::Result<(SamplingOverrides, Option<usize
         top_k: o.top_k.map(count),
         min_p: o.min_p,
         repetition_penalty: o.repeat_penalty,
+        presence_penalty: o.presence_penalty,
+        frequency_penalty: o.frequency_penalty,
         seed: o.seed.map(|s| s as u64),
     };
     // Ollama's -1 (and -2) mean "until the context is full": the engine's own limit.
@@ -138,7 +146,27 @@ fn sampling(o: &Options) -> std::result::Result<(SamplingOverrides, Option<usize
     Ok((s, max, stops(o.stop.clone().unwrap_or_default(), "options.stop")?))
 }
 
-fn request(model: String, input: Input, o: &Options, think: Option<bool>) -> std::result::Result<Request, ApiError> {
+/// Ollama's `format`: `"json"` for any JSON value, or a JSON schema.
+fn format(format: Option<Value>) -> std::result::Result<Option<GrammarSpec>, ApiError> {
+    match format {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) if s == "json" => Ok(Some(GrammarSpec::JsonObject)),
+        Some(schema @ Value::Object(_)) => Ok(Some(GrammarSpec::JsonSchema(schema))),
+        Some(other) => Err(ApiError::bad_request(
+            "invalid_value",
+            format!("`format` = {other}: must be \"json\" or a JSON schema object"),
+        )),
+    }
+}
+
+fn request(
+    model: String,
+    input: Input,
+    o: &Options,
+    think: Option<bool>,
+    grammar: Option<Value>,
+) -> std::result::Result<Request, ApiError> {
     let (sampling, max_tokens, stop) = sampling(o)?;
     Ok(Request {
         model,
@@ -149,6 +177,7 @@ fn request(model: String, input: Input, o: &Options, think: Option<bool>) -> std
         mtp: Default::default(),
         enable_thinking: think,
         ignore_eos: false,
+        grammar: format(grammar)?,
     })
 }
 
@@ -181,7 +210,7 @@ pub async fn chat(State(state): State<Arc<AppState>>, bytes: Bytes) -> Result<Re
         state.engine.load(&model).await?;
         return Ok(Json(json!({"model": model, "created_at": now(), "message": {"role": "assistant", "content": ""}, "done": true, "done_reason": "load"})).into_response());
     }
-    let req = request(model, Input::Chat(messages), &b.options, b.think)?;
+    let req = request(model, Input::Chat(messages), &b.options, b.think, b.format)?;
     answer(&state, req, b.stream.unwrap_or(true), Kind::Chat).await
 }
 
@@ -207,7 +236,7 @@ pub async fn generate(State(state): State<Arc<AppState>>, bytes: Bytes) -> Resul
         messages.push(ChatMessage { role: "user".into(), parts });
         Input::Chat(messages)
     };
-    let req = request(model, input, &b.options, b.think)?;
+    let req = request(model, input, &b.options, b.think, b.format)?;
     answer(&state, req, b.stream.unwrap_or(true), Kind::Generate).await
 }
 

@@ -16,7 +16,7 @@ use serde::Serialize;
 use ts_rs::TS;
 
 use super::error::{ApiError, ApiJson};
-use super::request::{count, image_kind, model_or_default, one_choice, stops, unsupported};
+use super::request::{count, image_kind, model_or_default, one_choice, stops, unsupported, ResponseFormat};
 use super::wire::{
     AssistantMessage, ChatCompletion, ChatCompletionChunk, ChunkChoice, ChunkDelta, CompletionChoice, OpenAiModel,
     OpenAiModelList, Usage,
@@ -60,7 +60,11 @@ pub struct ChatRequest {
     top_k: Option<u64>,
     min_p: Option<f32>,
     repetition_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
     seed: Option<i64>,
+    /// Free text (the default), any JSON object, or JSON matching a schema: constrained decoding.
+    response_format: Option<ResponseFormat>,
     stop: Option<StopIn>,
     n: Option<u64>,
     /// Tandem's extension: `{"enabled": bool, "depth": k}` overrides the model's MTP settings.
@@ -224,6 +228,8 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
             top_k: req.top_k.map(count),
             min_p: req.min_p,
             repetition_penalty: req.repetition_penalty,
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
             // OpenAI's seed is a signed integer; every value names a distinct stream.
             seed: req.seed.map(|s| s as u64),
         },
@@ -232,6 +238,7 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
         mtp,
         enable_thinking: thinking,
         ignore_eos: req.ignore_eos.unwrap_or(false),
+        grammar: ResponseFormat::grammar(req.response_format)?,
     };
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);

@@ -7,6 +7,7 @@ use base64::Engine as _;
 use super::error::ApiError;
 use super::AppState;
 use crate::engine::Image;
+use crate::generate::GrammarSpec;
 
 /// Stop sequences a request may give at most.
 pub const MAX_STOPS: usize = 16;
@@ -58,6 +59,50 @@ pub(super) fn stops(stop: Vec<String>, field: &str) -> Result<Vec<String>, ApiEr
         ));
     }
     Ok(stop)
+}
+
+/// OpenAI's `response_format`: free text, any JSON object, or JSON matching a schema.
+#[derive(Debug, serde::Deserialize, ts_rs::TS)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub(super) enum ResponseFormat {
+    Text,
+    JsonObject,
+    JsonSchema { json_schema: JsonSchemaIn },
+}
+
+#[derive(Debug, serde::Deserialize, ts_rs::TS)]
+#[ts(optional_fields)]
+pub(super) struct JsonSchemaIn {
+    name: Option<String>,
+    description: Option<String>,
+    #[ts(type = "unknown")]
+    schema: Option<serde_json::Value>,
+    /// Constrained decoding always holds to the schema; `strict` changes nothing.
+    strict: Option<bool>,
+}
+
+impl ResponseFormat {
+    /// The grammar the output must match (None for free text).
+    pub(super) fn grammar(format: Option<ResponseFormat>) -> Result<Option<GrammarSpec>, ApiError> {
+        Ok(match format {
+            None | Some(ResponseFormat::Text) => None,
+            Some(ResponseFormat::JsonObject) => Some(GrammarSpec::JsonObject),
+            Some(ResponseFormat::JsonSchema { json_schema }) => {
+                let _ = (json_schema.name, json_schema.description, json_schema.strict);
+                match json_schema.schema {
+                    Some(schema @ serde_json::Value::Object(_)) => Some(GrammarSpec::JsonSchema(schema)),
+                    Some(other) => {
+                        return Err(ApiError::bad_request(
+                            "invalid_schema",
+                            format!("`response_format.json_schema.schema` = {other}: a schema is a JSON object"),
+                        ))
+                    }
+                    // OpenAI's default: any JSON object.
+                    None => Some(GrammarSpec::JsonObject),
+                }
+            }
+        })
+    }
 }
 
 /// A count from JSON as a `usize` (saturating: a larger one means "no limit" to the engine anyway).

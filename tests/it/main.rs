@@ -2,6 +2,7 @@
 
 mod cli;
 mod common;
+mod constrained;
 mod convert;
 mod engine_load;
 mod family;

@@ -15,6 +15,8 @@ import argparse
 import json
 import urllib.request
 
+import jsonschema
+
 import ollama
 from transformers import AutoTokenizer
 
@@ -65,6 +67,25 @@ def main():
     t = client.generate(model=m, prompt="Tell me a short story about a cat.", options=opts, stream=False)
     check(t.prompt_eval_count == expected, f"templated generate counts the chat template ({t.prompt_eval_count})")
 
+    # `format`: a JSON schema constrains the answer.
+    schema = {
+        "type": "object",
+        "properties": {"animal": {"enum": ["cat", "dog"]}, "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+        "required": ["animal", "legs"],
+        "additionalProperties": False,
+    }
+    f = client.chat(model=m, messages=messages, format=schema, options={"temperature": 0, "num_predict": 60}, stream=False)
+    try:
+        jsonschema.validate(json.loads(f.message.content), schema)
+        valid = True
+    except (ValueError, jsonschema.ValidationError) as e:
+        valid = e
+    check(valid is True and f.done_reason == "stop", f"format schema answer validates ({f.message.content!r}: {valid})")
+    j = client.generate(model=m, prompt="A cat:", format="json", options={"temperature": 0, "num_predict": 60}, stream=False)
+    check(j.done_reason != "stop" or json.loads(j.response) is not None, f"format json answer ({j.response!r})")
+    fp = client.chat(model=m, messages=messages, options={**opts, "frequency_penalty": 2.0, "presence_penalty": 1.0}, stream=False)
+    check(fp.done and len(fp.message.content) > 0, "frequency and presence penalties accepted")
+
     s = client.show(m)
     check("completion" in (s.capabilities or []), f"/api/show capabilities {s.capabilities}")
     ps = [x.model for x in client.ps().models]
@@ -73,7 +94,6 @@ def main():
     for what, call in [
         ("unknown model", lambda: client.chat(model="no-such-model", messages=messages, stream=False)),
         ("options.mirostat", lambda: client.chat(model=m, messages=messages, options={"mirostat": 1}, stream=False)),
-        ("format", lambda: client.chat(model=m, messages=messages, format="json", stream=False)),
         ("tools", lambda: client.chat(model=m, messages=messages, tools=[{"type": "function", "function": {"name": "f"}}], stream=False)),
     ]:
         try:

@@ -12,12 +12,18 @@ Checks, with Hugging Face `transformers` as the independent oracle for token cou
   a final usage chunk with empty choices;
 - stop sequences (streaming and not), max_completion_tokens, seeded sampling reproducible;
 - errors surface as the client's typed exceptions (404 unknown model, 400 bad value);
+- structured output: a `json_schema` answer that validates (jsonschema), with MTP drafting under the
+  constraint, the same text streamed; `json_object`; a schema that cannot compile is a 400;
+- presence/frequency penalties change a greedy answer;
 - /v1/completions: a raw prompt (token count without the chat template), streamed and not, the default
   max_tokens, and its unimplemented parameters refused by name.
 Prints one line per check; exits non-zero on the first failure.
 """
 
 import argparse
+import json
+
+import jsonschema
 import openai
 from transformers import AutoTokenizer
 
@@ -145,9 +151,7 @@ def main():
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
     for what, extra in [
         ("tools", {"tools": [tool]}),
-        ("response_format", {"response_format": {"type": "json_object"}}),
         ("logprobs", {"logprobs": True}),
-        ("frequency_penalty", {"frequency_penalty": 0.5}),
         ("messages[1].tool_calls", {"messages": messages[:1] + [{**messages[1], "tool_calls": [{"id": "x"}]}]}),
     ]:
         kwargs = {"model": args.model, "messages": messages, "max_tokens": 2, **extra}
@@ -164,6 +168,60 @@ def main():
         model=args.model, messages=messages, max_tokens=2, user="someone", frequency_penalty=0, logprobs=False, tools=[]
     )
     check(r.choices[0].message.content is not None, "user and parameters at their off values are accepted")
+
+    # Structured output: constrained decoding, MTP on.
+    schema = {
+        "type": "object",
+        "properties": {
+            "ship": {"type": "string", "maxLength": 30},
+            "crew": {"type": "integer", "minimum": 1, "maximum": 99},
+            "flags": {"type": "array", "items": {"enum": ["red", "white", "blue"]}, "maxItems": 3},
+        },
+        "required": ["ship", "crew", "flags"],
+        "additionalProperties": False,
+    }
+    ask = [{"role": "user", "content": "Describe the ship Pequod."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "ship", "schema": schema, "strict": True}}
+    r = client.chat.completions.create(model=args.model, messages=ask, max_tokens=120, temperature=0, response_format=fmt)
+    answer = r.choices[0].message.content
+    try:
+        jsonschema.validate(json.loads(answer), schema)
+        valid = True
+    except (ValueError, jsonschema.ValidationError) as e:
+        valid = e
+    check(valid is True, f"json_schema answer validates ({answer!r}: {valid})")
+    check(r.choices[0].finish_reason == "stop", f"the schema's end ends the answer ({r.choices[0].finish_reason})")
+    spec = ((r.model_extra or {}).get("stats") or {}).get("spec") or {}
+    check(spec.get("method") == "mtp" and spec.get("drafted", 0) > 0, f"MTP drafted under the constraint ({spec})")
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model=args.model, messages=ask, max_tokens=120, temperature=0, response_format=fmt, stream=True
+        )
+        if c.choices
+    )
+    check(streamed == answer, f"streamed constrained answer is the same ({streamed!r})")
+    r = client.chat.completions.create(
+        model=args.model, messages=ask, max_tokens=120, temperature=0, response_format={"type": "json_object"}
+    )
+    obj = r.choices[0].message.content
+    check(isinstance(json.loads(obj), dict) if r.choices[0].finish_reason == "stop" else obj.startswith("{"), f"json_object answer ({obj!r})")
+    try:
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/nowhere"}}}
+        client.chat.completions.create(model=args.model, messages=ask, max_tokens=4, response_format=bad)
+        check(False, "a schema that cannot compile raises")
+    except openai.BadRequestError as e:
+        check("cannot compile" in str(e), f"uncompilable schema: 400 saying so ({e})")
+
+    # Penalties: greedy text changes when repeated tokens cost more.
+    plain = client.chat.completions.create(
+        model=args.model, messages=messages, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+    ).choices[0].message.content
+    pen = client.chat.completions.create(
+        model=args.model, messages=messages, max_tokens=24, temperature=0, frequency_penalty=2.0, presence_penalty=1.0,
+        extra_body={"ignore_eos": True},
+    ).choices[0].message.content
+    check(pen != plain, f"frequency/presence penalties change the greedy answer ({pen!r})")
 
     # /v1/completions: a raw prompt, no chat template.
     prompt = "Once upon a time"

@@ -17,29 +17,29 @@ use crate::generate::sampler::Sampler;
 /// not changed: the caller appends what was accepted.
 pub fn accept(sampler: &mut Sampler, logits: &Array, drafts: &[u32], history: &[u32]) -> Result<(usize, u32)> {
     let k = drafts.len();
-    // The penalty looks at the most recent tokens only: those, and the drafts as they are accepted.
-    let mut history: Vec<u32> = history[history.len().saturating_sub(sampler.params.repetition_context)..].to_vec();
-    let row = |sampler: &Sampler, j: usize, hist: &[u32]| -> Result<Array> {
-        let l = logits.slice_axis(0, j as i32, j as i32 + 1)?.reshape(&[-1])?;
-        Ok(sampler.penalize(&l, hist)?)
-    };
-    if sampler.params.repetition_penalty == 1.0 {
-        // The rows do not depend on each other: every position's token at once, one wait.
-        let targets = sampler.sample_rows(logits)?.to_vec::<u32>()?;
+    if !sampler.params.uses_history() {
+        // The rows do not depend on each other: every position's token at once, one wait. Under a
+        // grammar each row is masked with the state after the drafts before it.
+        let logits = sampler.mask_verify(logits, drafts)?;
+        let targets = sampler.sample_rows(&logits)?.to_vec::<u32>()?;
         let a = (0..k).take_while(|&j| targets[j] == drafts[j]).count();
         sampler.advance(a + 1);
+        sampler.consumed(&targets[..=a])?;
         return Ok((a, targets[a]));
     }
+    // Penalties read the tokens before each position: the drafts join the history as they are
+    // accepted, and each position is drawn (and masked) as plain decoding draws it.
+    let mut history = history.to_vec();
     for (j, &d) in drafts.iter().enumerate() {
-        let l = row(sampler, j, &history)?;
-        let t = sampler.sample(&l)?.item::<u32>()?;
+        let l = logits.slice_axis(0, j as i32, j as i32 + 1)?.reshape(&[-1])?;
+        let t = sampler.sample(&sampler.penalize(&l, &history)?)?.item::<u32>()?;
         if t != d {
             return Ok((j, t));
         }
         history.push(d);
     }
-    let l = row(sampler, k, &history)?;
-    let t = sampler.sample(&l)?.item::<u32>()?;
+    let l = logits.slice_axis(0, k as i32, k as i32 + 1)?.reshape(&[-1])?;
+    let t = sampler.sample(&sampler.penalize(&l, &history)?)?.item::<u32>()?;
     Ok((k, t))
 }
 

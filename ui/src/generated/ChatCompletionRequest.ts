@@ -2,6 +2,7 @@
 import type { ChatTemplateKwargs } from "./ChatTemplateKwargs";
 import type { RequestMessage } from "./RequestMessage";
 import type { RequestMtp } from "./RequestMtp";
+import type { ResponseFormat } from "./ResponseFormat";
 import type { Stop } from "./Stop";
 import type { StreamOptions } from "./StreamOptions";
 
@@ -12,7 +13,11 @@ export type ChatCompletionRequest = {
 /**
  * Empty or absent: the default model.
  */
-model?: string, messages: Array<RequestMessage>, stream?: boolean, stream_options?: StreamOptions, max_tokens?: number, max_completion_tokens?: number, temperature?: number, top_p?: number, top_k?: number, min_p?: number, repetition_penalty?: number, seed?: number, stop?: Stop, n?: number, 
+model?: string, messages: Array<RequestMessage>, stream?: boolean, stream_options?: StreamOptions, max_tokens?: number, max_completion_tokens?: number, temperature?: number, top_p?: number, top_k?: number, min_p?: number, repetition_penalty?: number, presence_penalty?: number, frequency_penalty?: number, seed?: number, 
+/**
+ * Free text (the default), any JSON object, or JSON matching a schema: constrained decoding.
+ */
+response_format?: ResponseFormat, stop?: Stop, n?: number, 
 /**
  * Tandem's extension: `{"enabled": bool, "depth": k}` overrides the model's MTP settings.
  */
