@@ -84,11 +84,13 @@ pub struct Message {
     /// "system", "user", "assistant" or "tool", as the template expects.
     pub role: String,
     pub content: Vec<ContentPart>,
+    /// The calls an assistant turn made (function calling).
+    pub tool_calls: Vec<tools::ToolCall>,
 }
 
 impl Message {
     pub fn new(role: impl Into<String>, content: Vec<ContentPart>) -> Self {
-        Self { role: role.into(), content }
+        Self { role: role.into(), content, tool_calls: Vec::new() }
     }
     pub fn text(role: impl Into<String>, text: impl Into<String>) -> Self {
         Self::new(role, vec![ContentPart::Text(text.into())])
@@ -121,7 +123,19 @@ impl Message {
                 .collect();
             Value::from(parts)
         };
-        context! { role => self.role.as_str(), content => content }
+        if self.tool_calls.is_empty() {
+            return context! { role => self.role.as_str(), content => content };
+        }
+        // As transformers passes them: `function.arguments` an object.
+        let calls: Vec<Value> = self
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let function = context! { name => c.name.as_str(), arguments => Value::from(minijinja::value::Serde(&c.arguments)) };
+                context! { type => "function", function => function }
+            })
+            .collect();
+        context! { role => self.role.as_str(), content => content, tool_calls => calls }
     }
 }
 
@@ -141,6 +155,9 @@ pub struct ChatOptions {
     pub add_generation_prompt: bool,
     /// Passed to the template only when set: Qwen3 templates test `enable_thinking is defined`.
     pub enable_thinking: Option<bool>,
+    /// The functions the model may call: passed to a template that reads `tools`, else written
+    /// into the system message as Qwen's tool preamble ([`tools::preamble`]).
+    pub tools: Option<Vec<tools::Tool>>,
 }
 
 /// A model's tokenizer, special tokens, stop tokens and chat template.
@@ -158,6 +175,9 @@ pub struct Tokenizer {
     special_texts: Vec<String>,
     /// The same tokenizer with special tokens encoded as plain text, made on first need.
     literal: std::sync::OnceLock<tokenizers::Tokenizer>,
+    /// The template renders `tools` and assistant `tool_calls` itself.
+    reads_tools: bool,
+    call_format: tools::CallFormat,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -212,6 +232,8 @@ impl Tokenizer {
                 (FALLBACK_ORIGIN.to_owned(), CHATML_TEMPLATE.to_owned())
             }
         };
+        let reads_tools = source.contains("tools") && source.contains("tool_call");
+        let call_format = tools::CallFormat::of_template(&source);
         let template = template_env(&template_origin, source)
             .map_err(|e| ChatError::Template { dir: dir.to_owned(), message: e })?;
 
@@ -228,6 +250,8 @@ impl Tokenizer {
             stop_ids: Vec::new(),
             special_texts,
             literal: std::sync::OnceLock::new(),
+            reads_tools,
+            call_format,
         };
         // A post-processor naming tokens the vocabulary lacks fails here, at load, not at the first chat.
         tokenizer
@@ -300,7 +324,53 @@ impl Tokenizer {
         self.apply_chat_template_with(messages, &ChatOptions { add_generation_prompt, ..ChatOptions::default() })
     }
 
+    /// How this model writes a tool call (its template's format; Qwen3's JSON when it has none).
+    pub fn call_format(&self) -> tools::CallFormat {
+        self.call_format
+    }
+
+    /// The conversation as a template without tool support can render it: the tool preamble in
+    /// the system message, earlier calls as the text the model wrote, results as user turns.
+    fn without_tools(&self, messages: &[Message], offered: Option<&[tools::Tool]>) -> Vec<Message> {
+        let mut out: Vec<Message> = messages
+            .iter()
+            .map(|m| {
+                let mut m = m.clone();
+                if m.role == "tool" {
+                    let text: String = m.content.iter().filter_map(ContentPart::as_text).collect();
+                    m = Message::user(tools::response_text(&text));
+                }
+                for call in std::mem::take(&mut m.tool_calls) {
+                    m.content.push(ContentPart::Text(format!("\n{}", call.render(self.call_format))));
+                }
+                m
+            })
+            .collect();
+        if let Some(offered) = offered.filter(|t| !t.is_empty()) {
+            let preamble = tools::preamble(offered);
+            match out.first_mut().filter(|m| m.role == "system") {
+                Some(system) => system.content.push(ContentPart::Text(format!("\n\n{preamble}"))),
+                None => out.insert(0, Message::system(preamble)),
+            }
+        }
+        out
+    }
+
     pub fn apply_chat_template_with(&self, messages: &[Message], options: &ChatOptions) -> Result<String> {
+        let has_tool_turns = messages.iter().any(|m| m.role == "tool" || !m.tool_calls.is_empty());
+        let rewritten;
+        let (messages, tools) = if !self.reads_tools && (options.tools.is_some() || has_tool_turns) {
+            rewritten = self.without_tools(messages, options.tools.as_deref());
+            (&rewritten[..], Value::from(()))
+        } else {
+            let tools = match &options.tools {
+                Some(t) => {
+                    Value::from(minijinja::value::Serde(t.iter().map(tools::Tool::to_value).collect::<Vec<_>>()))
+                }
+                None => Value::from(()),
+            };
+            (messages, tools)
+        };
         let messages: Vec<Value> = messages.iter().map(Message::to_value).collect();
         // As transformers does: special tokens first, then the call's arguments; `tools` and
         // `documents` are passed as none, not left undefined.
@@ -309,7 +379,7 @@ impl Tokenizer {
         vars.extend([
             ("messages", Value::from(messages)),
             ("add_generation_prompt", Value::from(options.add_generation_prompt)),
-            ("tools", Value::from(())),
+            ("tools", tools),
             ("documents", Value::from(())),
         ]);
         if let Some(enable_thinking) = options.enable_thinking {
@@ -341,6 +411,7 @@ impl Tokenizer {
             .iter()
             .map(|m| Message {
                 role: m.role.clone(),
+                tool_calls: m.tool_calls.clone(),
                 content: m
                     .content
                     .iter()
@@ -754,3 +825,5 @@ fn kind(value: &Json) -> &'static str {
 
 #[cfg(test)]
 mod tests;
+
+pub mod tools;

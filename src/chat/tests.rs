@@ -82,7 +82,7 @@ fn qwen3_template_renders_like_transformers() {
     let expected = "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
          <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n";
     assert_eq!(tok.apply_chat_template(&messages, true).unwrap(), expected);
-    let no_thinking = ChatOptions { add_generation_prompt: true, enable_thinking: Some(false) };
+    let no_thinking = ChatOptions { add_generation_prompt: true, enable_thinking: Some(false), tools: None };
     assert_eq!(
         tok.apply_chat_template_with(&messages, &no_thinking).unwrap(),
         format!("{expected}<think>\n\n</think>\n\n")

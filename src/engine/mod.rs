@@ -193,11 +193,13 @@ pub struct ChatMessage {
     /// "system", "user", "assistant" or "tool".
     pub role: String,
     pub parts: Vec<Part>,
+    /// The calls an assistant turn made.
+    pub tool_calls: Vec<crate::chat::tools::ToolCall>,
 }
 
 impl ChatMessage {
     pub fn text(role: impl Into<String>, text: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), parts: vec![Part::Text(text.into())] }
+        ChatMessage { role: role.into(), parts: vec![Part::Text(text.into())], tool_calls: Vec::new() }
     }
 }
 
@@ -229,6 +231,8 @@ pub struct Request {
     pub ignore_eos: bool,
     /// What the output must match (constrained decoding), if anything.
     pub grammar: Option<crate::generate::GrammarSpec>,
+    /// The functions the model may call (rendered into the prompt; a required call is forced).
+    pub tools: Option<crate::chat::tools::ToolUse>,
 }
 
 impl Request {
@@ -243,6 +247,7 @@ impl Request {
             enable_thinking: None,
             ignore_eos: false,
             grammar: None,
+            tools: None,
         }
     }
 }
@@ -966,10 +971,11 @@ fn prompt_of(
                             Part::Image(_) => ContentPart::Image,
                         })
                         .collect();
-                    Message::new(m.role.clone(), content)
+                    Message { tool_calls: m.tool_calls.clone(), ..Message::new(m.role.clone(), content) }
                 })
                 .collect();
-            let options = ChatOptions { add_generation_prompt: true, enable_thinking: request.enable_thinking };
+            let tools = request.tools.as_ref().map(|t| t.tools.clone());
+            let options = ChatOptions { add_generation_prompt: true, enable_thinking: request.enable_thinking, tools };
             let ids = tokenizer.encode_chat_with(&messages, &options).map_err(codec)?;
             if decoded.is_empty() {
                 ids

@@ -205,6 +205,13 @@ impl Worker {
         let mut opts = resolve_options(&entry, &self.info, &self.tokenizer, &request, prompt.ids.len())?;
         if let Some(spec) = &request.grammar {
             opts.constraint = Some(self.compile(spec)?);
+        } else if let Some(uses) = &request.tools {
+            // A required or named call: the answer is forced to be calls, in this model's format.
+            let forced =
+                crate::chat::tools::grammar(uses, self.tokenizer.call_format()).map_err(EngineError::InvalidRequest)?;
+            if let Some(lark) = forced {
+                opts.constraint = Some(self.compile(&GrammarSpec::Lark(lark))?);
+            }
         }
         Ok(Prepared { id, prompt, images_held, opts, stop: request.stop })
     }

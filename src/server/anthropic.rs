@@ -151,9 +151,11 @@ fn parse(b: MessagesBody, state: &AppState) -> Result<(Request, bool), ApiError>
     let mut messages = Vec::new();
     match b.system {
         Some(SystemIn::Text(t)) => messages.push(ChatMessage::text("system", t)),
-        Some(SystemIn::Blocks(blocks)) => {
-            messages.push(ChatMessage { role: "system".into(), parts: parts(blocks, "system")? })
-        }
+        Some(SystemIn::Blocks(blocks)) => messages.push(ChatMessage {
+            role: "system".into(),
+            parts: parts(blocks, "system")?,
+            tool_calls: Vec::new(),
+        }),
         None => {}
     }
     for (i, m) in b.messages.into_iter().enumerate() {
@@ -168,7 +170,7 @@ fn parse(b: MessagesBody, state: &AppState) -> Result<(Request, bool), ApiError>
             ContentIn::Text(t) => vec![Part::Text(t)],
             ContentIn::Blocks(blocks) => parts(blocks, &format!("messages[{i}].content"))?,
         };
-        messages.push(ChatMessage { role: m.role, parts });
+        messages.push(ChatMessage { role: m.role, parts, tool_calls: Vec::new() });
     }
     let stop = stops(b.stop_sequences.unwrap_or_default(), "stop_sequences")?;
     let request = Request {
@@ -186,6 +188,7 @@ fn parse(b: MessagesBody, state: &AppState) -> Result<(Request, bool), ApiError>
         enable_thinking: None,
         ignore_eos: false,
         grammar: None,
+        tools: None,
     };
     Ok((request, b.stream.unwrap_or(false)))
 }

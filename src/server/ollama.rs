@@ -178,6 +178,7 @@ fn request(
         enable_thinking: think,
         ignore_eos: false,
         grammar: format(grammar)?,
+        tools: None,
     })
 }
 
@@ -203,7 +204,7 @@ pub async fn chat(State(state): State<Arc<AppState>>, bytes: Bytes) -> Result<Re
         for (j, img) in m.images.iter().enumerate() {
             parts.push(Part::Image(base64_image(img, &format!("`messages[{i}].images[{j}]`"))?));
         }
-        messages.push(ChatMessage { role: m.role, parts });
+        messages.push(ChatMessage { role: m.role, parts, tool_calls: Vec::new() });
     }
     if messages.is_empty() {
         // Ollama loads the model on an empty chat; here that is an empty answer once it is loaded.
@@ -233,7 +234,7 @@ pub async fn generate(State(state): State<Arc<AppState>>, bytes: Bytes) -> Resul
         for (j, img) in b.images.iter().enumerate() {
             parts.push(Part::Image(base64_image(img, &format!("`images[{j}]`"))?));
         }
-        messages.push(ChatMessage { role: "user".into(), parts });
+        messages.push(ChatMessage { role: "user".into(), parts, tool_calls: Vec::new() });
         Input::Chat(messages)
     };
     let req = request(model, input, &b.options, b.think, b.format)?;

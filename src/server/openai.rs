@@ -18,10 +18,11 @@ use ts_rs::TS;
 use super::error::{ApiError, ApiJson};
 use super::request::{count, image_kind, model_or_default, one_choice, stops, unsupported, ResponseFormat};
 use super::wire::{
-    AssistantMessage, ChatCompletion, ChatCompletionChunk, ChunkChoice, ChunkDelta, CompletionChoice, OpenAiModel,
-    OpenAiModelList, Usage,
+    AssistantMessage, ChatCompletion, ChatCompletionChunk, ChunkChoice, ChunkDelta, CompletionChoice, FunctionCallOut,
+    OpenAiModel, OpenAiModelList, ToolCallOut, Usage,
 };
 use super::{security, AppState};
+use crate::chat::tools::{self as calls, CallStream, Tool, ToolCall, ToolChoice, ToolUse};
 use crate::engine::{
     ChatMessage, Completion, Event, Generation, Image, Input, MtpOverrides, Part, Request, SamplingOverrides,
 };
@@ -74,6 +75,11 @@ pub struct ChatRequest {
     enable_thinking: Option<bool>,
     /// vLLM's extension: generate up to max_tokens even past end-of-sequence.
     ignore_eos: Option<bool>,
+    /// Functions the model may call.
+    tools: Option<Vec<ToolIn>>,
+    tool_choice: Option<ToolChoiceIn>,
+    /// Several calls in one answer are always allowed.
+    parallel_tool_calls: Option<bool>,
     /// Every other field: refused by name unless it asks for nothing (see [`unsupported`]).
     #[serde(flatten)]
     #[ts(skip)]
@@ -120,6 +126,97 @@ impl StopIn {
 }
 
 #[derive(Debug, Deserialize, TS)]
+#[ts(rename = "RequestTool")]
+struct ToolIn {
+    /// "function"
+    #[serde(rename = "type")]
+    kind: String,
+    function: FunctionIn,
+}
+
+#[derive(Debug, Deserialize, TS)]
+#[ts(optional_fields, rename = "RequestFunction")]
+struct FunctionIn {
+    #[ts(optional = false)]
+    name: String,
+    description: Option<String>,
+    #[ts(type = "unknown")]
+    parameters: Option<serde_json::Value>,
+    strict: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, TS)]
+#[serde(untagged)]
+#[ts(rename = "RequestToolChoice")]
+enum ToolChoiceIn {
+    /// none, auto or required.
+    Mode(String),
+    Named {
+        function: NamedFunction,
+    },
+}
+
+#[derive(Debug, Deserialize, TS)]
+struct NamedFunction {
+    name: String,
+}
+
+/// An earlier call, as a client sends the conversation back.
+#[derive(Debug, Deserialize, TS)]
+#[ts(rename = "RequestToolCall")]
+struct ToolCallIn {
+    #[serde(default)]
+    #[ts(optional)]
+    id: Option<String>,
+    function: FunctionCallIn,
+}
+
+#[derive(Debug, Deserialize, TS)]
+struct FunctionCallIn {
+    name: String,
+    /// The arguments object as JSON text.
+    arguments: String,
+}
+
+/// `tools` and `tool_choice` as the engine takes them; None when no tool may be called.
+fn tool_use(tools: Option<Vec<ToolIn>>, choice: Option<ToolChoiceIn>) -> Result<Option<ToolUse>, ApiError> {
+    let bad = |m: String| ApiError::bad_request("invalid_value", m);
+    let tools = tools.unwrap_or_default();
+    let choice = match choice {
+        None => ToolChoice::Auto,
+        Some(ToolChoiceIn::Mode(m)) => match m.as_str() {
+            "none" => return Ok(None),
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => return Err(bad(format!("`tool_choice` = `{other}`: must be none, auto, required or a function"))),
+        },
+        Some(ToolChoiceIn::Named { function }) => ToolChoice::Function(function.name),
+    };
+    if tools.is_empty() {
+        return match choice {
+            ToolChoice::Auto => Ok(None),
+            _ => Err(bad("`tool_choice` asks for a call but `tools` is empty".into())),
+        };
+    }
+    let tools = tools
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if t.kind != "function" {
+                return Err(bad(format!("`tools[{i}].type` = `{}`: only function tools exist", t.kind)));
+            }
+            let _ = t.function.strict;
+            let parameters = t.function.parameters.unwrap_or_else(|| serde_json::json!({"type": "object"}));
+            if !parameters.is_object() {
+                return Err(bad(format!("`tools[{i}].function.parameters` is not a JSON schema object")));
+            }
+            Ok(Tool { name: t.function.name, description: t.function.description, parameters })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(ToolUse { tools, choice }))
+}
+
+#[derive(Debug, Deserialize, TS)]
 #[ts(rename = "RequestMessage")]
 struct InMessage {
     /// system, developer, user, assistant or tool.
@@ -127,6 +224,14 @@ struct InMessage {
     #[serde(default)]
     #[ts(optional)]
     content: Option<InContent>,
+    /// An assistant turn's calls.
+    #[serde(default)]
+    #[ts(optional)]
+    tool_calls: Option<Vec<ToolCallIn>>,
+    /// Which call a tool message answers (the template has no place for it).
+    #[serde(default)]
+    #[ts(optional)]
+    tool_call_id: Option<String>,
     /// Fields Tandem does not read (`tool_calls`, `name`, ...): refused by name unless empty.
     #[serde(flatten)]
     #[ts(skip)]
@@ -162,13 +267,24 @@ struct Parsed {
     request: Request,
     stream: bool,
     include_usage: bool,
+    /// The answer is read for tool calls.
+    tools: bool,
 }
 
 fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
     // OpenAI's end-user identifier changes nothing about the answer.
     unsupported(&req.other, "", &["user"])?;
     for (i, m) in req.messages.iter().enumerate() {
-        unsupported(&m.other, &format!("messages[{i}]."), &[])?;
+        // `name` tells participants apart; Qwen's templates have no place for it.
+        unsupported(&m.other, &format!("messages[{i}]."), &["name"])?;
+    }
+    let _ = req.parallel_tool_calls;
+    let tools = tool_use(req.tools, req.tool_choice)?;
+    if req.response_format.is_some() && tools.as_ref().is_some_and(|t| t.choice != ToolChoice::Auto) {
+        return Err(ApiError::bad_request(
+            "invalid_value",
+            "`response_format` and a `tool_choice` that forces a call cannot both constrain the answer",
+        ));
     }
     one_choice(req.n)?;
     let model = model_or_default(state, req.model)?;
@@ -210,7 +326,24 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
                 })
                 .collect::<Result<_, _>>()?,
         };
-        messages.push(ChatMessage { role: role.to_owned(), parts });
+        let _ = m.tool_call_id;
+        let tool_calls = m
+            .tool_calls
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(j, c)| {
+                let _ = c.id;
+                match serde_json::from_str::<serde_json::Value>(&c.function.arguments) {
+                    Ok(arguments @ serde_json::Value::Object(_)) => Ok(ToolCall { name: c.function.name, arguments }),
+                    _ => Err(ApiError::bad_request(
+                        "invalid_value",
+                        format!("`messages[{i}].tool_calls[{j}].function.arguments` is not a JSON object"),
+                    )),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        messages.push(ChatMessage { role: role.to_owned(), parts, tool_calls });
     }
     if messages.is_empty() {
         return Err(ApiError::bad_request("invalid_value", "`messages` is empty"));
@@ -239,10 +372,12 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
         enable_thinking: thinking,
         ignore_eos: req.ignore_eos.unwrap_or(false),
         grammar: ResponseFormat::grammar(req.response_format)?,
+        tools,
     };
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-    Ok(Parsed { request, stream, include_usage })
+    let tools = request.tools.is_some();
+    Ok(Parsed { request, stream, include_usage, tools })
 }
 
 /// An image from a `data:` URL, or (for a server on loopback) a local `file:` URL inside the
@@ -314,13 +449,18 @@ pub async fn chat_completions(
         model: generation.model.clone(),
     };
     if parsed.stream {
-        let stream = chunks(generation, meta, parsed.include_usage).take_until(state.shutdown_signal());
+        let calls = parsed.tools.then(CallStream::default);
+        let stream = chunks(generation, meta, parsed.include_usage, calls).take_until(state.shutdown_signal());
         Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
     } else {
         let completion = generation.collect().await?;
         if completion.finish == FinishReason::Cancelled {
             return Err(cancelled());
         }
+        let (content, made) =
+            if parsed.tools { calls::parse(&completion.text) } else { (completion.text.clone(), Vec::new()) };
+        let tool_calls = tool_calls_out(&meta.id, &made, false);
+        let finish = if made.is_empty() { finish_reason(completion.finish) } else { "tool_calls" };
         let body = ChatCompletion {
             id: meta.id,
             object: "chat.completion".into(),
@@ -329,15 +469,28 @@ pub async fn chat_completions(
             system_fingerprint: (),
             choices: vec![CompletionChoice {
                 index: 0,
-                message: AssistantMessage { role: "assistant".into(), content: completion.text, refusal: () },
+                message: AssistantMessage { role: "assistant".into(), content, refusal: (), tool_calls },
                 logprobs: (),
-                finish_reason: finish_reason(completion.finish),
+                finish_reason: finish,
             }],
             usage: Usage::of(&completion.stats),
             stats: completion.stats,
         };
         Ok(Json(body).into_response())
     }
+}
+
+/// Calls in OpenAI's shape, ids unique within the answer (`index` set in a stream).
+fn tool_calls_out(answer_id: &str, made: &[ToolCall], streamed: bool) -> Vec<ToolCallOut> {
+    made.iter()
+        .enumerate()
+        .map(|(i, c)| ToolCallOut {
+            index: streamed.then_some(i as u32),
+            id: format!("call_{}_{i}", answer_id.trim_start_matches("chatcmpl-")),
+            kind: "function".into(),
+            function: FunctionCallOut { name: c.name.clone(), arguments: c.arguments.to_string() },
+        })
+        .collect()
 }
 
 pub(super) fn cancelled() -> ApiError {
@@ -397,6 +550,7 @@ fn chunks(
     generation: Generation,
     meta: ChunkMeta,
     include_usage: bool,
+    calls: Option<CallStream>,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     struct St {
         generation: Generation,
@@ -404,15 +558,17 @@ fn chunks(
         include_usage: bool,
         started: bool,
         done: bool,
+        /// Set when the answer is read for tool calls.
+        calls: Option<CallStream>,
     }
-    let st = St { generation, meta, include_usage, started: false, done: false };
+    let st = St { generation, meta, include_usage, started: false, done: false, calls };
     futures::stream::unfold(st, |mut st| async move {
         if st.done {
             return None;
         }
         if !st.started {
             st.started = true;
-            let role = ChunkDelta { role: Some("assistant".into()), content: Some(String::new()) };
+            let role = ChunkDelta { role: Some("assistant".into()), content: Some(String::new()), tool_calls: None };
             let first = st.meta.delta(role, None, st.include_usage);
             return Some((vec![data(&first)], st));
         }
@@ -421,15 +577,44 @@ fn chunks(
                 Some(Event::Started) => continue,
                 Some(Event::Delta { text, .. }) if text.is_empty() => continue,
                 Some(Event::Delta { text, stats, .. }) => {
-                    let content = ChunkDelta { content: Some(text), ..ChunkDelta::default() };
-                    let mut chunk = st.meta.delta(content, None, st.include_usage);
-                    // Tandem's extension: running statistics a few times a second.
-                    chunk.stats = stats;
-                    vec![data(&chunk)]
+                    let mut events = Vec::new();
+                    let text = match st.calls.as_mut() {
+                        Some(calls) => {
+                            let before = calls.calls.len();
+                            let text = calls.push(&text);
+                            if calls.calls.len() > before {
+                                events.extend(call_chunks(&st.meta, &calls.calls, before, st.include_usage));
+                            }
+                            text
+                        }
+                        None => text,
+                    };
+                    if !text.is_empty() || stats.is_some() {
+                        let content = ChunkDelta { content: Some(text), ..ChunkDelta::default() };
+                        let mut chunk = st.meta.delta(content, None, st.include_usage);
+                        // Tandem's extension: running statistics a few times a second.
+                        chunk.stats = stats;
+                        events.insert(0, data(&chunk));
+                    }
+                    if events.is_empty() {
+                        continue;
+                    }
+                    events
                 }
                 Some(Event::Done(completion)) => {
                     st.done = true;
-                    finish_events(&st.meta, &completion, st.include_usage)
+                    let mut events = Vec::new();
+                    let mut called = false;
+                    if let Some(calls) = st.calls.as_mut() {
+                        let rest = calls.finish();
+                        if !rest.is_empty() {
+                            let content = ChunkDelta { content: Some(rest), ..ChunkDelta::default() };
+                            events.push(data(&st.meta.delta(content, None, st.include_usage)));
+                        }
+                        called = !calls.calls.is_empty();
+                    }
+                    events.extend(finish_events(&st.meta, &completion, st.include_usage, called));
+                    events
                 }
                 Some(Event::Failed(e)) => {
                     st.done = true;
@@ -447,11 +632,24 @@ fn chunks(
     .flat_map(|events| futures::stream::iter(events.into_iter().map(Ok)))
 }
 
-fn finish_events(meta: &ChunkMeta, completion: &Completion, include_usage: bool) -> Vec<SseEvent> {
+/// The chunks of the calls from `from` on: each call whole (id, name and all its arguments) in one
+/// delta, as soon as its block closes.
+fn call_chunks(meta: &ChunkMeta, made: &[ToolCall], from: usize, include_usage: bool) -> Vec<SseEvent> {
+    tool_calls_out(&meta.id, made, true)
+        .into_iter()
+        .skip(from)
+        .map(|c| {
+            data(&meta.delta(ChunkDelta { tool_calls: Some(vec![c]), ..ChunkDelta::default() }, None, include_usage))
+        })
+        .collect()
+}
+
+fn finish_events(meta: &ChunkMeta, completion: &Completion, include_usage: bool, called: bool) -> Vec<SseEvent> {
     if completion.finish == FinishReason::Cancelled {
         return vec![data(&cancelled().body()), SseEvent::default().data("[DONE]")];
     }
-    let mut last = meta.delta(ChunkDelta::default(), Some(finish_reason(completion.finish)), include_usage);
+    let finish = if called { "tool_calls" } else { finish_reason(completion.finish) };
+    let mut last = meta.delta(ChunkDelta::default(), Some(finish), include_usage);
     last.stats = Some(completion.stats.clone());
     let mut events = vec![data(&last)];
     if include_usage {

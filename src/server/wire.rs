@@ -186,6 +186,30 @@ pub struct AssistantMessage {
     pub content: String,
     #[ts(type = "null")]
     pub refusal: (),
+    /// The functions the model called (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[ts(as = "Option<Vec<ToolCallOut>>", optional)]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A call in OpenAI's shape: `arguments` is the JSON object as text. In a stream `index` counts
+/// the calls of the answer.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ToolCallOut {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub index: Option<u32>,
+    pub id: String,
+    /// "function"
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCallOut,
+}
+
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct FunctionCallOut {
+    pub name: String,
+    pub arguments: String,
 }
 
 /// One `data:` event of a streamed completion: a first chunk with the role, one per text delta
@@ -230,6 +254,9 @@ pub struct ChunkDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
 }
 
 /// `POST /v1/completions`: the non-streamed answer, and (`finish_reason` null until the last) each

@@ -113,7 +113,7 @@ fn direct(engine: &Engine) -> Direct {
     let tokenizer = Tokenizer::from_dir(&dir).unwrap();
     let messages = [Message::new("user", vec![ContentPart::Image, ContentPart::Text(QUESTION.into())])];
     let ids = tokenizer
-        .encode_chat_with(&messages, &ChatOptions { add_generation_prompt: true, enable_thinking: None })
+        .encode_chat_with(&messages, &ChatOptions { add_generation_prompt: true, enable_thinking: None, tools: None })
         .unwrap();
     let processor = ImageProcessor::from_model_dir(&dir).unwrap();
     let image = processor.load_file(&canyon()).unwrap();
@@ -212,6 +212,7 @@ async fn images_end_to_end() {
             Input::Chat(vec![ChatMessage {
                 role: "user".into(),
                 parts: vec![Part::Image(Image { bytes: png.clone(), media_type: None }), Part::Text(QUESTION.into())],
+                tool_calls: Vec::new(),
             }]),
         );
         r.max_tokens = Some(N);

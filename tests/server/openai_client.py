@@ -15,6 +15,8 @@ Checks, with Hugging Face `transformers` as the independent oracle for token cou
 - structured output: a `json_schema` answer that validates (jsonschema), with MTP drafting under the
   constraint, the same text streamed; `json_object`; a schema that cannot compile is a 400;
 - presence/frequency penalties change a greedy answer;
+- function calling: a required and a named call whose arguments validate against the tool's schema,
+  streamed as a tool_calls delta, the result fed back as a tool message; tool_choice none and auto;
 - /v1/completions: a raw prompt (token count without the chat template), streamed and not, the default
   max_tokens, and its unimplemented parameters refused by name.
 Prints one line per check; exits non-zero on the first failure.
@@ -148,11 +150,9 @@ def main():
         check(e.status_code == 400, f"bad temperature: 400 ({e.body})")
     # A parameter the server does not implement is refused by name, never ignored; its "off"
     # values (and `user`) are accepted.
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
     for what, extra in [
-        ("tools", {"tools": [tool]}),
         ("logprobs", {"logprobs": True}),
-        ("messages[1].tool_calls", {"messages": messages[:1] + [{**messages[1], "tool_calls": [{"id": "x"}]}]}),
+        ("top_logprobs", {"top_logprobs": 2}),
     ]:
         kwargs = {"model": args.model, "messages": messages, "max_tokens": 2, **extra}
         try:
@@ -222,6 +222,69 @@ def main():
         extra_body={"ignore_eos": True},
     ).choices[0].message.content
     check(pen != plain, f"frequency/presence penalties change the greedy answer ({pen!r})")
+
+    # Function calling. The bundled model knows nothing of tools: a forced call (required or
+    # named) is what constrained decoding makes of it, in Qwen's format, parsed into tool_calls.
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a port.",
+            "parameters": {
+                "type": "object",
+                "properties": {"port": {"type": "string", "maxLength": 20}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["port", "days"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    tide = {"type": "function", "function": {"name": "get_tide", "parameters": {"type": "object", "properties": {"port": {"type": "string", "maxLength": 20}}, "required": ["port"], "additionalProperties": False}}}
+    tools = [weather, tide]
+    ask = [{"role": "user", "content": "What is the weather in Nantucket?"}]
+    r = client.chat.completions.create(model=args.model, messages=ask, tools=tools, tool_choice="required", max_tokens=80, temperature=0)
+    c = r.choices[0]
+    check(c.finish_reason == "tool_calls" and c.message.tool_calls, f"required: a call is made ({c.finish_reason}, {c.message})")
+    call = c.message.tool_calls[0]
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    try:
+        jsonschema.validate(json.loads(call.function.arguments), by_name[call.function.name])
+        valid = True
+    except (KeyError, ValueError, jsonschema.ValidationError) as e:
+        valid = e
+    check(valid is True and call.type == "function" and call.id, f"required: arguments validate ({call.function}: {valid})")
+    spec = ((r.model_extra or {}).get("stats") or {}).get("spec") or {}
+    check(spec.get("method") == "mtp" and spec.get("drafted", 0) > 0, f"MTP drafted while the call was generated ({spec})")
+    named = {"type": "function", "function": {"name": "get_tide"}}
+    r = client.chat.completions.create(model=args.model, messages=ask, tools=tools, tool_choice=named, max_tokens=80, temperature=0)
+    calls = r.choices[0].message.tool_calls or []
+    check([x.function.name for x in calls][:1] == ["get_tide"], f"named: that function is called ({calls})")
+    jsonschema.validate(json.loads(calls[0].function.arguments), by_name["get_tide"])
+    pieces = list(client.chat.completions.create(model=args.model, messages=ask, tools=tools, tool_choice=named, max_tokens=80, temperature=0, stream=True))
+    deltas = [tc for p in pieces if p.choices for tc in (p.choices[0].delta.tool_calls or [])]
+    finishes = [p.choices[0].finish_reason for p in pieces if p.choices and p.choices[0].finish_reason]
+    check(
+        len(deltas) == len(calls) and deltas[0].index == 0 and deltas[0].function.name == "get_tide"
+        and deltas[0].function.arguments == calls[0].function.arguments and finishes == ["tool_calls"],
+        f"streamed: the call arrives as a tool_calls delta ({deltas}, {finishes})",
+    )
+    leaked = "".join(p.choices[0].delta.content or "" for p in pieces if p.choices)
+    check("<tool_call>" not in leaked, f"streamed: the call's text is not content ({leaked!r})")
+    # The result goes back as a tool message after the assistant's call.
+    back = ask + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": calls[0].id, "type": "function", "function": {"name": "get_tide", "arguments": calls[0].function.arguments}}]},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "High tide at 14:05."},
+    ]
+    r = client.chat.completions.create(model=args.model, messages=back, tools=tools, max_tokens=12, temperature=0)
+    check(r.choices[0].message.content is not None and r.usage.prompt_tokens > 0, "a tool result is read back")
+    r_none = client.chat.completions.create(model=args.model, messages=ask, tools=tools, tool_choice="none", max_tokens=12, temperature=0)
+    check(not r_none.choices[0].message.tool_calls and r_none.choices[0].finish_reason != "tool_calls", "tool_choice none: no call")
+    r_auto = client.chat.completions.create(model=args.model, messages=ask, tools=tools, max_tokens=12, temperature=0)
+    check(r_auto.usage.prompt_tokens > r_none.usage.prompt_tokens, "the tools are in the prompt (auto) and not (none)")
+    try:
+        client.chat.completions.create(model=args.model, messages=ask, tools=tools, tool_choice={"type": "function", "function": {"name": "nope"}}, max_tokens=4)
+        check(False, "an unknown named function raises")
+    except openai.BadRequestError as e:
+        check("`nope`" in str(e), f"unknown named function: 400 naming it ({e})")
 
     # /v1/completions: a raw prompt, no chat template.
     prompt = "Once upon a time"

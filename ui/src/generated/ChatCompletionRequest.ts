@@ -2,6 +2,8 @@
 import type { ChatTemplateKwargs } from "./ChatTemplateKwargs";
 import type { RequestMessage } from "./RequestMessage";
 import type { RequestMtp } from "./RequestMtp";
+import type { RequestTool } from "./RequestTool";
+import type { RequestToolChoice } from "./RequestToolChoice";
 import type { ResponseFormat } from "./ResponseFormat";
 import type { Stop } from "./Stop";
 import type { StreamOptions } from "./StreamOptions";
@@ -29,4 +31,12 @@ chat_template_kwargs?: ChatTemplateKwargs, enable_thinking?: boolean,
 /**
  * vLLM's extension: generate up to max_tokens even past end-of-sequence.
  */
-ignore_eos?: boolean, };
+ignore_eos?: boolean, 
+/**
+ * Functions the model may call.
+ */
+tools?: Array<RequestTool>, tool_choice?: RequestToolChoice, 
+/**
+ * Several calls in one answer are always allowed.
+ */
+parallel_tool_calls?: boolean, };
