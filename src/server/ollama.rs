@@ -20,6 +20,7 @@ use serde_json::{json, Map, Value};
 use super::error::{parse_json, ApiError};
 use super::request::{base64_image, count, model_or_default, stops, unsupported};
 use super::AppState;
+use crate::chat::tools::{self, CallStream, Tool, ToolCall, ToolChoice, ToolUse};
 use crate::engine::{ChatMessage, Completion, Event, Input, ModelStatus, Part, Request, SamplingOverrides};
 use crate::generate::{FinishReason, GrammarSpec, Stats};
 
@@ -71,8 +72,57 @@ struct OllamaMessage {
     /// Base64 images (no data-URL prefix).
     #[serde(default)]
     images: Vec<String>,
+    /// An assistant turn's calls: `{"function": {"name", "arguments": {..}}}`.
+    #[serde(default)]
+    tool_calls: Vec<OllamaToolCall>,
     #[serde(flatten)]
     other: Map<String, Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct OllamaToolCall {
+    function: OllamaFunctionCall,
+}
+
+#[derive(Debug, Deserialize)]
+struct OllamaFunctionCall {
+    name: String,
+    #[serde(default)]
+    arguments: Map<String, Value>,
+}
+
+/// Ollama's `tools` (OpenAI's function objects); the model may call any (Ollama has no `tool_choice`).
+fn tool_use(tools: Option<Vec<Value>>) -> std::result::Result<Option<ToolUse>, ApiError> {
+    let tools = tools.unwrap_or_default();
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    let tools = tools
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let f =
+                t.get("function").filter(|_| t.get("type").and_then(Value::as_str).unwrap_or("function") == "function");
+            let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+            let (Some(f), Some(name)) = (f, name) else {
+                return Err(ApiError::bad_request(
+                    "invalid_value",
+                    format!("`tools[{i}]` is not a function tool with a name"),
+                ));
+            };
+            Ok(Tool {
+                name: name.to_owned(),
+                description: f.get("description").and_then(Value::as_str).map(str::to_owned),
+                parameters: f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"})),
+            })
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(Some(ToolUse { tools, choice: ToolChoice::Auto }))
+}
+
+/// Calls as Ollama writes them.
+fn calls_json(calls: &[ToolCall]) -> Value {
+    Value::Array(calls.iter().map(|c| json!({"function": {"name": c.name, "arguments": c.arguments}})).collect())
 }
 
 #[derive(Debug, Deserialize)]
@@ -86,6 +136,8 @@ struct ChatBody {
     think: Option<bool>,
     /// `"json"` or a JSON schema: constrained decoding.
     format: Option<Value>,
+    /// Functions the model may call.
+    tools: Option<Vec<Value>>,
     #[serde(flatten)]
     other: Map<String, Value>,
 }
@@ -204,14 +256,20 @@ pub async fn chat(State(state): State<Arc<AppState>>, bytes: Bytes) -> Result<Re
         for (j, img) in m.images.iter().enumerate() {
             parts.push(Part::Image(base64_image(img, &format!("`messages[{i}].images[{j}]`"))?));
         }
-        messages.push(ChatMessage { role: m.role, parts, tool_calls: Vec::new() });
+        let tool_calls = m
+            .tool_calls
+            .into_iter()
+            .map(|c| ToolCall { name: c.function.name, arguments: Value::Object(c.function.arguments) })
+            .collect();
+        messages.push(ChatMessage { role: m.role, parts, tool_calls });
     }
     if messages.is_empty() {
         // Ollama loads the model on an empty chat; here that is an empty answer once it is loaded.
         state.engine.load(&model).await?;
         return Ok(Json(json!({"model": model, "created_at": now(), "message": {"role": "assistant", "content": ""}, "done": true, "done_reason": "load"})).into_response());
     }
-    let req = request(model, Input::Chat(messages), &b.options, b.think, b.format)?;
+    let mut req = request(model, Input::Chat(messages), &b.options, b.think, b.format)?;
+    req.tools = tool_use(b.tools)?;
     answer(&state, req, b.stream.unwrap_or(true), Kind::Chat).await
 }
 
@@ -301,6 +359,7 @@ fn last(kind: Kind, model: &str, text: &str, c: &Completion, started: Instant) -
 
 async fn answer(state: &AppState, req: Request, stream: bool, kind: Kind) -> Result<Response> {
     let started = Instant::now();
+    let reads_calls = req.tools.is_some();
     let mut g = state.engine.chat(req).await?;
     let model = g.model.clone();
     if !stream {
@@ -308,23 +367,50 @@ async fn answer(state: &AppState, req: Request, stream: bool, kind: Kind) -> Res
         if c.finish == FinishReason::Cancelled {
             return Err(super::openai::cancelled().into());
         }
-        return Ok(Json(Value::Object(last(kind, &model, &c.text, &c, started))).into_response());
+        let (text, calls) = if reads_calls { tools::parse(&c.text) } else { (c.text.clone(), Vec::new()) };
+        let mut o = last(kind, &model, &text, &c, started);
+        if !calls.is_empty() {
+            o["message"]["tool_calls"] = calls_json(&calls);
+        }
+        return Ok(Json(Value::Object(o)).into_response());
     }
+    let mut calls = reads_calls.then(CallStream::default);
     let lines = async_stream(move |tx| async move {
         while let Some(event) = g.events.recv().await {
-            let line = match event {
+            let lines = match event {
                 Event::Started => continue,
                 Event::Delta { text, .. } if text.is_empty() => continue,
-                Event::Delta { text, .. } => Value::Object(piece(kind, &model, &text)),
+                Event::Delta { text, .. } => match calls.as_mut() {
+                    None => vec![Value::Object(piece(kind, &model, &text))],
+                    Some(calls) => {
+                        let before = calls.calls.len();
+                        let text = calls.push(&text);
+                        let mut lines = Vec::new();
+                        if !text.is_empty() {
+                            lines.push(Value::Object(piece(kind, &model, &text)));
+                        }
+                        if calls.calls.len() > before {
+                            let mut o = piece(kind, &model, "");
+                            o["message"]["tool_calls"] = calls_json(&calls.calls[before..]);
+                            lines.push(Value::Object(o));
+                        }
+                        lines
+                    }
+                },
                 Event::Done(c) if c.finish == FinishReason::Cancelled => {
-                    json!({"error": super::openai::cancelled().message})
+                    vec![json!({"error": super::openai::cancelled().message})]
                 }
-                Event::Done(c) => Value::Object(last(kind, &model, "", &c, started)),
-                Event::Failed(e) => json!({"error": ApiError::from(e).message}),
+                Event::Done(c) => {
+                    let rest = calls.as_mut().map(CallStream::finish).unwrap_or_default();
+                    vec![Value::Object(last(kind, &model, &rest, &c, started))]
+                }
+                Event::Failed(e) => vec![json!({"error": ApiError::from(e).message})],
             };
-            let end = line.get("done") == Some(&json!(true)) || line.get("error").is_some();
-            if tx.send(line).is_err() || end {
-                return;
+            for line in lines {
+                let end = line.get("done") == Some(&json!(true)) || line.get("error").is_some();
+                if tx.send(line).is_err() || end {
+                    return;
+                }
             }
         }
     });

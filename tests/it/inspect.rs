@@ -215,10 +215,13 @@ fn inspect_json_has_design_md_shape_and_counts_quantized_modules() {
     assert_eq!(q.groups["lm_head"].bits.get(&6), Some(&1));
 
     let v = serde_json::to_value(&r).unwrap();
-    let keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    // The set of keys (serde_json keeps insertion order here: llguidance turns on `preserve_order`).
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    keys.sort_unstable();
     assert_eq!(keys, ["architecture", "bytes", "format", "mtp", "params", "quantization"]);
     assert_eq!(v["format"], "mlx");
-    let mtp: Vec<&str> = v["mtp"].as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    let mut mtp: Vec<&str> = v["mtp"].as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    mtp.sort_unstable();
     assert_eq!(mtp, ["complete", "declared_layers", "message", "norms", "probe", "tensors_found", "verdict"]);
     assert_eq!(v["mtp"]["verdict"], "ok");
     let norm: Vec<&str> = v["mtp"]["norms"][0].as_object().unwrap().keys().map(|k| k.as_str()).collect();

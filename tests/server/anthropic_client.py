@@ -7,13 +7,16 @@ Checks, with Hugging Face `transformers` as the oracle for token counts: a messa
 block, `usage.input_tokens` equals transformers' count of the chat template (system prompt included),
 `stop_reason` is `max_tokens` at the limit; streamed events in Anthropic's order give the same text and
 usage; a stop sequence is reported as `stop_sequence`; Tandem's `stats` ride on the message; errors are
-the client's typed exceptions (404 unknown model, 400 naming an unsupported field such as `tools`).
+the client's typed exceptions (404 unknown model, 400 naming an unsupported field), and tool use: a forced call validating against its schema,
+streamed as input_json_delta, its result read back).
 Sampling is the registry's (greedy in the test's models.toml): this client version takes no `temperature`.
 Prints one line per check; exits non-zero on the first failure.
 """
 
 import argparse
+
 import anthropic
+import jsonschema
 from transformers import AutoTokenizer
 
 from checks import check, template_tokens
@@ -63,10 +66,36 @@ def main():
     except anthropic.NotFoundError as e:
         check(e.status_code == 404, "unknown model: 404 NotFoundError")
     try:
-        client.messages.create(model=m, max_tokens=4, messages=messages, tools=[{"name": "f", "input_schema": {"type": "object"}}])
-        check(False, "tools raise")
+        client.messages.create(model=m, max_tokens=4, messages=messages, tools=[{"name": "f", "input_schema": {"type": "object"}, "strict_mode": 1}])
+        check(False, "an unknown tool field raises")
     except anthropic.BadRequestError as e:
-        check("`tools`" in str(e), f"tools: 400 naming it ({e})")
+        check("`tools[0].strict_mode`" in str(e), f"unknown tool field: 400 naming it ({e})")
+
+    # Tool use: a forced call (tool_choice any / tool) arrives as a tool_use block whose input
+    # validates against the tool's input_schema; streamed as input_json_delta; the result goes back.
+    schema = {"type": "object", "properties": {"port": {"type": "string", "maxLength": 20}}, "required": ["port"], "additionalProperties": False}
+    tide = {"name": "get_tide", "description": "Tide times.", "input_schema": schema}
+    ask = [{"role": "user", "content": "When is high tide in Nantucket?"}]
+    r = client.messages.create(model=m, max_tokens=80, messages=ask, tools=[tide], tool_choice={"type": "any"})
+    uses = [b for b in r.content if b.type == "tool_use"]
+    try:
+        jsonschema.validate(uses[0].input, schema)
+        valid = True
+    except (IndexError, jsonschema.ValidationError) as e:
+        valid = e
+    check(r.stop_reason == "tool_use" and valid is True and uses[0].name == "get_tide" and uses[0].id, f"forced tool_use validates ({r.content}: {valid})")
+    stats = (r.model_extra or {}).get("stats") or {}
+    check((stats.get("spec") or {}).get("method") == "mtp", "MTP statistics on the tool call")
+    with client.messages.stream(model=m, max_tokens=80, messages=ask, tools=[tide], tool_choice={"type": "tool", "name": "get_tide"}) as s:
+        final = s.get_final_message()
+    streamed = [b for b in final.content if b.type == "tool_use"]
+    check(final.stop_reason == "tool_use" and streamed and streamed[0].input == uses[0].input, f"streamed tool_use assembles the same input ({final.content})")
+    back = ask + [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": uses[0].id, "name": "get_tide", "input": uses[0].input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "High tide at 14:05."}]},
+    ]
+    r = client.messages.create(model=m, max_tokens=8, messages=back, tools=[tide])
+    check(r.usage.input_tokens > 0 and r.content, "a tool_result is read back")
     print("all checks passed")
 
 

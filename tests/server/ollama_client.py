@@ -86,6 +86,20 @@ def main():
     fp = client.chat(model=m, messages=messages, options={**opts, "frequency_penalty": 2.0, "presence_penalty": 1.0}, stream=False)
     check(fp.done and len(fp.message.content) > 0, "frequency and presence penalties accepted")
 
+    # Tools: offered in the prompt (more prompt tokens), an earlier call and its result read back.
+    tide = {"type": "function", "function": {"name": "get_tide", "description": "Tide times.", "parameters": {"type": "object", "properties": {"port": {"type": "string"}}, "required": ["port"]}}}
+    plain = client.chat(model=m, messages=messages, options=opts, stream=False)
+    offered = client.chat(model=m, messages=messages, tools=[tide], options=opts, stream=False)
+    check(offered.prompt_eval_count > plain.prompt_eval_count, f"tools are in the prompt ({offered.prompt_eval_count} > {plain.prompt_eval_count})")
+    back = messages + [
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_tide", "arguments": {"port": "Nantucket"}}}]},
+        {"role": "tool", "content": "High tide at 14:05."},
+    ]
+    r = client.chat(model=m, messages=back, tools=[tide], options=opts, stream=False)
+    check(r.done and r.prompt_eval_count > offered.prompt_eval_count, "a call and its result are read back")
+    streamed = list(client.chat(model=m, messages=back, tools=[tide], options=opts, stream=True))
+    check(streamed[-1].done and "<tool_call>" not in "".join(p.message.content for p in streamed), "streamed with tools")
+
     s = client.show(m)
     check("completion" in (s.capabilities or []), f"/api/show capabilities {s.capabilities}")
     ps = [x.model for x in client.ps().models]
@@ -94,7 +108,7 @@ def main():
     for what, call in [
         ("unknown model", lambda: client.chat(model="no-such-model", messages=messages, stream=False)),
         ("options.mirostat", lambda: client.chat(model=m, messages=messages, options={"mirostat": 1}, stream=False)),
-        ("tools", lambda: client.chat(model=m, messages=messages, tools=[{"type": "function", "function": {"name": "f"}}], stream=False)),
+        ("tools[0]", lambda: client.chat(model=m, messages=messages, tools=[{"type": "function", "function": {"description": "no name"}}], stream=False)),
     ]:
         try:
             call()
