@@ -224,7 +224,8 @@ fn inspect_json_has_design_md_shape_and_counts_quantized_modules() {
     mtp.sort_unstable();
     assert_eq!(mtp, ["complete", "declared_layers", "message", "norms", "probe", "tensors_found", "verdict"]);
     assert_eq!(v["mtp"]["verdict"], "ok");
-    let norm: Vec<&str> = v["mtp"]["norms"][0].as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    let mut norm: Vec<&str> = v["mtp"]["norms"][0].as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    norm.sort_unstable();
     assert_eq!(norm, ["convention", "mean", "name"]);
     assert_eq!(v["mtp"]["norms"][0]["convention"], "shifted");
     assert_eq!(serde_json::to_value(&raw).unwrap()["mtp"]["norms"][0]["convention"], "zero_centred");
