@@ -233,6 +233,24 @@ pub struct Request {
     pub grammar: Option<crate::generate::GrammarSpec>,
     /// The functions the model may call (rendered into the prompt; a required call is forced).
     pub tools: Option<crate::chat::tools::ToolUse>,
+    /// Report each token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
+}
+
+/// A generated token's log-probability ([`crate::generate::TokenLogprob`]) with its text.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Logprob {
+    pub token: TokenText,
+    pub logprob: f32,
+    /// The most likely tokens at its position, most likely first.
+    pub top: Vec<(TokenText, f32)>,
+}
+
+/// What a token spells: its bytes, and as text (lossy where the bytes are part of a character).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenText {
+    pub text: String,
+    pub bytes: Vec<u8>,
 }
 
 impl Request {
@@ -248,6 +266,7 @@ impl Request {
             ignore_eos: false,
             grammar: None,
             tools: None,
+            logprobs: None,
         }
     }
 }
@@ -265,6 +284,8 @@ pub enum Event {
         text: String,
         tokens: Vec<u32>,
         stats: Option<Stats>,
+        /// One per token, when asked for.
+        logprobs: Vec<Logprob>,
     },
     Done(Completion),
     Failed(EngineError),
@@ -281,6 +302,8 @@ pub struct Completion {
     pub finish: FinishReason,
     /// The stop sequence that ended the text, if one did.
     pub stop: Option<String>,
+    /// One per token, when asked for.
+    pub logprobs: Vec<Logprob>,
 }
 
 /// Cancels a queued or running generation.
@@ -1053,7 +1076,9 @@ fn resolve_options(
     mtp.adaptive = mtp.adaptive.or(facts.adaptive);
     let overrides = Overrides { sampling: request.sampling.clone(), mtp, max_tokens: request.max_tokens };
     let stop_ids = if request.ignore_eos { Vec::new() } else { tokenizer.stop_ids().to_vec() };
-    generate_options(entry, &overrides, prompt_len, facts.context, stop_ids)
+    let mut opts = generate_options(entry, &overrides, prompt_len, facts.context, stop_ids)?;
+    opts.logprobs = request.logprobs;
+    Ok(opts)
 }
 
 #[cfg(test)]

@@ -13,12 +13,12 @@ use super::live::LoadedModel;
 use super::stop::StopMatcher;
 use super::{
     cause, lock, prompt_of, resolve_options, CancelHandle, Cause, Completion, EngineConfig, EngineError, ErrorMessage,
-    Event, Generation, ModelFacts, Request, Result, WeakEngine,
+    Event, Generation, Logprob, ModelFacts, Request, Result, TokenText, WeakEngine,
 };
 use crate::chat::Tokenizer;
 use crate::generate::{
     generate_prompt, Constraint, Control, FinishReason, GenerateError, GenerateOptions, GrammarSpec, Grammars,
-    Progress, Prompt,
+    Progress, Prompt, TokenLogprob,
 };
 use crate::model::{LoadOptions, Qwen35};
 use crate::registry::ModelEntry;
@@ -83,6 +83,31 @@ pub(crate) struct Worker {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The grammar compiler of this model's vocabulary, built by the first constrained request.
     grammars: std::sync::OnceLock<std::result::Result<Grammars, String>>,
+}
+
+/// What each token id spells, for log-probabilities (read per request that asks for them).
+fn spelling(tokenizer: &Tokenizer, width: usize) -> Vec<Vec<u8>> {
+    let mut bytes = tokenizer.token_bytes(width).unwrap_or_default();
+    for b in &mut bytes {
+        // Special tokens carry llguidance's marker byte first.
+        if b.first() == Some(&0xff) {
+            b.remove(0);
+        }
+    }
+    bytes
+}
+
+fn token_text(table: &[Vec<u8>], id: u32) -> TokenText {
+    let bytes = table.get(id as usize).cloned().unwrap_or_default();
+    TokenText { text: String::from_utf8_lossy(&bytes).into_owned(), bytes }
+}
+
+fn with_text(table: &[Vec<u8>], l: &TokenLogprob) -> Logprob {
+    Logprob {
+        token: token_text(table, l.token),
+        logprob: l.logprob,
+        top: l.top.iter().map(|&(t, lp)| (token_text(table, t), lp)).collect(),
+    }
 }
 
 impl Worker {
@@ -302,6 +327,7 @@ fn serve(
                 stats,
                 finish: FinishReason::Cancelled,
                 stop: None,
+                logprobs: Vec::new(),
             };
             let _ = events.send(Event::Done(done));
             continue;
@@ -366,6 +392,12 @@ fn run(
     let mut kept: Vec<u32> = Vec::new();
     let mut decode_error: Option<String> = None;
     let mut stats_sent: Option<Instant> = None;
+    let table = if job.opts.logprobs.is_some() {
+        spelling(tokenizer, model.config.text.vocab_size.max(0) as usize)
+    } else {
+        Vec::new()
+    };
+    let mut all_logprobs: Vec<Logprob> = Vec::new();
     let mut on_progress = |p: Progress<'_>| {
         let mut delta = String::new();
         let mut ids = Vec::new();
@@ -382,13 +414,15 @@ fn run(
         }
         kept.extend_from_slice(&ids);
         text.push_str(&delta);
+        let logprobs: Vec<Logprob> = p.logprobs.iter().take(ids.len()).map(|l| with_text(&table, l)).collect();
+        all_logprobs.extend(logprobs.iter().cloned());
         let stats = if stats_sent.is_none_or(|t| t.elapsed() >= RUNNING_STATS_EVERY) {
             stats_sent = Some(Instant::now());
             Some(p.stats.clone())
         } else {
             None
         };
-        let gone = !ids.is_empty() && events.send(Event::Delta { text: delta, tokens: ids, stats }).is_err();
+        let gone = !ids.is_empty() && events.send(Event::Delta { text: delta, tokens: ids, stats, logprobs }).is_err();
         if engine.with(|e| e.inner.live.progress(name, job.id, p.stats)) == Some(true) {
             engine.with(|e| e.publish());
         }
@@ -428,14 +462,14 @@ fn run(
         tail.push_str(&stopper.finish());
     }
     if !tail.is_empty() {
-        let _ = events.send(Event::Delta { text: tail.clone(), tokens: Vec::new(), stats: None });
+        let _ = events.send(Event::Delta { text: tail.clone(), tokens: Vec::new(), stats: None, logprobs: Vec::new() });
         text.push_str(&tail);
     }
     let stop = stopper.matched().map(str::to_owned);
     let finish = if stop.is_some() { FinishReason::Stop } else { out.finish };
     let mut stats = out.stats;
     stats.completion_tokens = kept.len();
-    Ok(Completion { text, tokens: kept, stats, finish, stop })
+    Ok(Completion { text, tokens: kept, stats, finish, stop, logprobs: all_logprobs })
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {

@@ -8,7 +8,7 @@ use super::decoder::Decoder;
 use super::error::{GenerateError, Result};
 use super::options::GenerateOptions;
 use super::prefill::{no_vision, prefill, prefill_images};
-use super::sampler::Sampler;
+use super::sampler::{Sampler, TokenLogprob};
 use super::stats::Stats;
 use super::step::sample_last;
 use crate::model::vision_input::{expand_image_pads, ImageInput};
@@ -26,6 +26,8 @@ pub enum FinishReason {
 pub struct Progress<'a> {
     pub new_tokens: &'a [u32],
     pub stats: &'a Stats,
+    /// One per new token when log-probabilities were asked for, else empty.
+    pub logprobs: &'a [TokenLogprob],
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +41,8 @@ pub struct Output {
     pub tokens: Vec<u32>,
     pub stats: Stats,
     pub finish: FinishReason,
+    /// One per token when log-probabilities were asked for.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// A prompt that may hold images.
@@ -100,8 +104,10 @@ fn generate_with(
     on_progress: &mut dyn FnMut(Progress<'_>) -> Control,
 ) -> Result<Output> {
     opts.check(model, prompt)?;
-    let mut sampler =
-        Sampler::new(opts.sampling.clone())?.with_prompt_len(prompt.len()).with_constraint(opts.constraint.clone());
+    let mut sampler = Sampler::new(opts.sampling.clone())?
+        .with_prompt_len(prompt.len())
+        .with_constraint(opts.constraint.clone())
+        .with_logprobs(opts.logprobs);
     let mut cache = model.make_cache();
     let t0 = Instant::now();
     let hidden = if images.is_empty() {
@@ -120,27 +126,36 @@ fn generate_with(
     };
 
     let mut decoder = Decoder::new(model, opts, cache, &hidden, prompt, first, &mut stats)?;
-    let mut run =
-        Run { opts, tokens: Vec::new(), finish: None, stats: &mut stats, on_progress, t_decode: Instant::now() };
-    run.emit(&[first]);
+    let mut run = Run {
+        opts,
+        tokens: Vec::new(),
+        logprobs: Vec::new(),
+        finish: None,
+        stats: &mut stats,
+        on_progress,
+        t_decode: Instant::now(),
+    };
+    run.emit(&[first], sampler.take_logprobs());
     while run.finish.is_none() {
         let remaining = opts.max_tokens - run.tokens.len();
         let new = decoder.step(&mut sampler, &mut history, remaining, run.stats)?;
-        run.emit(&new);
+        run.emit(&new, sampler.take_logprobs());
     }
     decoder.finish(run.stats);
     let finish = run.finish.unwrap_or(FinishReason::Length);
     let tokens = std::mem::take(&mut run.tokens);
+    let logprobs = std::mem::take(&mut run.logprobs);
     let decode_s = run.t_decode.elapsed().as_secs_f64();
     stats.completion_tokens = tokens.len();
     // The first token belongs to prefill (TTFT); decode speed counts the rest.
     stats.decode_tok_s = if tokens.len() > 1 { (tokens.len() - 1) as f64 / decode_s.max(1e-9) } else { 0.0 };
-    Ok(Output { tokens, stats, finish })
+    Ok(Output { tokens, stats, finish, logprobs })
 }
 
 struct Run<'a, 'b> {
     opts: &'a GenerateOptions,
     tokens: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
     finish: Option<FinishReason>,
     stats: &'a mut Stats,
     on_progress: &'b mut dyn FnMut(Progress<'_>) -> Control,
@@ -149,7 +164,7 @@ struct Run<'a, 'b> {
 
 impl Run<'_, '_> {
     /// Appends tokens up to a stop token or the length limit, then reports them.
-    fn emit(&mut self, new: &[u32]) {
+    fn emit(&mut self, new: &[u32], mut logprobs: Vec<TokenLogprob>) {
         let start = self.tokens.len();
         for &t in new {
             if self.finish.is_some() {
@@ -167,12 +182,17 @@ impl Run<'_, '_> {
         if start == 0 {
             self.t_decode = Instant::now();
         }
+        // The records follow the draws; the tokens kept are a prefix of them.
+        logprobs.truncate(self.tokens.len() - start);
+        let from = self.logprobs.len();
+        self.logprobs.extend(logprobs);
         self.stats.completion_tokens = self.tokens.len();
         let elapsed = self.t_decode.elapsed().as_secs_f64();
         if self.tokens.len() > 1 && elapsed > 0.0 {
             self.stats.decode_tok_s = (self.tokens.len() - 1) as f64 / elapsed;
         }
-        let progress = Progress { new_tokens: &self.tokens[start..], stats: self.stats };
+        let progress =
+            Progress { new_tokens: &self.tokens[start..], stats: self.stats, logprobs: &self.logprobs[from..] };
         if (self.on_progress)(progress) == Control::Stop && self.finish.is_none() {
             self.finish = Some(FinishReason::Cancelled);
         }

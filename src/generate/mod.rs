@@ -19,5 +19,5 @@ pub use error::GenerateError;
 pub use mtp::oracle::Oracle;
 pub use options::{GenerateOptions, MtpOptions, MTP_DEPTHS, MTP_DEPTHS_TEXT};
 pub use prefill::{prefill, prefill_images};
-pub use sampler::{Sampler, SamplingParams};
+pub use sampler::{Sampler, SamplingParams, TokenLogprob};
 pub use stats::{SpecStats, Stats};

@@ -41,6 +41,8 @@ pub struct GenerateOptions {
     pub oracle: Option<Oracle>,
     /// What the output must match (a compiled grammar), if anything.
     pub constraint: Option<Constraint>,
+    /// Record each token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenerateOptions {
@@ -53,6 +55,7 @@ impl Default for GenerateOptions {
             prefill_chunk: 512,
             oracle: None,
             constraint: None,
+            logprobs: None,
         }
     }
 }

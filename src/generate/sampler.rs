@@ -100,6 +100,19 @@ pub struct Sampler {
     /// only what follows.
     prompt_len: usize,
     constraint: Option<Constraint>,
+    /// When set, each drawn token's log-probability and this many alternatives are recorded.
+    logprobs: Option<usize>,
+    recorded: Vec<TokenLogprob>,
+}
+
+/// A drawn token's log-probability under the model's distribution at its position (log-softmax
+/// of the logits after penalties, before temperature, filters and grammar), with the most likely
+/// alternatives, most likely first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
 }
 
 impl Sampler {
@@ -107,7 +120,49 @@ impl Sampler {
         let seed = params.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
         });
-        Ok(Sampler { params, seed, drawn: 0, prompt_len: 0, constraint: None })
+        Ok(Sampler { params, seed, drawn: 0, prompt_len: 0, constraint: None, logprobs: None, recorded: Vec::new() })
+    }
+
+    /// Records log-probabilities with `top` alternatives for every drawn token (see
+    /// [`TokenLogprob`]).
+    pub fn with_logprobs(mut self, top: Option<usize>) -> Sampler {
+        self.logprobs = top;
+        self
+    }
+
+    pub fn records_logprobs(&self) -> bool {
+        self.logprobs.is_some()
+    }
+
+    /// The records since the last call, one per token drawn, in order.
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        std::mem::take(&mut self.recorded)
+    }
+
+    /// Records rows `[n, V]` of logits for the tokens drawn from them.
+    pub fn record(&mut self, logits: &Array, tokens: &[u32]) -> Result<()> {
+        let Some(top) = self.logprobs else { return Ok(()) };
+        let x = logits.reshape(&[-1, logits.dim(-1)])?.as_dtype(Dtype::F32)?;
+        let lp = x.subtract(&x.logsumexp(&[-1], true)?)?;
+        let width = lp.dim(-1) as usize;
+        for (i, &t) in tokens.iter().enumerate() {
+            let row = lp.slice_axis(0, i as i32, i as i32 + 1)?.reshape(&[-1])?.to_vec::<f32>()?;
+            let mut best: Vec<(u32, f32)> = Vec::new();
+            if top > 0 {
+                let mut order: Vec<usize> = (0..width).collect();
+                let k = top.min(width);
+                order.select_nth_unstable_by(k - 1, |&a, &b| row[b].total_cmp(&row[a]));
+                order.truncate(k);
+                order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+                best = order.into_iter().map(|j| (j as u32, row[j])).collect();
+            }
+            self.recorded.push(TokenLogprob {
+                token: t,
+                logprob: row.get(t as usize).copied().unwrap_or(f32::NEG_INFINITY),
+                top: best,
+            });
+        }
+        Ok(())
     }
 
     /// Counts the first `n` tokens of every history as the prompt.
@@ -218,13 +273,19 @@ impl Sampler {
     /// Under a constraint the logits are masked first and the grammar moves past the token (which
     /// is then read).
     pub fn sample(&mut self, logits: &Array) -> Result<Array> {
-        let mut logits = logits.reshape(&[1, -1])?;
+        let unmasked = logits.reshape(&[1, -1])?;
+        let mut logits = unmasked.clone();
         if let Some(c) = self.constraint.as_mut() {
             let width = logits.dim(-1) as usize;
             logits = logits.add(&c.bias(width).map_err(grammar_error)?)?;
         }
-        let token = self.sample_rows(&logits)?.reshape(&[])?;
+        let masked = logits;
+        let token = self.sample_rows(&masked)?.reshape(&[])?;
         self.advance(1);
+        if self.logprobs.is_some() {
+            let t = token.item::<u32>()?;
+            self.record(&unmasked, &[t])?;
+        }
         if let Some(c) = self.constraint.as_mut() {
             c.consume(&[token.item::<u32>()?]).map_err(grammar_error)?;
         }

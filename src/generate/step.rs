@@ -38,7 +38,7 @@ pub struct Started {
 pub fn can_pipeline(sampler: &Sampler) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var_os("TANDEM_NO_PIPELINE").is_some_and(|v| v != "0"));
-    !off && !sampler.params.uses_history() && !sampler.is_constrained()
+    !off && !sampler.params.uses_history() && !sampler.is_constrained() && !sampler.records_logprobs()
 }
 
 /// Builds the step that feeds `token` (`[1, 1]`, possibly still being computed) and starts

@@ -305,6 +305,7 @@ fn parse(b: MessagesBody, state: &AppState) -> Result<(Request, bool), ApiError>
         ignore_eos: false,
         grammar: None,
         tools,
+        logprobs: None,
     };
     Ok((request, b.stream.unwrap_or(false)))
 }

@@ -108,6 +108,7 @@ fn parse(req: CompletionRequest, state: &AppState) -> Result<Parsed, ApiError> {
         ignore_eos: req.ignore_eos.unwrap_or(false),
         grammar: ResponseFormat::grammar(req.response_format)?,
         tools: None,
+        logprobs: None,
     };
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);

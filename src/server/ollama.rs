@@ -231,6 +231,7 @@ fn request(
         ignore_eos: false,
         grammar: format(grammar)?,
         tools: None,
+        logprobs: None,
     })
 }
 

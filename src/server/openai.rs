@@ -18,8 +18,8 @@ use ts_rs::TS;
 use super::error::{ApiError, ApiJson};
 use super::request::{count, image_kind, model_or_default, one_choice, stops, unsupported, ResponseFormat};
 use super::wire::{
-    AssistantMessage, ChatCompletion, ChatCompletionChunk, ChunkChoice, ChunkDelta, CompletionChoice, FunctionCallOut,
-    OpenAiModel, OpenAiModelList, ToolCallOut, Usage,
+    AssistantMessage, ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice, ChunkDelta, CompletionChoice,
+    FunctionCallOut, OpenAiModel, OpenAiModelList, ToolCallOut, Usage,
 };
 use super::{security, AppState};
 use crate::chat::tools::{self as calls, CallStream, Tool, ToolCall, ToolChoice, ToolUse};
@@ -78,6 +78,9 @@ pub struct ChatRequest {
     /// Functions the model may call.
     tools: Option<Vec<ToolIn>>,
     tool_choice: Option<ToolChoiceIn>,
+    /// Each token's log-probability, and `top_logprobs` alternatives.
+    logprobs: Option<bool>,
+    top_logprobs: Option<u64>,
     /// Several calls in one answer are always allowed.
     parallel_tool_calls: Option<bool>,
     /// Every other field: refused by name unless it asks for nothing (see [`unsupported`]).
@@ -178,6 +181,9 @@ struct FunctionCallIn {
     arguments: String,
 }
 
+/// OpenAI's limit on `top_logprobs`.
+const MAX_TOP_LOGPROBS: u64 = 20;
+
 /// `tools` and `tool_choice` as the engine takes them; None when no tool may be called.
 fn tool_use(tools: Option<Vec<ToolIn>>, choice: Option<ToolChoiceIn>) -> Result<Option<ToolUse>, ApiError> {
     let bad = |m: String| ApiError::bad_request("invalid_value", m);
@@ -269,6 +275,7 @@ struct Parsed {
     include_usage: bool,
     /// The answer is read for tool calls.
     tools: bool,
+    logprobs: bool,
 }
 
 fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
@@ -279,6 +286,19 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
         unsupported(&m.other, &format!("messages[{i}]."), &["name"])?;
     }
     let _ = req.parallel_tool_calls;
+    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+        (_, Some(n)) if n > MAX_TOP_LOGPROBS => {
+            return Err(ApiError::bad_request(
+                "invalid_value",
+                format!("`top_logprobs` = {n}: at most {MAX_TOP_LOGPROBS}"),
+            ))
+        }
+        (true, n) => Some(n.map_or(0, count)),
+        (false, Some(n)) if n > 0 => {
+            return Err(ApiError::bad_request("invalid_value", "`top_logprobs` needs `logprobs: true`"))
+        }
+        (false, _) => None,
+    };
     let tools = tool_use(req.tools, req.tool_choice)?;
     if req.response_format.is_some() && tools.as_ref().is_some_and(|t| t.choice != ToolChoice::Auto) {
         return Err(ApiError::bad_request(
@@ -373,11 +393,13 @@ fn parse(req: ChatRequest, state: &AppState) -> Result<Parsed, ApiError> {
         ignore_eos: req.ignore_eos.unwrap_or(false),
         grammar: ResponseFormat::grammar(req.response_format)?,
         tools,
+        logprobs,
     };
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
     let tools = request.tools.is_some();
-    Ok(Parsed { request, stream, include_usage, tools })
+    let logprobs = request.logprobs.is_some();
+    Ok(Parsed { request, stream, include_usage, tools, logprobs })
 }
 
 /// An image from a `data:` URL, or (for a server on loopback) a local `file:` URL inside the
@@ -470,7 +492,7 @@ pub async fn chat_completions(
             choices: vec![CompletionChoice {
                 index: 0,
                 message: AssistantMessage { role: "assistant".into(), content, refusal: (), tool_calls },
-                logprobs: (),
+                logprobs: parsed.logprobs.then(|| ChoiceLogprobs::of(&completion.logprobs)),
                 finish_reason: finish,
             }],
             usage: Usage::of(&completion.stats),
@@ -535,7 +557,7 @@ impl ChunkMeta {
     }
 
     fn delta(&self, delta: ChunkDelta, finish: Option<&'static str>, include_usage: bool) -> ChatCompletionChunk {
-        self.chunk(vec![ChunkChoice { index: 0, delta, logprobs: (), finish_reason: finish }], include_usage)
+        self.chunk(vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason: finish }], include_usage)
     }
 }
 
@@ -575,8 +597,8 @@ fn chunks(
         loop {
             let events = match st.generation.events.recv().await {
                 Some(Event::Started) => continue,
-                Some(Event::Delta { text, .. }) if text.is_empty() => continue,
-                Some(Event::Delta { text, stats, .. }) => {
+                Some(Event::Delta { text, logprobs, .. }) if text.is_empty() && logprobs.is_empty() => continue,
+                Some(Event::Delta { text, stats, logprobs, .. }) => {
                     let mut events = Vec::new();
                     let text = match st.calls.as_mut() {
                         Some(calls) => {
@@ -589,9 +611,12 @@ fn chunks(
                         }
                         None => text,
                     };
-                    if !text.is_empty() || stats.is_some() {
+                    if !text.is_empty() || stats.is_some() || !logprobs.is_empty() {
                         let content = ChunkDelta { content: Some(text), ..ChunkDelta::default() };
                         let mut chunk = st.meta.delta(content, None, st.include_usage);
+                        if !logprobs.is_empty() {
+                            chunk.choices[0].logprobs = Some(ChoiceLogprobs::of(&logprobs));
+                        }
                         // Tandem's extension: running statistics a few times a second.
                         chunk.stats = stats;
                         events.insert(0, data(&chunk));

@@ -173,8 +173,8 @@ pub struct ChatCompletion {
 pub struct CompletionChoice {
     pub index: u32,
     pub message: AssistantMessage,
-    #[ts(type = "null")]
-    pub logprobs: (),
+    /// Null unless `logprobs` was asked for.
+    pub logprobs: Option<ChoiceLogprobs>,
     #[ts(type = "string")]
     pub finish_reason: FinishReasonName,
 }
@@ -190,6 +190,49 @@ pub struct AssistantMessage {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[ts(as = "Option<Vec<ToolCallOut>>", optional)]
     pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// OpenAI's `logprobs` of a choice: one entry per generated token.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ChoiceLogprobs {
+    pub content: Vec<TokenLogprobOut>,
+    #[ts(type = "null")]
+    pub refusal: (),
+}
+
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct TokenLogprobOut {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprobOut>,
+}
+
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct TopLogprobOut {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+impl ChoiceLogprobs {
+    pub fn of(logprobs: &[crate::engine::Logprob]) -> ChoiceLogprobs {
+        let top = |t: &crate::engine::TokenText, logprob: f32| TopLogprobOut {
+            token: t.text.clone(),
+            logprob,
+            bytes: t.bytes.clone(),
+        };
+        let content = logprobs
+            .iter()
+            .map(|l| TokenLogprobOut {
+                token: l.token.text.clone(),
+                logprob: l.logprob,
+                bytes: l.token.bytes.clone(),
+                top_logprobs: l.top.iter().map(|(t, lp)| top(t, *lp)).collect(),
+            })
+            .collect();
+        ChoiceLogprobs { content, refusal: () }
+    }
 }
 
 /// A call in OpenAI's shape: `arguments` is the JSON object as text. In a stream `index` counts
@@ -239,8 +282,8 @@ pub struct ChatCompletionChunk {
 pub struct ChunkChoice {
     pub index: u32,
     pub delta: ChunkDelta,
-    #[ts(type = "null")]
-    pub logprobs: (),
+    /// The delta's tokens, when `logprobs` was asked for.
+    pub logprobs: Option<ChoiceLogprobs>,
     #[ts(type = "string | null")]
     pub finish_reason: Option<FinishReasonName>,
 }

@@ -151,8 +151,8 @@ def main():
     # A parameter the server does not implement is refused by name, never ignored; its "off"
     # values (and `user`) are accepted.
     for what, extra in [
-        ("logprobs", {"logprobs": True}),
-        ("top_logprobs", {"top_logprobs": 2}),
+        ("service_tier", {"service_tier": "flex"}),
+        ("prediction", {"prediction": {"type": "content", "content": "x"}}),
     ]:
         kwargs = {"model": args.model, "messages": messages, "max_tokens": 2, **extra}
         try:
@@ -167,6 +167,7 @@ def main():
     r = client.chat.completions.create(
         model=args.model, messages=messages, max_tokens=2, user="someone", frequency_penalty=0, logprobs=False, tools=[]
     )
+    check(r.choices[0].logprobs is None, "no logprobs unless asked for")
     check(r.choices[0].message.content is not None, "user and parameters at their off values are accepted")
 
     # Structured output: constrained decoding, MTP on.
@@ -222,6 +223,28 @@ def main():
         extra_body={"ignore_eos": True},
     ).choices[0].message.content
     check(pen != plain, f"frequency/presence penalties change the greedy answer ({pen!r})")
+
+    # Log-probabilities: one entry per token, greedy picks the most likely, the bytes spell the
+    # text, the same with MTP as without (to the verify's rounding), streamed alike.
+    import math
+    lp_kwargs = dict(model=args.model, messages=messages, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(**lp_kwargs, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    check(len(content) == r.usage.completion_tokens == 12, f"one logprob entry per token ({len(content)})")
+    check(all(len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob for e in content), "top_logprobs: 3, most likely first")
+    check(all(e.token == e.top_logprobs[0].token and abs(e.logprob - e.top_logprobs[0].logprob) < 1e-6 and e.logprob <= 0 for e in content), "greedy tokens are the most likely")
+    check(all(sum(math.exp(t.logprob) for t in e.top_logprobs) <= 1 + 1e-4 for e in content), "probabilities sum to at most 1")
+    check(b"".join(bytes(e.bytes) for e in content).decode() == r.choices[0].message.content, "the bytes spell the answer")
+    plain = client.chat.completions.create(**lp_kwargs, extra_body={"ignore_eos": True, "mtp": {"enabled": False}}).choices[0].logprobs.content
+    gap = max(abs(a.logprob - b.logprob) for a, b in zip(content, plain))
+    check([e.token for e in plain] == [e.token for e in content] and gap < 0.05, f"MTP on and off give the same logprobs (max gap {gap:.4f})")
+    streamed = [e for c in client.chat.completions.create(**lp_kwargs, stream=True, extra_body={"ignore_eos": True}) if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    check([e.token for e in streamed] == [e.token for e in content], "streamed logprobs arrive with their tokens")
+    try:
+        client.chat.completions.create(model=args.model, messages=messages, max_tokens=2, logprobs=True, top_logprobs=21)
+        check(False, "top_logprobs 21 raises")
+    except openai.BadRequestError as e:
+        check("`top_logprobs`" in str(e), f"top_logprobs over 20: 400 naming it ({e})")
 
     # Function calling. The bundled model knows nothing of tools: a forced call (required or
     # named) is what constrained decoding makes of it, in Qwen's format, parsed into tool_calls.

@@ -20,9 +20,12 @@ pub fn accept(sampler: &mut Sampler, logits: &Array, drafts: &[u32], history: &[
     if !sampler.params.uses_history() {
         // The rows do not depend on each other: every position's token at once, one wait. Under a
         // grammar each row is masked with the state after the drafts before it.
-        let logits = sampler.mask_verify(logits, drafts)?;
-        let targets = sampler.sample_rows(&logits)?.to_vec::<u32>()?;
+        let masked = sampler.mask_verify(logits, drafts)?;
+        let targets = sampler.sample_rows(&masked)?.to_vec::<u32>()?;
         let a = (0..k).take_while(|&j| targets[j] == drafts[j]).count();
+        if sampler.records_logprobs() {
+            sampler.record(&logits.slice_axis(0, 0, a as i32 + 1)?, &targets[..=a])?;
+        }
         sampler.advance(a + 1);
         sampler.consumed(&targets[..=a])?;
         return Ok((a, targets[a]));

@@ -37,6 +37,10 @@ ignore_eos?: boolean,
  */
 tools?: Array<RequestTool>, tool_choice?: RequestToolChoice, 
 /**
+ * Each token's log-probability, and `top_logprobs` alternatives.
+ */
+logprobs?: boolean, top_logprobs?: number, 
+/**
  * Several calls in one answer are always allowed.
  */
 parallel_tool_calls?: boolean, };
