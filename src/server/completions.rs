@@ -15,10 +15,13 @@ use ts_rs::TS;
 use super::error::{ApiError, ApiJson};
 use super::openai::{cancelled, data, finish_reason, now_unix, MtpIn, StopIn, StreamOptions};
 use super::request::{count, model_or_default, one_choice, unsupported, ResponseFormat};
-use super::wire::{FinishReasonName, TextChoice, TextCompletion, Usage};
+use super::wire::{FinishReasonName, TextChoice, TextCompletion, TextLogprobs, Usage};
 use super::AppState;
 use crate::engine::{Completion, Event, Generation, Input, MtpOverrides, Request, SamplingOverrides};
 use crate::generate::{FinishReason, Stats};
+
+/// The completions API's limit on `logprobs`.
+const MAX_LOGPROBS: u64 = 5;
 
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: usize = 16;
@@ -50,6 +53,8 @@ pub struct CompletionRequest {
     response_format: Option<ResponseFormat>,
     stop: Option<StopIn>,
     n: Option<u64>,
+    /// Each token's log-probability and this many alternatives (at most 5).
+    logprobs: Option<u64>,
     /// Tandem's extension, as on chat completions.
     mtp: Option<MtpIn>,
     ignore_eos: Option<bool>,
@@ -71,6 +76,7 @@ struct Parsed {
     request: Request,
     stream: bool,
     include_usage: bool,
+    logprobs: bool,
 }
 
 fn parse(req: CompletionRequest, state: &AppState) -> Result<Parsed, ApiError> {
@@ -108,11 +114,17 @@ fn parse(req: CompletionRequest, state: &AppState) -> Result<Parsed, ApiError> {
         ignore_eos: req.ignore_eos.unwrap_or(false),
         grammar: ResponseFormat::grammar(req.response_format)?,
         tools: None,
-        logprobs: None,
+        logprobs: match req.logprobs {
+            Some(n) if n > MAX_LOGPROBS => {
+                return Err(ApiError::bad_request("invalid_value", format!("`logprobs` = {n}: at most {MAX_LOGPROBS}")))
+            }
+            n => n.map(count),
+        },
     };
     let stream = req.stream.unwrap_or(false);
     let include_usage = stream && req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-    Ok(Parsed { request, stream, include_usage })
+    let logprobs = request.logprobs.is_some();
+    Ok(Parsed { request, stream, include_usage, logprobs })
 }
 
 struct Meta {
@@ -137,7 +149,7 @@ impl Meta {
 }
 
 fn choice(text: String, finish: Option<FinishReasonName>) -> Vec<TextChoice> {
-    vec![TextChoice { index: 0, text, logprobs: (), finish_reason: finish }]
+    vec![TextChoice { index: 0, text, logprobs: None, finish_reason: finish }]
 }
 
 pub async fn completions(
@@ -160,11 +172,11 @@ pub async fn completions(
         return Err(cancelled());
     }
     let usage = Usage::of(&completion.stats);
-    let body = meta.body(
-        choice(completion.text, Some(finish_reason(completion.finish))),
-        Some(Some(usage)),
-        Some(completion.stats),
-    );
+    let mut choices = choice(completion.text, Some(finish_reason(completion.finish)));
+    if parsed.logprobs {
+        choices[0].logprobs = Some(TextLogprobs::of(&completion.logprobs, 0));
+    }
+    let body = meta.body(choices, Some(Some(usage)), Some(completion.stats));
     Ok(Json(body).into_response())
 }
 
@@ -172,7 +184,8 @@ pub async fn completions(
 /// when asked for, then `[DONE]`; an error after the start is sent as `{"error": ...}` before `[DONE]`.
 fn chunks(generation: Generation, meta: Meta, include_usage: bool) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let meta = Arc::new(meta);
-    futures::stream::unfold((generation, false), move |(mut g, done)| {
+    // The characters of the tokens so far: the next token's `text_offset`.
+    futures::stream::unfold((generation, false, 0usize), move |(mut g, done, mut offset)| {
         let meta = meta.clone();
         async move {
             if done {
@@ -181,11 +194,17 @@ fn chunks(generation: Generation, meta: Meta, include_usage: bool) -> impl Strea
             loop {
                 let events = match g.events.recv().await {
                     Some(Event::Started) => continue,
-                    Some(Event::Delta { text, .. }) if text.is_empty() => continue,
-                    Some(Event::Delta { text, stats, .. }) => {
-                        vec![data(&meta.body(choice(text, None), include_usage.then_some(None), stats))]
+                    Some(Event::Delta { text, logprobs, .. }) if text.is_empty() && logprobs.is_empty() => continue,
+                    Some(Event::Delta { text, stats, logprobs, .. }) => {
+                        let mut choices = choice(text, None);
+                        if !logprobs.is_empty() {
+                            let l = TextLogprobs::of(&logprobs, offset);
+                            offset += logprobs.iter().map(|l| l.token.text.chars().count()).sum::<usize>();
+                            choices[0].logprobs = Some(l);
+                        }
+                        vec![data(&meta.body(choices, include_usage.then_some(None), stats))]
                     }
-                    Some(Event::Done(c)) => return Some((end(&meta, &c, include_usage), (g, true))),
+                    Some(Event::Done(c)) => return Some((end(&meta, &c, include_usage), (g, true, offset))),
                     Some(Event::Failed(e)) => vec![data(&ApiError::from(e).body()), SseEvent::default().data("[DONE]")],
                     None => {
                         let e = ApiError::internal("the model's worker stopped without finishing the answer");
@@ -193,7 +212,7 @@ fn chunks(generation: Generation, meta: Meta, include_usage: bool) -> impl Strea
                     }
                 };
                 let finished = events.len() > 1;
-                return Some((events, (g, finished)));
+                return Some((events, (g, finished, offset)));
             }
         }
     })

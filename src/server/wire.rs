@@ -192,6 +192,34 @@ pub struct AssistantMessage {
     pub tool_calls: Vec<ToolCallOut>,
 }
 
+/// The completions API's `logprobs`: per token its text, log-probability, the most likely
+/// alternatives (text to log-probability, most likely first) and its character offset in the text.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct TextLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    #[ts(type = "Array<Record<string, number>>")]
+    pub top_logprobs: Vec<serde_json::Map<String, serde_json::Value>>,
+    pub text_offset: Vec<usize>,
+}
+
+impl TextLogprobs {
+    /// `start`: the offset of the first token (characters of text before it).
+    pub fn of(logprobs: &[crate::engine::Logprob], start: usize) -> TextLogprobs {
+        let mut out =
+            TextLogprobs { tokens: vec![], token_logprobs: vec![], top_logprobs: vec![], text_offset: vec![] };
+        let mut offset = start;
+        for l in logprobs {
+            out.text_offset.push(offset);
+            offset += l.token.text.chars().count();
+            out.tokens.push(l.token.text.clone());
+            out.token_logprobs.push(l.logprob);
+            out.top_logprobs.push(l.top.iter().map(|(t, lp)| (t.text.clone(), serde_json::json!(lp))).collect());
+        }
+        out
+    }
+}
+
 /// OpenAI's `logprobs` of a choice: one entry per generated token.
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct ChoiceLogprobs {
@@ -327,8 +355,8 @@ pub struct TextCompletion {
 pub struct TextChoice {
     pub index: u32,
     pub text: String,
-    #[ts(type = "null")]
-    pub logprobs: (),
+    /// Null unless `logprobs` was asked for.
+    pub logprobs: Option<TextLogprobs>,
     #[ts(type = "string | null")]
     pub finish_reason: Option<FinishReasonName>,
 }

@@ -331,7 +331,14 @@ def main():
     check([c.choices[0].finish_reason for c in pieces if c.choices and c.choices[0].finish_reason] == ["length"], "one finish chunk")
     d = client.completions.create(model=args.model, prompt=prompt, temperature=0)
     check(d.usage.completion_tokens <= 16, f"max_tokens defaults to 16 ({d.usage.completion_tokens})")
-    for what, extra in [("echo", {"echo": True}), ("suffix", {"suffix": "."}), ("logprobs", {"logprobs": 2})]:
+    lp = client.completions.create(model=args.model, prompt=prompt, max_tokens=6, temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    l = lp.choices[0].logprobs
+    check(len(l.tokens) == len(l.token_logprobs) == len(l.top_logprobs) == len(l.text_offset) == 6, f"completions logprobs: one entry per token ({l})")
+    check("".join(l.tokens) == lp.choices[0].text and l.text_offset[0] == 0 and all(len(t) == 2 for t in l.top_logprobs), "completions logprobs: tokens spell the text, 2 alternatives")
+    check(all(abs(max(t.values()) - v) < 1e-6 for t, v in zip(l.top_logprobs, l.token_logprobs)), "completions logprobs: greedy tokens are the most likely")
+    sl = [x for c in client.completions.create(model=args.model, prompt=prompt, max_tokens=6, temperature=0, logprobs=2, stream=True, extra_body={"ignore_eos": True}) if c.choices and c.choices[0].logprobs for x in c.choices[0].logprobs.text_offset]
+    check(sl == l.text_offset, f"streamed completions logprobs keep their offsets ({sl})")
+    for what, extra in [("echo", {"echo": True}), ("suffix", {"suffix": "."}), ("best_of", {"best_of": 2})]:
         try:
             client.completions.create(model=args.model, prompt=prompt, max_tokens=2, **extra)
             check(False, f"completions {what} raises")

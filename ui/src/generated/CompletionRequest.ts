@@ -26,6 +26,10 @@ max_tokens?: number, temperature?: number, top_p?: number, top_k?: number, min_p
  */
 response_format?: ResponseFormat, stop?: Stop, n?: number, 
 /**
+ * Each token's log-probability and this many alternatives (at most 5).
+ */
+logprobs?: number, 
+/**
  * Tandem's extension, as on chat completions.
  */
 mtp?: RequestMtp, ignore_eos?: boolean, };

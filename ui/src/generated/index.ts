@@ -90,6 +90,7 @@ export type { Stop } from './Stop';
 export type { StreamOptions } from './StreamOptions';
 export type { TextChoice } from './TextChoice';
 export type { TextCompletion } from './TextCompletion';
+export type { TextLogprobs } from './TextLogprobs';
 export type { TokenLogprobOut } from './TokenLogprobOut';
 export type { ToolCallOut } from './ToolCallOut';
 export type { TopLogprobOut } from './TopLogprobOut';
