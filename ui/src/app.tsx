@@ -54,11 +54,12 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
   // In a narrow window the panel is a drawer over the chat: closed until the Stats toggle opens it.
   const [panel, setPanel] = useState(() => !globalThis.matchMedia?.('(max-width: 980px)').matches);
 
-  // In a narrow window the panel is a drawer over the chat: Escape closes it (before anything else uses the key).
+  // In a narrow window the panel is a drawer over the chat: Escape closes it, after any menu or popover open
+  // over it (components/dismiss.ts marks the key used) and before the chat's own use of the key.
   useEffect(() => {
     if (!panel || view !== 'chat') return;
     const onKey = (e: KeyboardEvent) => {
-      if (e.key === 'Escape' && globalThis.matchMedia?.('(max-width: 980px)').matches) {
+      if (e.key === 'Escape' && !e.defaultPrevented && globalThis.matchMedia?.('(max-width: 980px)').matches) {
         e.preventDefault();
         setPanel(false);
       }

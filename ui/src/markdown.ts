@@ -1,17 +1,34 @@
 // Markdown of model output -> sanitised HTML. marked parses (GitHub-flavoured); DOMPurify then removes
 // anything that could run script or reach the network: <script>, event handlers, javascript: URLs,
-// forms and frames, and images other than inline data: images.
+// forms and frames, and images other than inline data: images. Code blocks are highlighted (highlight.ts)
+// before sanitising; the only classes kept are highlight.js's own.
 
 import DOMPurify from 'dompurify';
 import { Marked } from 'marked';
+import { fenceLanguage, highlight, isHighlightClass } from './highlight';
 
 const marked = new Marked({ gfm: true, breaks: false, async: false });
+marked.use({
+  renderer: {
+    code({ text, lang }) {
+      const lit = highlight(text.replace(/\n$/, ''), fenceLanguage(lang));
+      // false: marked's own (escaped, plain) block.
+      return lit ? `<pre><code class="hljs language-${lit.language}">${lit.html}\n</code></pre>\n` : false;
+    },
+  },
+});
 
 let purifier: ReturnType<typeof DOMPurify> | null = null;
 
 function getPurifier(): ReturnType<typeof DOMPurify> {
   if (purifier) return purifier;
   const p = DOMPurify(window);
+  // `class` is forbidden (model output must not borrow the app's styles) except highlight.js's on code.
+  p.addHook('uponSanitizeAttribute', (node, data) => {
+    if (data.attrName === 'class' && (node.tagName === 'SPAN' || node.tagName === 'CODE') && isHighlightClass(data.attrValue)) {
+      data.forceKeepAttr = true;
+    }
+  });
   p.addHook('afterSanitizeAttributes', (node) => {
     if (node.tagName === 'A') {
       const href = node.getAttribute('href') ?? '';

@@ -314,6 +314,21 @@ describe('context and defaults', () => {
     }
   });
 
+  it('says MTP is off once in the header, with its reason', async () => {
+    const why = 'the MTP head probes at best 0.004 top-1 agreement';
+    const probe = { acceptance: null, tried: [], chosen: null, seconds: 1, tokens: 256, body_agreement: 0.2, inconclusive: false };
+    ADMIN[0] = modelStatus({ mtp: { available: true, enabled: true, depth: 3, reason: why, repaired: null, adaptive: true, probe } });
+    try {
+      await mount({});
+      const header = q('.chat-header')!.textContent!;
+      expect(header.split('MTP off').length - 1).toBe(1);
+      expect(header).toContain(why);
+      expect(header).not.toContain('MTP depth');
+    } finally {
+      ADMIN[0] = modelStatus();
+    }
+  });
+
   it('shows the tokens the conversation uses against the model context', async () => {
     await mount({ 'POST /v1/chat/completions': () => replyOnce('Sure.') });
     expect(byId('chat-context')!.textContent).toBe('0 / 2,048 tokens');
@@ -397,6 +412,49 @@ describe('copying', () => {
       delete (navigator as { clipboard?: unknown }).clipboard;
     }
   });
+
+  it('highlights the code, copies it as plain text, and Copied goes by itself (a second copy restarts its time)', async () => {
+    const { COPIED_MS } = await import('../src/views/chat/message');
+    const writeText = vi.fn(() => Promise.resolve());
+    Object.defineProperty(navigator, 'clipboard', { value: { writeText }, configurable: true });
+    try {
+      await mount({ 'POST /v1/chat/completions': () => replyOnce('```python\ndef f(x):\n    return "x"\n```\n') });
+      await type('code please');
+      await click('chat-send');
+      await waitFor(() => byId('message-assistant')?.dataset.streaming === 'false' && !!byId('code-copy'), 'the code block');
+      expect(q('[data-testid="message-content"] pre code span[class^="hljs-"]')).not.toBeNull();
+      vi.useFakeTimers();
+      try {
+        const copied = async (id: string) => {
+          await click(id);
+          await act(async () => {
+            await Promise.resolve();
+          });
+        };
+        const wait = (ms: number) =>
+          act(async () => {
+            vi.advanceTimersByTime(ms);
+          });
+        await copied('code-copy');
+        expect(writeText).toHaveBeenCalledWith('def f(x):\n    return "x"\n');
+        expect(byId('code-copy')!.textContent).toBe('Copied');
+        await wait(COPIED_MS - 100);
+        await copied('code-copy');
+        await wait(200);
+        expect(byId('code-copy')!.textContent).toBe('Copied');
+        await wait(COPIED_MS);
+        expect(byId('code-copy')!.textContent).toBe('Copy');
+        await copied('message-copy');
+        expect(byId('message-copy')!.textContent).toBe('Copied');
+        await wait(COPIED_MS + 1);
+        expect(byId('message-copy')!.textContent).toBe('Copy');
+      } finally {
+        vi.useRealTimers();
+      }
+    } finally {
+      delete (navigator as { clipboard?: unknown }).clipboard;
+    }
+  });
 });
 
 describe('keys and the system prompt', () => {
@@ -430,6 +488,69 @@ describe('keys and the system prompt', () => {
     await press({ key: 'O', ctrlKey: true, shiftKey: true });
     expect(all('message-user')).toHaveLength(0);
     expect(byId('chat-system-indicator')).toBeNull();
+  });
+});
+
+describe('keyboard shortcuts in the chat', () => {
+  const press = (init: KeyboardEventInit, target: EventTarget = document.body) =>
+    act(async () => {
+      target.dispatchEvent(new KeyboardEvent('keydown', { bubbles: true, cancelable: true, ...init }));
+    });
+
+  it('lists every shortcut behind ? (the key or the button); Escape or a click outside closes the list, not the reply', async () => {
+    const { SHORTCUTS } = await import('../src/keys');
+    const stream = controlledStream();
+    const { calls } = await mount({ 'POST /v1/chat/completions': () => stream.response });
+    await press({ key: '?', shiftKey: true });
+    expect(all('shortcut').map((el) => el.querySelector('dd')!.textContent)).toEqual(SHORTCUTS.map((s) => s.what));
+    expect(byId('shortcuts-toggle')!.getAttribute('aria-expanded')).toBe('true');
+    await act(async () => {
+      byId('message-list')!.dispatchEvent(new MouseEvent('mousedown', { bubbles: true }));
+    });
+    expect(byId('shortcuts-help')).toBeNull();
+
+    await type('Hi');
+    await click('chat-send');
+    stream.content('Hel');
+    await waitFor(() => byId('message-content')?.textContent?.trim() === 'Hel', 'the reply');
+    await click('shortcuts-toggle');
+    expect(byId('shortcuts-help')).not.toBeNull();
+    await press({ key: 'Escape' });
+    expect(byId('shortcuts-help')).toBeNull();
+    expect(calls[0]!.signal!.aborted).toBe(false);
+    await press({ key: 'Escape' });
+    await waitFor(() => byId('message-assistant')!.dataset.streaming === 'false', 'the stop');
+    expect(calls[0]!.signal!.aborted).toBe(true);
+  });
+
+  it('opens the model list with its shortcut where the browser can', async () => {
+    const showPicker = vi.fn();
+    await mount({});
+    (byId('chat-model-picker') as HTMLSelectElement & { showPicker?: () => void }).showPicker = showPicker;
+    await press({ key: 'M', ctrlKey: true, shiftKey: true });
+    expect(document.activeElement).toBe(byId('chat-model-picker'));
+    expect(showPicker).toHaveBeenCalledTimes(1);
+  });
+
+  it('on macOS takes Cmd, and says so in the titles', async () => {
+    Object.defineProperty(navigator, 'platform', { value: 'MacIntel', configurable: true });
+    try {
+      await mount({});
+      for (const id of ['new-chat', 'chat-model-picker', 'chat-settings-toggle']) {
+        expect(byId(id)!.title, id).toContain('⌘');
+        expect(byId(id)!.title, id).not.toContain('Ctrl');
+      }
+      await press({ key: 'S', ctrlKey: true, shiftKey: true });
+      expect(byId('chat-settings')).toBeNull();
+      await press({ key: 'S', metaKey: true, shiftKey: true });
+      expect(byId('chat-settings')).not.toBeNull();
+      await click('shortcuts-toggle');
+      // One popover at a time.
+      expect(byId('chat-settings')).toBeNull();
+      expect(all('shortcut').some((el) => el.textContent!.includes('⌘'))).toBe(true);
+    } finally {
+      delete (navigator as { platform?: string }).platform;
+    }
   });
 });
 

@@ -128,6 +128,22 @@ describe('the Models page', () => {
     act(() => live.snapshot(statsSnapshot({ model: 'tandem-tiny', stats: SAMPLE_STATS })));
     expect(root.querySelector('[data-testid="model-mtp-slow"]')).toBeNull();
   });
+
+  it("says why MTP is off once in a model's row, not again beside the head's health", async () => {
+    const { ModelsView } = await import('../src/views/models');
+    const { modelStatus } = await import('./helpers');
+    const why = 'the checkpoint lacks 15 of its 15 tensors (mtp.*)';
+    const models = [
+      modelStatus({ id: 'nohead', name: 'nohead', mtp: { available: false, enabled: false, depth: 0, reason: why, repaired: null, adaptive: true, probe: null } }),
+    ];
+    root = document.createElement('div');
+    document.body.appendChild(root);
+    act(() => render(<ModelsView models={models} loading={false} reload={async () => {}} onConvert={() => {}} />, root!));
+    const times = (text: string, id: string) => root!.querySelector(`[data-model-id="${id}"]`)!.textContent!.split(text).length - 1;
+    expect(times(why, 'nohead')).toBe(1);
+    expect(root.querySelector('[data-model-id="nohead"] [data-testid="model-mtp-reason"]')!.textContent).toBe(why);
+    expect(root.querySelector('[data-model-id="nohead"] [data-testid="mtp-health"]')!.getAttribute('data-mtp-off')).toBe('true');
+  });
 });
 
 describe('calibration progress', () => {

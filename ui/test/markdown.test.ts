@@ -57,6 +57,64 @@ describe('renderMarkdown', () => {
   });
 });
 
+describe('code highlighting', () => {
+  const spanOf = (d: HTMLElement, text: string) => [...d.querySelectorAll('pre code span')].find((s) => s.textContent === text);
+
+  it('colours a fenced block of a known language, keeping its text as written', () => {
+    const code = 'fn main() {\n    let s = "hi"; // greet\n}';
+    const d = dom(renderMarkdown('```rust\n' + code + '\n```'));
+    const block = d.querySelector('pre code')!;
+    expect(block.textContent).toBe(code + '\n');
+    expect(block.className).toMatch(/\blanguage-rust\b/);
+    const keyword = spanOf(d, 'fn')!;
+    const string = spanOf(d, '"hi"')!;
+    const comment = spanOf(d, '// greet')!;
+    for (const s of [keyword, string, comment]) expect(s.className).toMatch(/^hljs-/);
+    expect(new Set([keyword.className, string.className, comment.className]).size).toBe(3);
+  });
+
+  it('knows the names models put on fences (ts, sh, py, yml, html)', () => {
+    for (const [fence, code] of [
+      ['ts', 'const x: number = 1;'],
+      ['sh', 'echo "$HOME"'],
+      ['py', 'def f(): return 1'],
+      ['yml', 'key: value'],
+      ['html', '<p class="a">x</p>'],
+      ['json', '{"a": 1}'],
+    ]) {
+      const d = dom(renderMarkdown('```' + fence + '\n' + code + '\n```'));
+      expect(d.querySelector('pre code')!.textContent, fence).toBe(code + '\n');
+      expect(d.querySelectorAll('pre code span[class^="hljs-"]').length, fence).toBeGreaterThan(0);
+    }
+  });
+
+  it('leaves a block without a language, or with one it does not know, plain', () => {
+    for (const md of ['```\nfn main() {}\n```', '```brainfuck\n+[-->-[>>+>-----<<]<--<---]>-.\n```']) {
+      const d = dom(renderMarkdown(md));
+      expect(d.querySelector('pre code')).not.toBeNull();
+      expect(d.querySelector('pre code span, [class]')).toBeNull();
+    }
+  });
+
+  it('stays sanitised: code cannot break out of its block, and only highlight.js classes survive', () => {
+    const html = renderMarkdown(
+      [
+        '```js\n</code></pre><script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">\n```',
+        '<span class="hljs-keyword" onclick="alert(1)">k</span>',
+        '<span class="error-banner">mimic</span> <span class="hljs-string app-style">mixed</span> <div class="hljs">div</div>',
+      ].join('\n\n'),
+    );
+    const d = dom(html);
+    expect(d.querySelector('script, img, [onclick], [onerror]')).toBeNull();
+    expect(d.querySelector('pre code')!.textContent).toContain('<script>window.__pwned = 1</script>');
+    expect(d.querySelector('.error-banner, .app-style, div[class]')).toBeNull();
+    const span = (text: string) => [...d.querySelectorAll('span')].find((s) => s.textContent === text)!;
+    expect(span('k').className).toBe('hljs-keyword');
+    expect(span('mixed').hasAttribute('class')).toBe(false);
+    expect((window as { __pwned?: number }).__pwned).toBeUndefined();
+  });
+});
+
 describe('splitThinking', () => {
   it('splits a finished <think> block from the answer', () => {
     expect(splitThinking('<think>\nplan it\n</think>\n\nThe answer.')).toEqual({ thinking: 'plan it', thinkingDone: true, answer: 'The answer.' });

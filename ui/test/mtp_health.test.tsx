@@ -62,6 +62,22 @@ describe("the MTP head's health", () => {
     expect(mtpHealthLabel({ ...base, probe: probe({ inconclusive: true }) })).toContain('unjudged');
   });
 
+  it('leaves the reason out where the place shows it beside, and only then', () => {
+    const why = 'the checkpoint lacks 15 of its 15 tensors (mtp.*)';
+    const off = { ...base, available: false, reason: why };
+    expect(mtpHealthLabel(off, false)).not.toContain(why);
+    expect(mtpHealthLabel(off, false)).toMatch(/^MTP off/);
+    root = document.createElement('div');
+    document.body.appendChild(root);
+    act(() => render(<MtpHealth mtp={off} reasonShown />, root!));
+    const el = root.querySelector('[data-testid="mtp-health"]') as HTMLElement;
+    expect(el.textContent).not.toContain(why);
+    expect(el.title).toBe('');
+    // No reason to show beside: the label keeps its own.
+    act(() => render(<MtpHealth mtp={{ ...base, available: false }} reasonShown />, root!));
+    expect(root.querySelector('[data-testid="mtp-health"]')!.textContent).toBe(mtpHealthLabel({ ...base, available: false }));
+  });
+
   it('says when a head was not probed yet', () => {
     expect(mtpHealthLabel(base)).toBe('head not probed yet');
   });

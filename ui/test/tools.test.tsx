@@ -9,6 +9,7 @@ import type { OpenAIModel } from '../src/generated';
 import { LiveFeed } from '../src/live';
 import { MemoryStore } from '../src/storage';
 import { fileName, fromJson, toJson, toMarkdown } from '../src/transfer';
+import { COPIED_MS } from '../src/views/chat/message';
 import { ChatView } from '../src/views/chat/view';
 import { chunkOf, mockFetch, modelStatus, sse } from './helpers';
 
@@ -69,7 +70,7 @@ async function input(el: HTMLElement | null, value: string) {
 }
 async function key(el: HTMLElement | null, k: string) {
   await act(async () => {
-    el!.dispatchEvent(new KeyboardEvent('keydown', { key: k, bubbles: true }));
+    el!.dispatchEvent(new KeyboardEvent('keydown', { key: k, bubbles: true, cancelable: true }));
   });
 }
 
@@ -220,11 +221,107 @@ describe('the context menu', () => {
     // The input keeps the browser's menu.
     expect((await menuOn(byId('chat-input')!)).defaultPrevented).toBe(false);
     await menuOn(byId('message-user')!);
-    expect(all('context-menu-item').map((b) => b.textContent)).toEqual(['Copy message', 'Delete message']);
-    await click(all('context-menu-item')[1]!);
+    expect(all('context-menu-item').map((b) => b.textContent)).toEqual(['Copy message', 'Edit message', 'Delete message']);
+    await click(all('context-menu-item')[2]!);
     expect(all('message-user')).toHaveLength(0);
     expect(byId('context-menu')).toBeNull();
     await settle();
     expect((await store.load('a'))!.messages.map((m) => m.role)).toEqual(['assistant']);
+  });
+
+  const menuAt = async (el: Element) => {
+    await act(async () => {
+      el.dispatchEvent(new MouseEvent('contextmenu', { bubbles: true, cancelable: true, clientX: 40, clientY: 60 }));
+    });
+  };
+  const item = (label: string) => all('context-menu-item').find((b) => b.textContent === label) ?? null;
+
+  it('says Copied where the menu was, and the word goes by itself', async () => {
+    const writeText = vi.fn(() => Promise.resolve());
+    Object.defineProperty(navigator, 'clipboard', { value: { writeText }, configurable: true });
+    try {
+      await mount(await twoChats());
+      await waitFor(() => all('message-assistant').length === 1, 'the shown chat');
+      await menuAt(q('[data-testid="message-assistant"] [data-testid="message-content"]')!);
+      vi.useFakeTimers();
+      try {
+        await click(item('Copy reply'));
+        await act(async () => {
+          await Promise.resolve();
+        });
+        expect(writeText).toHaveBeenCalledWith('Answer with `code`.');
+        expect(byId('context-menu')).toBeNull();
+        const flash = byId('copy-flash')!;
+        expect(flash.textContent).toBe('Copied');
+        expect([flash.style.left, flash.style.top]).toEqual(['40px', '60px']);
+        await act(async () => {
+          vi.advanceTimersByTime(COPIED_MS + 1);
+        });
+        expect(byId('copy-flash')).toBeNull();
+      } finally {
+        vi.useRealTimers();
+      }
+    } finally {
+      delete (navigator as { clipboard?: unknown }).clipboard;
+    }
+  });
+
+  it("says Copy failed when the clipboard refuses, and offers a code block's code", async () => {
+    const writeText = vi.fn(() => Promise.reject(new Error('denied')));
+    Object.defineProperty(navigator, 'clipboard', { value: { writeText }, configurable: true });
+    try {
+      const store = new MemoryStore();
+      const [question] = chat('c', 'Code', 30).messages;
+      await store.save(chat('c', 'Code', 30, { messages: [question!, { id: 'c-a', role: 'assistant', content: 'Run:\n\n```sh\nls -la\n```\n', created: 2 }] }));
+      await mount(store);
+      await waitFor(() => !!q('[data-testid="message-content"] pre code'), 'the code block');
+      await menuAt(q('[data-testid="message-content"] pre code')!);
+      expect(all('context-menu-item').map((b) => b.textContent)).toEqual(['Copy code', 'Copy reply', 'Regenerate', 'Delete message']);
+      await click(item('Copy code'));
+      await waitFor(() => !!byId('copy-flash'), 'the feedback');
+      expect(writeText).toHaveBeenCalledWith('ls -la\n');
+      expect(byId('copy-flash')!.textContent).toBe('Copy failed');
+    } finally {
+      delete (navigator as { clipboard?: unknown }).clipboard;
+    }
+  });
+
+  it('edits a message from the menu, and the arrow keys move between the items', async () => {
+    await mount(await twoChats());
+    await waitFor(() => all('message-user').length === 1, 'the shown chat');
+    await menuAt(byId('message-user')!);
+    const items = all('context-menu-item');
+    expect(document.activeElement).toBe(items[0]);
+    await key(document.activeElement as HTMLElement, 'ArrowDown');
+    expect(document.activeElement).toBe(items[1]);
+    await key(document.activeElement as HTMLElement, 'ArrowUp');
+    await key(document.activeElement as HTMLElement, 'ArrowUp');
+    expect(document.activeElement).toBe(items[items.length - 1]);
+    await click(item('Edit message'));
+    expect(byId('context-menu')).toBeNull();
+    expect((byId('message-edit-input') as HTMLTextAreaElement).value).toBe('Question of Bicycles in the hills');
+    await click(byId('message-edit-cancel'));
+    expect(byId('message-edit-input')).toBeNull();
+  });
+
+  it('closes on a click outside it, and Escape closes only the menu, not the reply streaming', async () => {
+    const mock = await mount(await twoChats(), { 'POST /v1/chat/completions': () => sse([`data: ${JSON.stringify(chunkOf({ content: 'Going' }))}\n\n`], { hang: true }) });
+    await waitFor(() => all('message-assistant').length === 1, 'the shown chat');
+    await menuAt(q('[data-testid="message-assistant"] [data-testid="message-content"]')!);
+    await act(async () => {
+      document.body.dispatchEvent(new MouseEvent('mousedown', { bubbles: true }));
+    });
+    expect(byId('context-menu')).toBeNull();
+    await input(byId('chat-input'), 'More');
+    await click(byId('chat-send'));
+    await waitFor(() => !!byId('chat-stop') && q('[data-streaming="true"]')?.textContent?.includes('Going') === true, 'the reply streaming');
+    await menuAt(byId('message-user')!);
+    expect(byId('context-menu')).not.toBeNull();
+    await key(document.activeElement as HTMLElement, 'Escape');
+    expect(byId('context-menu')).toBeNull();
+    expect(byId('chat-stop')).not.toBeNull();
+    expect(mock.calls.find((c) => c.method === 'POST')!.signal!.aborted).toBe(false);
+    await key(document.body, 'Escape');
+    await waitFor(() => !byId('chat-stop'), 'the stop');
   });
 });

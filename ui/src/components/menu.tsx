@@ -1,7 +1,8 @@
 // The app's own context menu (instead of the browser's "Reload / Inspect"): a list of actions at the
-// pointer. It closes on a choice, Escape, a click elsewhere or a scroll.
+// pointer. It closes on a choice, Escape, a click elsewhere or a scroll; the arrow keys move between items.
 
 import { useEffect, useRef } from 'preact/hooks';
+import { useDismiss } from './dismiss';
 
 export interface MenuItem {
   label: string;
@@ -16,31 +17,23 @@ export interface Menu {
 
 export function ContextMenu({ menu, onClose }: { menu: Menu; onClose: () => void }) {
   const ref = useRef<HTMLDivElement>(null);
+  useDismiss([ref], onClose, { scroll: true });
   useEffect(() => {
-    const away = (e: Event) => {
-      if (!ref.current?.contains(e.target as Node)) onClose();
-    };
-    const key = (e: KeyboardEvent) => {
-      if (e.key === 'Escape') {
-        e.preventDefault();
-        onClose();
-      }
-    };
-    document.addEventListener('mousedown', away, true);
-    document.addEventListener('scroll', onClose, true);
-    document.addEventListener('keydown', key, true);
     ref.current?.querySelector('button')?.focus();
-    return () => {
-      document.removeEventListener('mousedown', away, true);
-      document.removeEventListener('scroll', onClose, true);
-      document.removeEventListener('keydown', key, true);
-    };
-  }, [onClose]);
+  }, [menu]);
+  const onKeyDown = (e: KeyboardEvent) => {
+    if (e.key !== 'ArrowDown' && e.key !== 'ArrowUp') return;
+    e.preventDefault();
+    const items = [...(ref.current?.querySelectorAll('button') ?? [])];
+    const at = items.indexOf(document.activeElement as HTMLButtonElement);
+    const next = e.key === 'ArrowDown' ? (at + 1) % items.length : (at - 1 + items.length) % items.length;
+    items[next]?.focus();
+  };
   // Kept inside the window.
   const x = Math.min(menu.x, (globalThis.innerWidth || 1e6) - 200);
   const y = Math.min(menu.y, (globalThis.innerHeight || 1e6) - 40 * menu.items.length);
   return (
-    <div class="context-menu" role="menu" data-testid="context-menu" ref={ref} style={{ left: `${Math.max(0, x)}px`, top: `${Math.max(0, y)}px` }}>
+    <div class="context-menu" role="menu" data-testid="context-menu" ref={ref} onKeyDown={onKeyDown} style={{ left: `${Math.max(0, x)}px`, top: `${Math.max(0, y)}px` }}>
       {menu.items.map((item) => (
         <button
           key={item.label}

@@ -4,12 +4,20 @@
 
 import type { MtpStatusView as MtpStatus } from '../generated';
 
-/** One line: "MTP off: <why>", or "head 83% · zero_centred (repaired)", or "head not probed". */
-export function mtpHealthLabel(mtp: MtpStatus): string {
-  if (!mtp.available) return `MTP off: ${mtp.reason ?? 'this model has no MTP head'}`;
+/** MTP does not run: no head, or a head that failed its probe. */
+export function mtpOff(mtp: MtpStatus): boolean {
+  return !mtp.available || (mtp.probe != null && mtp.probe.acceptance == null);
+}
+
+/**
+ * One line: "MTP off: <why>", or "head 83% · zero_centred (repaired)", or "head not probed". Without
+ * `withReason` an off head reads "MTP off" alone, for a place that shows the reason beside it.
+ */
+export function mtpHealthLabel(mtp: MtpStatus, withReason = true): string {
+  if (!mtp.available) return withReason ? `MTP off: ${mtp.reason ?? 'this model has no MTP head'}` : 'MTP off';
   const p = mtp.probe;
   if (p == null) return 'head not probed yet';
-  if (p.acceptance == null) return `MTP off: ${mtp.reason ?? 'the head failed its probe'}`;
+  if (p.acceptance == null) return withReason ? `MTP off: ${mtp.reason ?? 'the head failed its probe'}` : 'MTP off';
   const parts = [`head ${Math.round(p.acceptance * 100)}% on the probe`];
   if (p.chosen) parts.push(p.chosen.replace('_', '-'));
   if (p.inconclusive) parts.push('unjudged');
@@ -17,9 +25,10 @@ export function mtpHealthLabel(mtp: MtpStatus): string {
   return parts.join(' · ');
 }
 
-export function MtpHealth({ mtp, compact = false }: { mtp: MtpStatus; compact?: boolean }) {
-  const off = !mtp.available || (mtp.probe != null && mtp.probe.acceptance == null);
-  const detail = [mtp.reason, mtp.repaired].filter(Boolean).join('\n');
+/** `reasonShown`: the place shows the reason (and the repair) itself, so they are not said again here. */
+export function MtpHealth({ mtp, compact = false, reasonShown = false }: { mtp: MtpStatus; compact?: boolean; reasonShown?: boolean }) {
+  const off = mtpOff(mtp);
+  const detail = reasonShown ? '' : [mtp.reason, mtp.repaired].filter(Boolean).join('\n');
   return (
     <span
       class={`mtp-health ${off ? 'warn' : ''} ${compact ? 'small dim' : 'small'}`}
@@ -27,7 +36,7 @@ export function MtpHealth({ mtp, compact = false }: { mtp: MtpStatus; compact?: 
       data-mtp-off={off ? 'true' : 'false'}
       title={detail || undefined}
     >
-      {mtpHealthLabel(mtp)}
+      {mtpHealthLabel(mtp, !reasonShown || !mtp.reason)}
     </span>
   );
 }

@@ -88,7 +88,8 @@ function ModelRow({ m, client, reload, slow }: { m: ModelStatus; client: Api; re
           <div>
             <dt>MTP head</dt>
             <dd>
-              <MtpHealth mtp={m.mtp} />
+              {/* The reason and the repair have their notices below: said once. */}
+              <MtpHealth mtp={m.mtp} reasonShown />
             </dd>
           </div>
         </dl>

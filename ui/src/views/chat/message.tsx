@@ -20,24 +20,33 @@ export async function copyText(text: string): Promise<void> {
   if (!ok) throw new Error('copy is not available here');
 }
 
+/** How long "Copied" (or "Copy failed") shows after a copy. */
+export const COPIED_MS = 1500;
+
+/** Copies `text`, then hands "Copied" or "Copy failed" to `show`. */
+export function copyWithFeedback(text: string, show: (label: string) => void): void {
+  copyText(text).then(
+    () => show('Copied'),
+    () => show('Copy failed'),
+  );
+}
+
 /** "Copy" that reads "Copied" (or "Copy failed") for a moment after a click. */
 function useCopied(): [string | null, (text: string) => void] {
   const [state, setState] = useState<string | null>(null);
   const timer = useRef<ReturnType<typeof setTimeout>>();
   useEffect(() => () => clearTimeout(timer.current), []);
-  const copy = (text: string) => {
-    const show = (label: string) => {
+  const copy = (text: string) =>
+    copyWithFeedback(text, (label) => {
       setState(label);
       clearTimeout(timer.current);
-      timer.current = setTimeout(() => setState(null), 1500);
-    };
-    copyText(text).then(
-      () => show('Copied'),
-      () => show('Copy failed'),
-    );
-  };
+      timer.current = setTimeout(() => setState(null), COPIED_MS);
+    });
   return [state, copy];
 }
+
+/** Each code block's button keeps its own timer: a second click restarts it. */
+const codeTimers = new WeakMap<HTMLElement, ReturnType<typeof setTimeout>>();
 
 /**
  * Rendered markdown; each code block gets a Copy button. The sanitiser forbids buttons in model output,
@@ -62,11 +71,14 @@ function Markdown({ text }: { text: string }) {
     const button = (e.target as HTMLElement).closest?.('.code-copy') as HTMLButtonElement | null;
     if (!button) return;
     const code = button.parentElement?.querySelector('code')?.textContent ?? '';
-    copyText(code).then(
-      () => (button.textContent = 'Copied'),
-      () => (button.textContent = 'Copy failed'),
-    );
-    setTimeout(() => (button.textContent = 'Copy'), 1500);
+    copyWithFeedback(code, (label) => {
+      button.textContent = label;
+      clearTimeout(codeTimers.get(button));
+      codeTimers.set(
+        button,
+        setTimeout(() => (button.textContent = 'Copy'), COPIED_MS),
+      );
+    });
   };
   return <div class="markdown" ref={ref} onClick={onClick} dangerouslySetInnerHTML={{ __html: html }} />;
 }
@@ -188,44 +200,63 @@ function DeleteButton({ onDelete }: { onDelete: () => void }) {
   );
 }
 
-/** A user's message; Edit turns it into a text field whose Save asks again from there. */
-export function UserMessage({ m, onDelete, onEdit }: { m: StoredMessage; onDelete?: () => void; onEdit?: (text: string) => void }) {
-  const [editing, setEditing] = useState(false);
+/** A user's message as a text field (each edit starts from the message as it is). */
+function MessageEditor({ m, onSave, onCancel }: { m: StoredMessage; onSave: (text: string) => void; onCancel: () => void }) {
   const [draft, setDraft] = useState(m.content);
-  if (editing && onEdit) {
-    const save = () => {
-      setEditing(false);
-      if (draft.trim() || m.images?.length) onEdit(draft.trim());
-    };
-    return (
-      <div class="message message-user editing" data-testid="message-user" data-role="user" data-message-id={m.id}>
-        <textarea
-          class="message-edit-input"
-          data-testid="message-edit-input"
-          rows={3}
-          value={draft}
-          ref={(el) => el?.focus()}
-          onInput={(e) => setDraft((e.target as HTMLTextAreaElement).value)}
-          onKeyDown={(e) => {
-            if (e.key === 'Escape') {
-              e.preventDefault();
-              setEditing(false);
-            }
-            if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
-              e.preventDefault();
-              save();
-            }
-          }}
-        />
-        <div class="message-edit-actions">
-          <button class="link-button" data-testid="message-edit-cancel" onClick={() => setEditing(false)}>
-            Cancel
-          </button>
-          <button class="button button-primary" data-testid="message-edit-save" onClick={save}>
-            Save and regenerate
-          </button>
-        </div>
+  return (
+    <div class="message message-user editing" data-testid="message-user" data-role="user" data-message-id={m.id}>
+      <textarea
+        class="message-edit-input"
+        data-testid="message-edit-input"
+        rows={3}
+        value={draft}
+        ref={(el) => el?.focus()}
+        onInput={(e) => setDraft((e.target as HTMLTextAreaElement).value)}
+        onKeyDown={(e) => {
+          if (e.key === 'Escape') {
+            e.preventDefault();
+            onCancel();
+          }
+          if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+            e.preventDefault();
+            onSave(draft.trim());
+          }
+        }}
+      />
+      <div class="message-edit-actions">
+        <button class="link-button" data-testid="message-edit-cancel" onClick={onCancel}>
+          Cancel
+        </button>
+        <button class="button button-primary" data-testid="message-edit-save" onClick={() => onSave(draft.trim())}>
+          Save and regenerate
+        </button>
       </div>
+    </div>
+  );
+}
+
+/**
+ * A user's message; Edit turns it into a text field whose Save asks again from there. The chat holds
+ * whether it is being edited, so that its context menu can start the edit too.
+ */
+export function UserMessage(props: {
+  m: StoredMessage;
+  onDelete?: () => void;
+  onEdit?: (text: string) => void;
+  editing: boolean;
+  onEditing: (editing: boolean) => void;
+}) {
+  const { m, onDelete, onEdit, editing, onEditing: setEditing } = props;
+  if (editing && onEdit) {
+    return (
+      <MessageEditor
+        m={m}
+        onCancel={() => setEditing(false)}
+        onSave={(text) => {
+          setEditing(false);
+          if (text || m.images?.length) onEdit(text);
+        }}
+      />
     );
   }
   return (
@@ -245,10 +276,7 @@ export function UserMessage({ m, onDelete, onEdit }: { m: StoredMessage; onDelet
               class="link-button"
               data-testid="message-edit"
               title="Edit this message and regenerate the reply from it"
-              onClick={() => {
-                setDraft(m.content);
-                setEditing(true);
-              }}
+              onClick={() => setEditing(true)}
             >
               Edit
             </button>

@@ -7,16 +7,18 @@ import { attach, type Attachment } from '../../attachments';
 import { ChatStore, type ChatState, contextUsed } from '../../chats';
 import { showError } from '../../components/banner';
 import { ContextMenu, type Menu, type MenuItem } from '../../components/menu';
-import { MtpHealth } from '../../components/mtp_health';
+import { MtpHealth, mtpOff } from '../../components/mtp_health';
 import * as fmt from '../../format';
 import type { ModelStatus, OpenAIModel } from '../../generated';
+import { shortcutOf, titled } from '../../keys';
 import { live as defaultLive, type LiveFeed } from '../../live';
 import { splitThinking } from '../../markdown';
 import type { ConversationStore } from '../../storage';
 import { fileName, fromJson, readText, toJson, toMarkdown } from '../../transfer';
 import { LivePanel } from '../panel';
-import { AssistantMessage, copyText, UserMessage } from './message';
+import { AssistantMessage, COPIED_MS, copyWithFeedback, UserMessage } from './message';
 import { SamplingSettings } from './settings';
+import { ShortcutsHelp } from './shortcuts';
 
 export interface ChatProps {
   store: ConversationStore;
@@ -63,43 +65,69 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
   const [dragging, setDragging] = useState(false);
   const [settingsOpen, setSettingsOpen] = useState(false);
   const [menu, setMenu] = useState<Menu | null>(null);
+  const [helpOpen, setHelpOpen] = useState(false);
+  /** The user message being edited (its Edit button or the context menu). */
+  const [editingId, setEditingId] = useState<string | null>(null);
+  /** "Copied" where the context menu was, for a moment. */
+  const [flash, setFlash] = useState<{ x: number; y: number; label: string } | null>(null);
+  const flashTimer = useRef<ReturnType<typeof setTimeout>>();
+  const helpRef = useRef<HTMLButtonElement>(null);
   const listRef = useRef<HTMLDivElement>(null);
   const inputRef = useRef<HTMLTextAreaElement>(null);
   const fileRef = useRef<HTMLInputElement>(null);
   const pickerRef = useRef<HTMLSelectElement>(null);
   const stick = useRef(true);
 
-  // Keys: Escape closes the settings, else stops a reply; Ctrl/Cmd+Shift+O starts a new chat;
-  // Ctrl/Cmd+Shift+S opens the settings; Ctrl/Cmd+Shift+M goes to the model picker; "/" to the message field.
+  // Keys (keys.ts). Escape closes the settings, else stops a reply; a menu or popover open takes it first
+  // (components/dismiss.ts), and so does a field that uses it itself (rename, edit, search).
   const keys = useRef({ settingsOpen, busy: false, startNew: () => {}, stop: () => {} });
   useEffect(() => {
     const onKey = (e: KeyboardEvent) => {
-      const k = keys.current;
-      const mod = e.ctrlKey || e.metaKey;
       // Only while the chat is the view shown (the app keeps every view mounted).
       if (!listRef.current || listRef.current.closest('[hidden]')) return;
-      if (e.key === 'Escape') {
-        // A field that used Escape itself (rename, edit, search) has prevented its default.
+      const shortcut = shortcutOf(e);
+      if (!shortcut) return;
+      const k = keys.current;
+      if (shortcut.action === 'escape') {
         if (e.defaultPrevented) return;
         if (k.settingsOpen) setSettingsOpen(false);
         else if (k.busy) k.stop();
-      } else if (mod && e.shiftKey && e.key.toLowerCase() === 'o') {
-        e.preventDefault();
-        k.startNew();
-      } else if (mod && e.shiftKey && e.key.toLowerCase() === 's') {
-        e.preventDefault();
-        setSettingsOpen((o) => !o);
-      } else if (mod && e.shiftKey && e.key.toLowerCase() === 'm') {
-        e.preventDefault();
-        pickerRef.current?.focus();
-      } else if (e.key === '/' && !mod && !(e.target as HTMLElement).closest?.('input, textarea, select, [contenteditable]')) {
-        e.preventDefault();
-        inputRef.current?.focus();
+        return;
+      }
+      e.preventDefault();
+      switch (shortcut.action) {
+        case 'new-chat':
+          k.startNew();
+          break;
+        case 'settings':
+          setHelpOpen(false);
+          setSettingsOpen((o) => !o);
+          break;
+        case 'model': {
+          const picker = pickerRef.current as (HTMLSelectElement & { showPicker?: () => void }) | null;
+          picker?.focus();
+          // Opens the list where the browser allows it (a key press is a user gesture); focus is enough else.
+          try {
+            picker?.showPicker?.();
+          } catch {
+            /* not allowed here */
+          }
+          break;
+        }
+        case 'focus-input':
+          inputRef.current?.focus();
+          break;
+        case 'help':
+          setSettingsOpen(false);
+          setHelpOpen((o) => !o);
+          break;
       }
     };
     document.addEventListener('keydown', onKey);
     return () => document.removeEventListener('keydown', onKey);
   }, []);
+
+  useEffect(() => () => clearTimeout(flashTimer.current), []);
 
   // A delete can be undone for a while.
   useEffect(() => {
@@ -161,6 +189,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
   function open(id: string) {
     void chats.open(id);
     setSettingsOpen(false);
+    setEditingId(null);
   }
 
   function startNew() {
@@ -168,6 +197,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
     setInput('');
     setAttachments([]);
     setSettingsOpen(false);
+    setEditingId(null);
     inputRef.current?.focus();
   }
 
@@ -205,7 +235,8 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
     ? summaries.filter((s) => s.title.toLowerCase().includes(needle) || matched?.has(s.id))
     : summaries;
 
-  // A message's own context menu; text fields keep the browser's (spelling, paste).
+  // A message's own context menu; text fields keep the browser's (spelling, paste). A copy from it says
+  // "Copied" where the menu was.
   function onContextMenu(e: MouseEvent) {
     const target = e.target as HTMLElement;
     if (target.closest('input, textarea, [contenteditable]')) return;
@@ -213,14 +244,24 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
     const m = conversation?.messages.find((x) => x.id === id);
     if (!m) return;
     e.preventDefault();
+    const { clientX: x, clientY: y } = e;
+    const copy = (text: string) => () =>
+      copyWithFeedback(text, (label) => {
+        setFlash({ x, y, label });
+        clearTimeout(flashTimer.current);
+        flashTimer.current = setTimeout(() => setFlash(null), COPIED_MS);
+      });
     const items: MenuItem[] = [];
     const selected = globalThis.getSelection?.()?.toString() ?? '';
-    if (selected) items.push({ label: 'Copy selection', run: () => void copyText(selected).catch(showError) });
+    if (selected) items.push({ label: 'Copy selection', run: copy(selected) });
+    const code = target.closest('pre')?.querySelector('code')?.textContent;
+    if (code) items.push({ label: 'Copy code', run: copy(code) });
     const text = m.role === 'assistant' ? splitThinking(m.content).answer : m.content;
-    if (text) items.push({ label: m.role === 'assistant' ? 'Copy reply' : 'Copy message', run: () => void copyText(text).catch(showError) });
+    if (text) items.push({ label: m.role === 'assistant' ? 'Copy reply' : 'Copy message', run: copy(text) });
+    if (canAsk && m.role === 'user') items.push({ label: 'Edit message', run: () => setEditingId(m.id) });
     if (canAsk && m.role === 'assistant' && m === messages[lastIndex]) items.push({ label: 'Regenerate', run: regenerate });
     if (!generating) items.push({ label: 'Delete message', run: () => chats.deleteMessage(m.id) });
-    if (items.length) setMenu({ x: e.clientX, y: e.clientY, items });
+    if (items.length) setMenu({ x, y, items });
   }
 
   const closeMenu = useMemo(() => () => setMenu(null), []);
@@ -268,7 +309,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
   return (
     <div class={`chat-layout ${showPanel ? 'with-panel' : ''}`}>
       <nav class="conversations" aria-label="Conversations">
-        <button class="button button-primary new-chat" data-testid="new-chat" onClick={startNew} title="New chat (Ctrl+Shift+O)">
+        <button class="button button-primary new-chat" data-testid="new-chat" onClick={startNew} title={titled('New chat', 'new-chat')}>
           New chat
         </button>
         <input
@@ -408,7 +449,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
             <span class="sr-only">Model</span>
             <select
               ref={pickerRef}
-              title="Model (Ctrl+Shift+M)"
+              title={titled('Model', 'model')}
               data-testid="chat-model-picker"
               value={currentModel ?? ''}
               onChange={(e) => chats.changeModel((e.target as HTMLSelectElement).value)}
@@ -425,12 +466,11 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
           {modelInfo && (
             <span class="dim small" data-testid="chat-model-status">
               {modelInfo.loaded ? 'loaded' : 'loads on first message'}
-              {modelInfo.mtp.enabled && modelInfo.mtp.available ? ` · MTP depth ${modelInfo.mtp.depth}` : ' · MTP off'}
+              {mtpOff(modelInfo.mtp) ? '' : modelInfo.mtp.enabled ? ` · MTP depth ${modelInfo.mtp.depth}` : ' · MTP off'}
             </span>
           )}
-          {modelInfo && (!modelInfo.mtp.available || modelInfo.mtp.probe != null) && (
-            <MtpHealth mtp={modelInfo.mtp} compact />
-          )}
+          {/* "MTP off: <why>" when the head cannot run; the status beside it then does not say "MTP off" too. */}
+          {modelInfo && (!modelInfo.mtp.available || modelInfo.mtp.probe != null) && <MtpHealth mtp={modelInfo.mtp} compact />}
           <span class="spacer" />
           {(used != null || contextLength != null) && (
             <span
@@ -455,12 +495,30 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
           <button
             class={`button ${settingsOpen ? 'active' : ''}`}
             data-testid="chat-settings-toggle"
-            onClick={() => setSettingsOpen((o) => !o)}
+            onClick={() => {
+              setHelpOpen(false);
+              setSettingsOpen((o) => !o);
+            }}
             aria-expanded={settingsOpen}
-            title="This chat's sampling and system prompt (Ctrl+Shift+S)"
+            title={titled('This chat’s sampling and system prompt', 'settings')}
           >
             Sampling
           </button>
+          <button
+            ref={helpRef}
+            class={`icon-button shortcuts-toggle ${helpOpen ? 'active' : ''}`}
+            data-testid="shortcuts-toggle"
+            aria-label="Keyboard shortcuts"
+            aria-expanded={helpOpen}
+            title={titled('Keyboard shortcuts', 'help')}
+            onClick={() => {
+              setSettingsOpen(false);
+              setHelpOpen((o) => !o);
+            }}
+          >
+            ?
+          </button>
+          {helpOpen && <ShortcutsHelp toggle={helpRef} onClose={() => setHelpOpen(false)} />}
           {settingsOpen && conversation && (
             <SamplingSettings
               conversation={conversation}
@@ -500,6 +558,8 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
                 m={m}
                 onDelete={generating ? undefined : () => chats.deleteMessage(m.id)}
                 onEdit={canAsk ? (text) => edit(m.id, text) : undefined}
+                editing={editingId === m.id}
+                onEditing={(on) => setEditingId(on ? m.id : null)}
               />
             ) : null,
           )}
@@ -595,7 +655,7 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
                 class="button button-stop"
                 data-testid="chat-stop"
                 onClick={() => chats.stop()}
-                title={generating ? 'Stop the reply (Esc)' : 'Stop the reply streaming in another chat (Esc)'}
+                title={titled(generating ? 'Stop the reply' : 'Stop the reply streaming in another chat', 'escape')}
               >
                 Stop
               </button>
@@ -614,6 +674,11 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
         </div>
         {dragging && <div class="drop-overlay">Drop images to attach them</div>}
         {menu && <ContextMenu menu={menu} onClose={closeMenu} />}
+        {flash && (
+          <div class="copy-flash" role="status" data-testid="copy-flash" style={{ left: `${flash.x}px`, top: `${flash.y}px` }}>
+            {flash.label}
+          </div>
+        )}
       </section>
 
       {showPanel && <LivePanel />}
