@@ -20,6 +20,8 @@
 // 11. converting onto an existing name offers Replace / another name, never an API hint;
 // 12. a chat is renamed, searched, exported (JSON, Markdown), deleted and undone, and imported;
 // 13. a new chat does not inherit the last one's settings; an edited message regenerates; versions switch;
+// 13b. code in an answer is highlighted and copied ("Copied", then gone); the app's context menu copies, edits
+//     and closes with Escape or a click outside; ?, Ctrl+Shift+M, / and Ctrl+Shift+O do what they say;
 // 14. a model folder outside the models folder converts where it lies once the person allows it (nothing
 //     written beside it), and an existing model folder is added under Models without converting it;
 // 15. a model downloads from (a mock of) the Hugging Face Hub on the Download page, is converted to 4-bit
@@ -348,6 +350,78 @@ describe('Tandem web UI against tandem serve', () => {
     assert.equal((await byId('message-version').innerText()).trim(), '2 / 2');
     await byId('message-version-prev').click();
     assert.equal((await byId('message-version').innerText()).trim(), '1 / 2');
+  });
+
+  test('code is highlighted and copied; the context menu and the keyboard shortcuts work', async () => {
+    await byId('nav-chat').click();
+    const code = 'fn main() {\n    println!("hi");\n}\n';
+    const file = path.join(WORK, 'code-chat.json');
+    fs.writeFileSync(
+      file,
+      JSON.stringify({
+        title: 'Code in e2e',
+        model: 'tandem-tiny',
+        messages: [
+          { role: 'user', content: 'Show me Rust.' },
+          { role: 'assistant', content: 'Here:\n\n```rust\n' + code + '```\n' },
+        ],
+      }),
+    );
+    await byId('chat-import-input').setInputFiles(file);
+    const block = page.locator('[data-testid="message-content"] pre code');
+    await block.waitFor();
+    // Coloured by the theme: a keyword's colour is not the code's own.
+    const keyword = block.locator('span[class^="hljs-"]', { hasText: /^fn$/ });
+    await keyword.waitFor();
+    const [keywordColour, codeColour] = await Promise.all([keyword, block].map((l) => l.evaluate((el) => getComputedStyle(el).color)));
+    assert.notEqual(keywordColour, codeColour, 'the keyword is coloured');
+    assert.equal(await block.evaluate((el) => el.textContent), code);
+    await shot('13-code.png');
+
+    // Copy: the code as text, "Copied", which goes by itself.
+    await context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: URL });
+    await byId('code-copy').click();
+    await page.locator('[data-testid="code-copy"]', { hasText: 'Copied' }).waitFor();
+    assert.equal(await page.evaluate(() => navigator.clipboard.readText()), code);
+    await page.locator('[data-testid="code-copy"]', { hasText: /^Copy$/ }).waitFor({ timeout: 5_000 });
+
+    // The app's own context menu: Escape or a click outside closes it; a copy from it says Copied.
+    await page.locator('[data-testid="message-assistant"] [data-testid="message-content"] p').click({ button: 'right' });
+    const items = () => byId('context-menu-item').allInnerTexts();
+    assert.deepEqual(await items(), ['Copy reply', 'Regenerate', 'Delete message']);
+    await page.keyboard.press('Escape');
+    await byId('context-menu').waitFor({ state: 'detached' });
+    await block.click({ button: 'right' });
+    assert.ok((await items()).includes('Copy code'));
+    await byId('message-list').click({ position: { x: 5, y: 5 } });
+    await byId('context-menu').waitFor({ state: 'detached' });
+    await byId('message-user').click({ button: 'right' });
+    await byId('context-menu-item').filter({ hasText: 'Copy message' }).click();
+    await page.locator('[data-testid="copy-flash"]', { hasText: 'Copied' }).waitFor();
+    assert.equal(await page.evaluate(() => navigator.clipboard.readText()), 'Show me Rust.');
+    await byId('copy-flash').waitFor({ state: 'detached', timeout: 5_000 });
+    await byId('message-user').click({ button: 'right' });
+    await byId('context-menu-item').filter({ hasText: 'Edit message' }).click();
+    assert.equal(await byId('message-edit-input').inputValue(), 'Show me Rust.');
+    await page.keyboard.press('Escape');
+    await byId('message-edit-input').waitFor({ state: 'detached' });
+
+    // Keys: ? lists them (Ctrl here, not macOS), Escape closes the list; Ctrl+Shift+M, / and Ctrl+Shift+O.
+    await byId('message-list').click({ position: { x: 5, y: 5 } });
+    await page.keyboard.press('?');
+    await byId('shortcuts-help').waitFor();
+    assert.match(await byId('shortcuts-help').innerText(), /Ctrl\+Shift\+O/);
+    await page.keyboard.press('Escape');
+    await byId('shortcuts-help').waitFor({ state: 'detached' });
+    await page.keyboard.press('Control+Shift+M');
+    await page.waitForFunction(() => document.activeElement?.getAttribute('data-testid') === 'chat-model-picker', null, { timeout: SHORT });
+    await page.keyboard.press('Escape');
+    await byId('message-list').click({ position: { x: 5, y: 5 } });
+    await page.keyboard.press('/');
+    await page.waitForFunction(() => document.activeElement?.getAttribute('data-testid') === 'chat-input', null, { timeout: SHORT });
+    await page.keyboard.press('Control+Shift+O');
+    await byId('message-user').waitFor({ state: 'detached' });
+    assert.equal(await byId('chat-input').inputValue(), '');
   });
 
   test('at 720 px wide the conversation list, New chat and the Stats drawer are usable', async () => {
