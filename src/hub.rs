@@ -138,6 +138,10 @@ pub enum HubError {
     BadPattern(String),
     #[error("the download was cancelled")]
     Cancelled,
+    #[error("HF_HUB_OFFLINE is set: the Hub cannot be searched")]
+    OfflineSearch,
+    #[error("`{0}` is not a search: give a few letters of a repo's name (at most 200)")]
+    BadQuery(String),
 }
 
 impl HubError {
@@ -224,7 +228,7 @@ pub fn pull(
         return offline(cfg, r, &dir, &patterns);
     }
     let agent = agent();
-    let (commit, listed) = listing(cfg, &agent, r)?;
+    let Listing { commit, files: listed, .. } = listing(cfg, &agent, r)?;
     let files: Vec<RemoteFile> =
         listed.into_iter().filter(|f| patterns.is_empty() || patterns.iter().any(|p| p.matches(&f.path))).collect();
     if files.is_empty() {
@@ -298,7 +302,7 @@ pub fn pull(
     })
 }
 
-fn agent() -> ureq::Agent {
+pub(crate) fn agent() -> ureq::Agent {
     let tls = ureq::tls::TlsConfig::builder().provider(ureq::tls::TlsProvider::NativeTls).build();
     ureq::Agent::config_builder()
         .tls_config(tls)
@@ -317,22 +321,65 @@ fn request(
     url: &str,
     range_from: u64,
 ) -> Result<ureq::http::Response<ureq::Body>, HubError> {
+    request_range(cfg, agent, url, range_from, None)
+}
+
+/// A GET of `url` with the token, from byte `from` (to `to`, inclusive, when given).
+pub(crate) fn request_range(
+    cfg: &HubConfig,
+    agent: &ureq::Agent,
+    url: &str,
+    from: u64,
+    to: Option<u64>,
+) -> Result<ureq::http::Response<ureq::Body>, HubError> {
     let mut req = agent.get(url);
     if let Some(token) = &cfg.token {
         req = req.header("Authorization", &format!("Bearer {token}"));
     }
-    if range_from > 0 {
-        req = req.header("Range", &format!("bytes={range_from}-"));
+    match to {
+        Some(to) => req = req.header("Range", &format!("bytes={from}-{to}")),
+        None if from > 0 => req = req.header("Range", &format!("bytes={from}-")),
+        None => {}
     }
     req.call().map_err(|e| HubError::Network { url: url.to_owned(), message: e.to_string() })
 }
 
+/// What the listing says of a repo at a revision.
+pub(crate) struct Listing {
+    pub commit: String,
+    pub files: Vec<RemoteFile>,
+    /// The model card's `base_model` (the first, when it names several): where a conversion came from.
+    pub base_model: Option<String>,
+}
+
+/// The Hub's answer to a request about `r`, as an error when it is not a 200.
+pub(crate) fn check_status(cfg: &HubConfig, r: &RepoRef, url: &str, status: u16) -> Result<(), HubError> {
+    match status {
+        200 | 206 => Ok(()),
+        401 | 403 => Err(HubError::Unauthorized { repo: r.repo.clone(), status, token: cfg.token.is_some() }),
+        404 => Err(HubError::NotFound {
+            repo: r.repo.clone(),
+            revision: r.revision.clone(),
+            endpoint: cfg.endpoint.clone(),
+        }),
+        status => Err(HubError::Http { url: url.to_owned(), status }),
+    }
+}
+
 /// `?blobs=true` listing: the commit and every file with its size and (LFS) sha256.
-fn listing(cfg: &HubConfig, agent: &ureq::Agent, r: &RepoRef) -> Result<(String, Vec<RemoteFile>), HubError> {
+pub(crate) fn listing(cfg: &HubConfig, agent: &ureq::Agent, r: &RepoRef) -> Result<Listing, HubError> {
     #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
     struct Info {
         sha: String,
         siblings: Vec<Sibling>,
+        #[serde(default)]
+        card_data: Option<CardData>,
+    }
+    #[derive(Deserialize)]
+    struct CardData {
+        #[serde(default)]
+        base_model: Option<serde_json::Value>,
     }
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
@@ -349,20 +396,7 @@ fn listing(cfg: &HubConfig, agent: &ureq::Agent, r: &RepoRef) -> Result<(String,
     }
     let url = format!("{}/api/models/{}/revision/{}?blobs=true", cfg.endpoint, r.repo, encode(&r.revision));
     let mut res = request(cfg, agent, &url, 0)?;
-    match res.status().as_u16() {
-        200 => {}
-        s @ (401 | 403) => {
-            return Err(HubError::Unauthorized { repo: r.repo.clone(), status: s, token: cfg.token.is_some() })
-        }
-        404 => {
-            return Err(HubError::NotFound {
-                repo: r.repo.clone(),
-                revision: r.revision.clone(),
-                endpoint: cfg.endpoint.clone(),
-            })
-        }
-        status => return Err(HubError::Http { url, status }),
-    }
+    check_status(cfg, r, &url, res.status().as_u16())?;
     let bad = |message: String| HubError::BadListing { url: url.clone(), message };
     let text = res.body_mut().read_to_string().map_err(|e| bad(e.to_string()))?;
     let info: Info = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
@@ -389,7 +423,13 @@ fn listing(cfg: &HubConfig, agent: &ureq::Agent, r: &RepoRef) -> Result<(String,
         };
         files.push(RemoteFile { path: s.rfilename, size, sha256, blob });
     }
-    Ok((info.sha.to_lowercase(), files))
+    let base_model = info.card_data.and_then(|c| c.base_model).and_then(|b| match b {
+        serde_json::Value::String(s) => Some(s),
+        serde_json::Value::Array(v) => v.into_iter().find_map(|x| x.as_str().map(str::to_owned)),
+        _ => None,
+    });
+    let base_model = base_model.filter(|b| b.parse::<RepoRef>().is_ok());
+    Ok(Listing { commit: info.sha.to_lowercase(), files, base_model })
 }
 
 fn incomplete(blobs: &Path, f: &RemoteFile) -> PathBuf {
@@ -412,12 +452,7 @@ fn fetch(
         fs::remove_file(&part).map_err(|e| HubError::io(&part, e))?;
         have = 0;
     }
-    let url = format!(
-        "{}/{}/resolve/{commit}/{}",
-        cfg.endpoint,
-        r.repo,
-        f.path.split('/').map(encode).collect::<Vec<_>>().join("/")
-    );
+    let url = resolve_url(cfg, &r.repo, commit, &f.path);
     let mut hasher = Sha256::new();
     if have == f.size {
         hash_file(&part, &mut hasher)?;
@@ -504,8 +539,13 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The `resolve` URL of `path` in `repo` at `commit`.
+pub(crate) fn resolve_url(cfg: &HubConfig, repo: &str, commit: &str, path: &str) -> String {
+    format!("{}/{repo}/resolve/{commit}/{}", cfg.endpoint, path.split('/').map(encode).collect::<Vec<_>>().join("/"))
+}
+
 /// Percent-encodes one path segment (or a revision, whose `/` are encoded too).
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
@@ -611,6 +651,12 @@ fn offline(cfg: &HubConfig, r: &RepoRef, dir: &Path, patterns: &[glob::Pattern])
         cached_bytes: bytes,
     })
 }
+
+mod preview;
+mod search;
+
+pub use preview::{preview, Preview};
+pub use search::{search, HubModel};
 
 #[cfg(test)]
 mod tests;

@@ -28,6 +28,9 @@ pub const DEFAULT_CONVERSATIONS_DIR: &str = "conversations";
 
 pub use crate::generate::MTP_DEPTHS;
 
+pub mod catalog;
+pub use catalog::CatalogEntry;
+
 /// A place in models.toml: `path:line`, or the path alone where no line applies.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Place {
@@ -70,6 +73,8 @@ pub enum RegistryError {
     /// A configured model whose folder is missing or holds no model (`problem` says which).
     #[error("{at}: model `{name}`: {} {problem}", path.display())]
     ModelPath { at: Place, name: String, path: PathBuf, problem: &'static str },
+    #[error("{}: [[catalog]] entry `{repo}`: {message}", path.display())]
+    InvalidCatalog { path: PathBuf, repo: String, message: String },
     #[error("{}: no model configured and none found in {}", path.display(), models_dir.display())]
     NoModels { path: PathBuf, models_dir: PathBuf },
 }
@@ -298,6 +303,9 @@ struct FileSpec {
     default: Option<String>,
     #[serde(default)]
     model: Vec<EntrySpec>,
+    /// Repos for the Download page's catalogue, besides (or replacing) the built-in ones.
+    #[serde(default)]
+    catalog: Vec<CatalogEntry>,
 }
 
 #[derive(Deserialize)]
@@ -323,6 +331,8 @@ pub struct Registry {
     configured: Vec<ModelEntry>,
     /// The line of each configured entry's `path`, for [`Registry::check_model_paths`].
     path_lines: Vec<Option<usize>>,
+    /// The built-in catalogue with models.toml's `[[catalog]]` entries.
+    catalog: Vec<CatalogEntry>,
 }
 
 impl Registry {
@@ -339,6 +349,11 @@ impl Registry {
     /// The folder scanned for models, `~` expanded.
     pub fn models_dir(&self) -> &Path {
         &self.models_dir
+    }
+
+    /// The catalogue of known repos: the built-in one with models.toml's `[[catalog]]` entries.
+    pub fn catalog(&self) -> &[CatalogEntry] {
+        &self.catalog
     }
 
     /// The folder of the server's saved conversations (one JSON file each), `~` expanded:
@@ -512,6 +527,14 @@ impl Registry {
                 sampling: entry.sampling,
             });
         }
+        for e in &spec.catalog {
+            e.check().map_err(|message| RegistryError::InvalidCatalog {
+                path: path.to_owned(),
+                repo: e.repo.clone(),
+                message,
+            })?;
+        }
+        let catalog = catalog::merged(&spec.catalog);
         let models_dir = base.join(expand_home(&models_dir_setting));
         let conversations_dir = match &spec.conversations_dir {
             Some(dir) if dir.trim().is_empty() => {
@@ -531,6 +554,7 @@ impl Registry {
             default: spec.default,
             configured,
             path_lines,
+            catalog,
         };
         if let Some(name) = &registry.default {
             let models = registry.list();

@@ -54,6 +54,8 @@ pub struct DownloadView {
     pub repo: String,
     pub revision: String,
     pub include: Vec<String>,
+    /// For a head's download: the model it is grafted onto once here.
+    pub graft_onto: Option<String>,
     pub state: JobStatus,
     pub created_ms: u64,
     pub finished_ms: Option<u64>,
@@ -79,6 +81,14 @@ pub struct DownloadView {
     pub error: Option<String>,
     /// The newest event.
     pub last_event: Option<DownloadEvent>,
+}
+
+/// What to download: the repo, the files (globs; empty: all), and for a head's download the model it is
+/// grafted onto.
+pub(crate) struct DownloadRequest {
+    pub repo: RepoRef,
+    pub include: Vec<String>,
+    pub graft_onto: Option<String>,
 }
 
 pub struct Download {
@@ -139,18 +149,19 @@ impl Downloads {
     pub(crate) fn start(
         &self,
         hub_config: HubConfig,
-        r: RepoRef,
-        include: Vec<String>,
+        req: DownloadRequest,
         memory_total: u64,
         link: impl FnOnce(&Pulled) -> Result<(String, PathBuf), String> + Send + 'static,
         on_end: impl FnOnce() + Send + 'static,
     ) -> Result<DownloadView, EngineError> {
+        let DownloadRequest { repo: r, include, graft_onto } = req;
         let (tx, _) = broadcast::channel(256);
         let view = DownloadView {
             job: String::new(),
             repo: r.repo.clone(),
             revision: r.revision.clone(),
             include: include.clone(),
+            graft_onto,
             state: JobStatus::Queued,
             created_ms: unix_ms(),
             finished_ms: None,

@@ -65,7 +65,7 @@ pub enum EngineError {
     NotLoaded(String),
     #[error("model `{model}` is busy: {limit} requests are already waiting; try again later")]
     Busy { model: String, limit: usize },
-    #[error("model `{model}` needs about {} of memory but only {} is available; unload another model or use a smaller quantization", gib(*.need), gib(*.available))]
+    #[error("model `{model}` needs about {} of memory (its weights, and the caches of a context of up to {} tokens) but only {} is available; unload another model or use a smaller quantization", gib(*.need), catalog::PLANNED_CONTEXT, gib(*.available))]
     NotEnoughMemory { model: String, need: u64, available: u64 },
     #[error("cannot load model `{model}`")]
     Load {
@@ -102,6 +102,9 @@ pub enum EngineError {
     Generate(#[source] Cause),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The Hugging Face Hub refused or could not answer (the message names the repo and why).
+    #[error("{0}")]
+    Hub(Arc<crate::hub::HubError>),
 }
 
 fn gib(bytes: u64) -> String {
@@ -407,6 +410,9 @@ pub struct ModelStatus {
     pub context_length: Option<u64>,
     pub state: LoadState,
     pub loaded: bool,
+    /// The raw repo a conversion came from (its card's `base_model`, or the catalogue's): where a head it
+    /// lacks can be grafted from.
+    pub base_model: Option<String>,
     pub default: bool,
     pub mtp: MtpStatusView,
     pub sampling: crate::registry::SamplingSettings,
@@ -569,6 +575,7 @@ impl Engine {
             context_length: info.context_length,
             state,
             loaded: worker.is_some(),
+            base_model: self.base_of(&entry.path),
             default: default == Some(entry.name.as_str()),
             mtp: MtpStatusView {
                 available,
@@ -624,8 +631,7 @@ impl Engine {
     }
 
     fn check_memory(&self, entry: &ModelEntry) -> Result<()> {
-        let weights = catalog::weight_bytes(&entry.path);
-        fits_in_memory(&entry.name, weights, self.inner.live.memory().system_available_bytes)
+        fits_in_memory(&entry.name, catalog::folder_need(&entry.path), self.inner.live.memory().system_available_bytes)
     }
 
     /// Loads a model on a blocking thread; the async runtime keeps running.
@@ -803,8 +809,7 @@ impl Engine {
         let engine = self.clone_weak();
         self.inner.downloads.start(
             self.inner.config.hub.clone(),
-            repo,
-            include,
+            downloads::DownloadRequest { repo, include, graft_onto: None },
             self.inner.live.memory().system_total_bytes,
             move |pulled| {
                 let link = crate::hub::link_into_models(&models_dir, pulled).map_err(|e| e.to_string())?;
@@ -869,10 +874,9 @@ impl Engine {
     }
 }
 
-/// Refuses a model whose weights (plus a margin) exceed the available memory. Unknown (0)
-/// available memory is no reason to refuse.
-fn fits_in_memory(model: &str, weight_bytes: u64, available: u64) -> Result<()> {
-    let need = catalog::memory_needed(weight_bytes);
+/// Refuses a model that needs more memory (`catalog::folder_need`: weights, the caches of the planned
+/// context and a margin) than is available. Unknown (0) available memory is no reason to refuse.
+fn fits_in_memory(model: &str, need: u64, available: u64) -> Result<()> {
     if available > 0 && need > available {
         return Err(EngineError::NotEnoughMemory { model: model.to_owned(), need, available });
     }

@@ -41,9 +41,10 @@ fn a_waiting_thread_gets_the_lock_when_a_conversion_lets_go() {
 #[test]
 fn memory_check() {
     let gib = 1u64 << 30;
-    assert!(fits_in_memory("m", gib, 4 * gib).is_ok());
-    assert!(fits_in_memory("m", gib, 0).is_ok(), "unknown available memory");
-    let err = fits_in_memory("big", 20 * gib, 8 * gib).unwrap_err();
+    let need = |weights| catalog::memory_needed(weights, 0);
+    assert!(fits_in_memory("m", need(gib), 4 * gib).is_ok());
+    assert!(fits_in_memory("m", need(gib), 0).is_ok(), "unknown available memory");
+    let err = fits_in_memory("big", need(20 * gib), 8 * gib).unwrap_err();
     assert!(matches!(err, EngineError::NotEnoughMemory { .. }));
     let message = err.to_string();
     assert!(message.contains("`big`") && message.contains("22.2 GiB") && message.contains("8.0 GiB"), "{message}");

@@ -319,13 +319,24 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     list_files(dir).map(|l| l.files)
 }
 
-/// A key of the text body: not the MTP head, not the vision tower (under any of the prefixes
-/// `model.`, `language_model.` that checkpoints put before them).
-fn is_body_key(k: &str) -> bool {
+/// A key of the MTP head (`mtp.*` under any of the prefixes `model.`, `language_model.` that
+/// checkpoints put before it).
+pub fn is_head_key(k: &str) -> bool {
+    strip_prefixes(k).starts_with("mtp.")
+}
+
+fn strip_prefixes(k: &str) -> &str {
     let mut rest = k;
     while let Some(r) = rest.strip_prefix("model.").or_else(|| rest.strip_prefix("language_model.")) {
         rest = r;
     }
+    rest
+}
+
+/// A key of the text body: not the MTP head, not the vision tower (under any of the prefixes
+/// `model.`, `language_model.` that checkpoints put before them).
+fn is_body_key(k: &str) -> bool {
+    let rest = strip_prefixes(k);
     !(rest.starts_with("mtp.") || rest.starts_with("visual.") || rest.starts_with("vision_tower."))
 }
 

@@ -25,6 +25,7 @@
 mod calibrate;
 mod convert;
 pub mod gate;
+mod graft;
 pub mod head;
 mod inspect;
 pub mod options;
@@ -43,6 +44,7 @@ use crate::model::{Layout, LoadError};
 
 pub use convert::{check_options, convert, ConvertReport, MtpOutcome};
 pub use gate::ComputeGate;
+pub use graft::{graft_head, GraftOptions, GraftReport};
 pub use head::{HeadAnalysis, Verdict};
 pub use inspect::{inspect, GroupQuant, InspectReport, MtpReport, NormReport, QuantSummary};
 pub use options::{parse_bits, parse_group_size, ConvertOptions, MtpBits, MtpMode, OutDtype, ParseOptionError, Recipe};

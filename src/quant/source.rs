@@ -124,8 +124,8 @@ impl Source {
 }
 
 /// Checks a safetensors file's header against its length, naming the first tensor that does not fit
-/// (a truncated download) or the field that is malformed.
-pub fn check_header(path: &Path) -> Result<(), ConvertError> {
+/// (a truncated download) or the field that is malformed; returns the tensors' names.
+pub fn check_header(path: &Path) -> Result<Vec<String>, ConvertError> {
     let bad = |message: String| ConvertError::Source { path: path.to_path_buf(), message };
     let mut f = crate::model::files::open_regular(path).map_err(|e| ConvertError::io(path, e))?;
     let len = f.metadata().map_err(|e| ConvertError::io(path, e))?.len();
@@ -186,5 +186,5 @@ pub fn check_header(path: &Path) -> Result<(), ConvertError> {
             });
         }
     }
-    Ok(())
+    Ok(spans.into_iter().map(|(_, _, name)| name.to_owned()).collect())
 }

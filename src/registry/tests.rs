@@ -396,3 +396,27 @@ fn os_errors_are_printed_once() {
     let error = anyhow::Error::from(Registry::load(Path::new("/nonexistent/models.toml")).unwrap_err());
     assert_eq!(format!("{error:#}"), "/nonexistent/models.toml: No such file or directory (os error 2)");
 }
+
+#[test]
+fn catalogue_entries_of_models_toml_join_the_builtin_ones_and_bad_ones_name_the_field() {
+    let (_dir, path) = registry_file(
+        "[[catalog]]\nrepo = \"me/Qwen3.5-9B-5bit\"\nformat = \"mlx\"\nparams_b = 9.0\nbits = 5\nmtp = false\nbase = \"Qwen/Qwen3.5-9B\"\n",
+    );
+    let r = Registry::load(&path).unwrap();
+    assert_eq!(r.catalog().len(), catalog::builtin().len() + 1);
+    let mine = r.catalog().last().unwrap();
+    assert_eq!(
+        (mine.repo.as_str(), mine.bits, mine.base.as_deref()),
+        ("me/Qwen3.5-9B-5bit", 5, Some("Qwen/Qwen3.5-9B"))
+    );
+    // Without entries of its own: the built-in catalogue.
+    assert_eq!(Registry::load(&registry_file("").1).unwrap().catalog(), &catalog::builtin()[..]);
+
+    let e = load_error("[[catalog]]\nrepo = \"me/x\"\nformat = \"mlx\"\nparams_b = 9.0\nbits = 12\nmtp = false\n");
+    assert_eq!(e, "models.toml: [[catalog]] entry `me/x`: bits = 12: must be 2 to 8, or 16 for bf16");
+    let e = load_error("[[catalog]]\nrepo = \"me/x\"\nformat = \"gguf\"\nparams_b = 9.0\nbits = 4\nmtp = false\n");
+    assert!(e.contains("format") && e.contains("gguf"), "{e}");
+    let e =
+        load_error("[[catalog]]\nrepo = \"me/x\"\nformat = \"mlx\"\nparams_b = 9.0\nbits = 4\nmtp = false\nsize = 3\n");
+    assert!(e.contains("size"), "an unknown key is named: {e}");
+}

@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -16,6 +16,8 @@ use ts_rs::TS;
 use super::error::{ApiError, ApiJson};
 use super::AppState;
 use crate::engine::downloads::{Download, DownloadEvent, DownloadView};
+use crate::engine::remote::{CatalogView, PreviewView};
+use crate::hub::{HubModel, RepoRef};
 
 /// `POST /api/pull`
 #[derive(Debug, Deserialize, TS)]
@@ -79,4 +81,87 @@ pub async fn events(
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     let (last, live) = download(&state, &id)?.subscribe();
     Ok(super::job_events(&state, last.into_iter().collect(), live, |e| matches!(e, DownloadEvent::End(_))))
+}
+
+/// `GET /api/catalog`: the known Qwen3.5-family repos, each with what fits this machine.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct CatalogList {
+    pub entries: Vec<CatalogView>,
+    /// This machine's memory, for the figures beside each fit.
+    pub memory_total: u64,
+}
+
+pub async fn catalog(State(state): State<Arc<AppState>>) -> Json<CatalogList> {
+    let memory_total = state.engine.memory_total();
+    Json(CatalogList { entries: state.engine.catalog(), memory_total })
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SearchQuery {
+    q: String,
+}
+
+/// `GET /api/hub/search?q=…`
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct HubSearch {
+    pub models: Vec<HubModel>,
+}
+
+/// Runs `f` on a blocking thread (the Hub's requests), its panic an internal error.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, crate::engine::EngineError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("the Hub request failed: {e}")))?
+        .map_err(ApiError::from)
+}
+
+pub async fn search(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<SearchQuery>,
+) -> Result<Json<HubSearch>, ApiError> {
+    let engine = state.engine.clone();
+    let models = blocking(move || engine.search_hub(&q.q)).await?;
+    Ok(Json(HubSearch { models }))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PreviewQuery {
+    repo: String,
+}
+
+fn repo_ref(text: &str) -> Result<RepoRef, ApiError> {
+    text.parse().map_err(|e: crate::hub::HubError| ApiError::bad_request("invalid_value", e.to_string()))
+}
+
+/// `GET /api/hub/preview?repo=ORG/NAME[@REV]`: sizes, the head and the fit, before downloading.
+pub async fn preview(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<PreviewQuery>,
+) -> Result<Json<PreviewView>, ApiError> {
+    let r = repo_ref(&q.repo)?;
+    let engine = state.engine.clone();
+    Ok(Json(blocking(move || engine.preview(&r)).await?))
+}
+
+/// `POST /api/models/{id}/graft`
+#[derive(Debug, Deserialize, TS)]
+#[ts(rename = "GraftRequest", optional_fields)]
+#[serde(deny_unknown_fields)]
+pub struct GraftRequest {
+    /// The raw checkpoint to take the head from (`ORG/NAME[@REV]`); default: the model's `base_model`.
+    from: Option<String>,
+}
+
+/// Fetches the raw head and grafts it onto the model, as a download job (202).
+pub async fn graft(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<GraftRequest>,
+) -> Result<Response, ApiError> {
+    let from = req.from.as_deref().map(repo_ref).transpose()?;
+    let engine = state.engine.clone();
+    let view = blocking(move || engine.graft(&id, from)).await?;
+    Ok((StatusCode::ACCEPTED, Json(view)).into_response())
 }

@@ -99,6 +99,20 @@ impl From<EngineError> for ApiError {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "model_unloaded", message)
             }
             EngineError::InvalidSettings(_) => ApiError::bad_request("invalid_value", message),
+            EngineError::Hub(e) => {
+                use crate::hub::HubError as H;
+                match &*e {
+                    H::NotFound { .. } => ApiError::not_found("hub_not_found", message),
+                    H::Unauthorized { .. } => ApiError::forbidden("hub_unauthorized", message),
+                    H::InvalidRepo { .. } | H::BadQuery(_) | H::BadPattern(_) => {
+                        ApiError::bad_request("invalid_value", message)
+                    }
+                    H::Offline { .. } | H::OfflineSearch => {
+                        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "hub_offline", message)
+                    }
+                    _ => ApiError::new(StatusCode::BAD_GATEWAY, "server_error", "hub_unreachable", message),
+                }
+            }
             EngineError::Registry(_) | EngineError::Generate(_) | EngineError::Internal(_) => {
                 ApiError::internal(message)
             }

@@ -25,7 +25,10 @@
 // 14. a model folder outside the models folder converts where it lies once the person allows it (nothing
 //     written beside it), and an existing model folder is added under Models without converting it;
 // 15. a model downloads from (a mock of) the Hugging Face Hub on the Download page, is converted to 4-bit
-//     with its MTP head from there, and answers a chat with MTP: repo to chat through the UI alone.
+//     with its MTP head from there, and answers a chat with MTP: repo to chat through the UI alone;
+// 16. the Download page's search finds a head-less MLX conversion on the Hub (beside the catalogue), its
+//     preview says it fits and lacks the head, and after its download "Get its MTP head" grafts the head of
+//     its base onto a new model whose MTP runs.
 
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -659,5 +662,38 @@ describe('Tandem web UI against tandem serve', () => {
     const text = (await byId('message-assistant').last().getByTestId('message-content').innerText()).trim();
     assert.ok(text.length > 0, 'the downloaded model answered');
     await shot('12-chat-with-downloaded-model.png');
+  });
+  test('a head-less conversion found by search gets its MTP head grafted from its base', async () => {
+    await byId('nav-download').click();
+    await byId('catalog-search').fill('tiny');
+    // The catalogue entry of models.toml, and the Hub's other match.
+    await page.locator('[data-testid="catalog-row"][data-repo="tandem/tiny"]').waitFor();
+    const hit = page.locator('[data-testid="hub-result"][data-repo="tandem/tiny-mlx"]');
+    await hit.waitFor({ timeout: 10_000 });
+    await hit.click();
+    const preview = byId('download-preview');
+    await preview.waitFor({ timeout: 10_000 });
+    assert.equal(await preview.getAttribute('data-fits'), 'true');
+    assert.equal(await preview.getAttribute('data-mtp'), 'false');
+    assert.match(await byId('download-advice').innerText(), /no MTP head.*tandem\/tiny/);
+    assert.equal(await byId('download-repo').inputValue(), 'tandem/tiny-mlx');
+    await byId('download-start').click();
+    const row = page.locator('[data-testid="download-row"][data-repo="tandem/tiny-mlx"][data-state="finished"]');
+    await row.waitFor({ timeout: GENERATION });
+    await row.getByTestId('download-graft').click();
+    const graft = page.locator('[data-testid="download-row"][data-graft-onto="tiny-mlx"]');
+    await page
+      .locator('[data-testid="download-row"][data-graft-onto="tiny-mlx"][data-state="finished"], [data-testid="download-row"][data-graft-onto="tiny-mlx"][data-state="error"]')
+      .waitFor({ timeout: CONVERSION });
+    assert.equal(await graft.getByTestId('download-error').count(), 0, `no graft error: ${await graft.innerText()}`);
+    assert.match(await graft.innerText(), /MTP head for tiny-mlx/);
+    assert.match(await graft.getByTestId('download-done').innerText(), /tiny-mlx-mtp/);
+    await shot('13-head-grafted.png');
+    await openModels();
+    const model = modelRow('tiny-mlx-mtp');
+    await model.waitFor();
+    assert.match(await model.getByTestId('model-mtp').innerText(), /on · depth/, 'the grafted head is available and on');
+    // The conversion itself is untouched and still head-less, offering the same graft.
+    assert.equal(await modelRow('tiny-mlx').getByTestId('model-graft').count(), 1);
   });
 });

@@ -59,10 +59,21 @@ name = "tandem-tiny"
 path = "$ROOT/assets/models/tandem-tiny"
 mtp = { enabled = true, depth = 3 }
 sampling = { temperature = 0.0, top_p = 1.0, max_tokens = 200 }
+
+# The Download page's catalogue: tandem/tiny beside the built-in Qwen3.5 repos.
+[[catalog]]
+repo = "tandem/tiny"
+format = "hf"
+params_b = 0.00727
+bits = 16
+mtp = true
 TOML
 
-# A mock of the Hugging Face Hub for the Download page (tests/e2e/mock_hub.mjs).
-node tests/e2e/mock_hub.mjs "$ROOT/assets/models/tandem-tiny" >"$WORK/hub.url" 2>"$WORK/hub.log" &
+# A mock of the Hugging Face Hub for the Download page (tests/e2e/mock_hub.mjs), serving tandem-tiny and a
+# head-less MLX conversion of it (as mlx-lm writes them).
+"$BIN" convert "$ROOT/assets/models/tandem-tiny" --out "$WORK/tiny-mlx" --mtp drop >"$WORK/convert.log" 2>&1 \
+  || { cat "$WORK/convert.log" >&2; echo "e2e: cannot write the head-less conversion" >&2; exit 1; }
+node tests/e2e/mock_hub.mjs "$ROOT/assets/models/tandem-tiny" "$WORK/tiny-mlx" >"$WORK/hub.url" 2>"$WORK/hub.log" &
 HUB_PID=$!
 for _ in $(seq 100); do [ -s "$WORK/hub.url" ] && break; sleep 0.1; done
 HUB_URL=$(head -1 "$WORK/hub.url")

@@ -52,6 +52,10 @@ fn export_all(cfg: &Config) {
     one::<wire::DownloadList>(cfg);
     one::<tandem::engine::downloads::DownloadView>(cfg);
     one::<tandem::engine::downloads::DownloadEvent>(cfg);
+    one::<wire::CatalogList>(cfg);
+    one::<wire::HubSearch>(cfg);
+    one::<tandem::engine::remote::PreviewView>(cfg);
+    one::<wire::GraftRequest>(cfg);
 }
 
 /// `name -> text` of the `.ts` files in `dir`.

@@ -4,6 +4,7 @@
 import type { Conversation } from './conversation';
 import type {
   AddModelRequest,
+  CatalogList,
   ChatCompletionChunk,
   ChatCompletionRequest,
   ChosenFolder,
@@ -13,7 +14,10 @@ import type {
   DownloadEvent,
   DownloadList,
   DownloadView,
+  GraftRequest,
   Health,
+  HubModel,
+  HubSearch,
   JobEvent,
   JobView,
   ModelList,
@@ -21,6 +25,7 @@ import type {
   OpenAIModel,
   OpenAIModelList,
   PickedFolder,
+  PreviewView,
   PullRequest,
   SettingsPatch,
   StatsSnapshot,
@@ -315,6 +320,26 @@ export class Api {
 
   cancelPull(job: string): Promise<unknown> {
     return this.json(`/api/pull/${encodeURIComponent(job)}`, 'DELETE');
+  }
+
+  /** The known Qwen3.5-family repos, each with what fits this machine. */
+  catalog(signal?: AbortSignal): Promise<CatalogList> {
+    return this.json<CatalogList>('/api/catalog', 'GET', undefined, signal);
+  }
+
+  /** The Hub's repos whose names contain `q`, most downloaded first. */
+  async searchHub(q: string, signal?: AbortSignal): Promise<HubModel[]> {
+    return (await this.json<HubSearch>(`/api/hub/search?q=${encodeURIComponent(q)}`, 'GET', undefined, signal)).models;
+  }
+
+  /** What a repo holds and whether it fits, before downloading it. */
+  previewRepo(repo: string, signal?: AbortSignal): Promise<PreviewView> {
+    return this.json<PreviewView>(`/api/hub/preview?repo=${encodeURIComponent(repo)}`, 'GET', undefined, signal);
+  }
+
+  /** Fetches the raw checkpoint's MTP head and grafts it onto model `id` (a download job). */
+  graftHead(id: string, req: GraftRequest = {}): Promise<DownloadView> {
+    return this.json<DownloadView>(`/api/models/${encodeURIComponent(id)}/graft`, 'POST', req);
   }
 
   // -- Folders the person chose, and model folders added as they are ---------------------------

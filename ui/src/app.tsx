@@ -200,7 +200,7 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
           <ChatView store={conversations} models={models} adminModels={adminModels} client={client} showPanel={panel} />
         </div>
         <div class="view" hidden={view !== 'models'} data-view="models">
-          <ModelsView models={adminModels} loading={loadingModels} reload={reloadModels} client={client} onConvert={() => go('convert')} />
+          <ModelsView models={adminModels} loading={loadingModels} reload={reloadModels} client={client} onConvert={() => go('convert')} onGraft={() => go('download')} />
         </div>
         <div class="view" hidden={view !== 'download'} data-view="download">
           <DownloadPage client={client} onFinished={() => void reloadModels()} onShowModels={() => go('models')} />

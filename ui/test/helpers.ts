@@ -91,6 +91,7 @@ export function modelStatus(over: Partial<ModelStatus> = {}): ModelStatus {
     dtype: 'bfloat16',
     vision: false,
     context_length: 2048,
+    base_model: null,
     state: 'loaded',
     loaded: true,
     default: true,

@@ -3,6 +3,7 @@
 mod bench;
 mod chat;
 mod convert;
+mod graft;
 mod model_arg;
 mod models;
 mod out;
@@ -36,6 +37,9 @@ enum Command {
     /// Download a model from Hugging Face (resumable, checksummed, into the Hub cache) and link it into
     /// the models folder.
     Pull(pull::PullArgs),
+    /// Give an MLX conversion that lacks it the MTP head of the raw checkpoint it came from (only the
+    /// files that hold the head are downloaded; kept only if the acceptance probe passes).
+    Graft(graft::GraftArgs),
 }
 
 fn main() {
@@ -59,5 +63,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Convert(a) => convert::run(a),
         Command::Inspect(a) => convert::inspect(a),
         Command::Pull(a) => pull::run(a),
+        Command::Graft(a) => graft::run(a),
     }
 }

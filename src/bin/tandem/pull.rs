@@ -32,57 +32,8 @@ pub fn run(a: PullArgs) -> Result<()> {
     let r: RepoRef = a.repo.parse()?;
     let cfg = HubConfig::from_env();
     let registry = model_arg::registry()?;
-    let cancel = Arc::new(AtomicBool::new(false));
-    {
-        let cancel = cancel.clone();
-        // A second Ctrl-C ends the process at once; the first stops after the current read.
-        let _ = ctrlc::set_handler(move || {
-            if cancel.swap(true, Ordering::SeqCst) {
-                std::process::exit(130);
-            }
-        });
-    }
-    let bar = if a.quiet || !std::io::stderr().is_terminal() {
-        ProgressBar::hidden()
-    } else {
-        let bar = ProgressBar::new(0);
-        bar.set_style(
-            ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} {eta} {wide_msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar
-    };
     let opts = PullOptions { include: a.include.clone(), ..Default::default() };
-    let pulled = hub::pull(&cfg, &r, &opts, &mut |ev| {
-        match ev {
-            PullEvent::Listed { commit, files, total_bytes, cached_bytes } => {
-                bar.set_length(total_bytes);
-                bar.set_position(cached_bytes);
-                bar.println(format!(
-                    "{r}: commit {commit}, {} files, {} to fetch",
-                    files.len(),
-                    size(total_bytes - cached_bytes)
-                ));
-            }
-            PullEvent::Progress { file, done, .. } => {
-                bar.set_position(done);
-                bar.set_message(file);
-            }
-            PullEvent::FileDone { .. } => {}
-        }
-        if cancel.load(Ordering::SeqCst) {
-            Control::Cancel
-        } else {
-            Control::Continue
-        }
-    });
-    bar.finish_and_clear();
-    let pulled = match pulled {
-        Err(hub::HubError::Cancelled) => {
-            anyhow::bail!("cancelled: what arrived is kept; `tandem pull {}` resumes it", a.repo)
-        }
-        other => other?,
-    };
+    let pulled = pull_with_bar(&cfg, &r, &opts, a.quiet)?;
     let link = hub::link_into_models(registry.models_dir(), &pulled).with_context(|| {
         format!("downloaded to {}, but cannot link it into the models folder", pulled.snapshot.display())
     })?;
@@ -121,11 +72,17 @@ pub fn run(a: PullArgs) -> Result<()> {
         ),
     });
     let mtp = if info.mtp_available { "with its MTP head" } else { "without an MTP head" };
+    let base = tandem::engine::remote::base_of(&link, &cfg.cache, registry.catalog());
     match info.format {
         Some(tandem::model::Layout::Hf) => crate::out::line(format!(
             "  a raw checkpoint {mtp}: chat with it as it is (tandem chat --model {name}), or quantize it, keeping the head: \
              tandem convert {name} --bits 4 --out {}",
             registry.models_dir().join(format!("{name}-4bit")).display()
+        )),
+        Some(_) if !info.mtp_available && base.is_some() => crate::out::line(format!(
+            "  an MLX model {mtp}: tandem chat --model {name}; for MTP decoding, graft the head of {} onto it \
+             (only the files that hold it are fetched): tandem graft {name}",
+            base.unwrap_or_default()
         )),
         Some(_) => crate::out::line(format!("  an MLX model {mtp}: tandem chat --model {name}")),
         None => crate::out::line(format!(
@@ -136,7 +93,61 @@ pub fn run(a: PullArgs) -> Result<()> {
     Ok(())
 }
 
-fn size(bytes: u64) -> String {
+/// `hub::pull` with a progress bar on a terminal (none when `quiet`); Ctrl-C stops after the current
+/// read, keeping what arrived, a second Ctrl-C at once.
+pub fn pull_with_bar(cfg: &HubConfig, r: &RepoRef, opts: &PullOptions, quiet: bool) -> Result<hub::Pulled> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let cancel = cancel.clone();
+        let _ = ctrlc::set_handler(move || {
+            if cancel.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+        });
+    }
+    let bar = if quiet || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} {eta} {wide_msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    };
+    let pulled = hub::pull(cfg, r, opts, &mut |ev| {
+        match ev {
+            PullEvent::Listed { commit, files, total_bytes, cached_bytes } => {
+                bar.set_length(total_bytes);
+                bar.set_position(cached_bytes);
+                bar.println(format!(
+                    "{r}: commit {commit}, {} files, {} to fetch",
+                    files.len(),
+                    size(total_bytes - cached_bytes)
+                ));
+            }
+            PullEvent::Progress { file, done, .. } => {
+                bar.set_position(done);
+                bar.set_message(file);
+            }
+            PullEvent::FileDone { .. } => {}
+        }
+        if cancel.load(Ordering::SeqCst) {
+            Control::Cancel
+        } else {
+            Control::Continue
+        }
+    });
+    bar.finish_and_clear();
+    match pulled {
+        Err(hub::HubError::Cancelled) => {
+            anyhow::bail!("cancelled: what arrived is kept; the same command resumes it")
+        }
+        other => Ok(other?),
+    }
+}
+
+pub fn size(bytes: u64) -> String {
     match bytes {
         b if b >= 1_000_000_000 => format!("{:.2} GB", b as f64 / 1e9),
         b if b >= 1_000_000 => format!("{:.1} MB", b as f64 / 1e6),

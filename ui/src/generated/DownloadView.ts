@@ -6,7 +6,11 @@ import type { JobStatus } from "./JobStatus";
 /**
  * A download as `GET /api/pull/{job}` shows it.
  */
-export type DownloadView = { job: string, repo: string, revision: string, include: Array<string>, state: JobStatus, created_ms: number, finished_ms: number | null, 
+export type DownloadView = { job: string, repo: string, revision: string, include: Array<string>, 
+/**
+ * For a head's download: the model it is grafted onto once here.
+ */
+graft_onto: string | null, state: JobStatus, created_ms: number, finished_ms: number | null, 
 /**
  * The commit the revision named, once listed.
  */

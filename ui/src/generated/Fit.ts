@@ -13,4 +13,9 @@ need: number, fits: boolean,
 /**
  * For bf16 weights that do not fit: the most bits (8, 6, 5, 4, 3) whose conversion would.
  */
-recommended_bits: number | null, };
+recommended_bits: number | null, 
+/**
+ * Of `need`, what the caches of `context_tokens` of context take (0 when the model's shape was
+ * not known: the figure is then the weights' alone).
+ */
+state_bytes: number, context_tokens: number, };

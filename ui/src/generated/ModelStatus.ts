@@ -25,7 +25,12 @@ size_bytes: number,
 /**
  * config.json's quantization, summarized; null for full-precision weights.
  */
-quantization: QuantizationSummary | null, dtype: string | null, vision: boolean, context_length: number | null, state: LoadState, loaded: boolean, default: boolean, mtp: MtpStatusView, sampling: SamplingSettings, 
+quantization: QuantizationSummary | null, dtype: string | null, vision: boolean, context_length: number | null, 
+/**
+ * The raw repo a conversion came from (its card's `base_model`, or the catalogue's): where a head it
+ * lacks can be grafted from.
+ */
+base_model: string | null, state: LoadState, loaded: boolean, default: boolean, mtp: MtpStatusView, sampling: SamplingSettings, 
 /**
  * Why the folder cannot be read, when it cannot.
  */

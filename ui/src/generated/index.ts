@@ -3,6 +3,9 @@
 
 export type { AddModelRequest } from './AddModelRequest';
 export type { AssistantMessage } from './AssistantMessage';
+export type { CatalogFormat } from './CatalogFormat';
+export type { CatalogList } from './CatalogList';
+export type { CatalogView } from './CatalogView';
 export type { ChatCompletion } from './ChatCompletion';
 export type { ChatCompletionChunk } from './ChatCompletionChunk';
 export type { ChatCompletionRequest } from './ChatCompletionRequest';
@@ -33,7 +36,10 @@ export type { Fit } from './Fit';
 export type { FolderList } from './FolderList';
 export type { FunctionCallIn } from './FunctionCallIn';
 export type { FunctionCallOut } from './FunctionCallOut';
+export type { GraftRequest } from './GraftRequest';
 export type { Health } from './Health';
+export type { HubModel } from './HubModel';
+export type { HubSearch } from './HubSearch';
 export type { ImageUrl } from './ImageUrl';
 export type { JobDeleted } from './JobDeleted';
 export type { JobErrorDetail } from './JobErrorDetail';
@@ -62,6 +68,7 @@ export type { OutDtype } from './OutDtype';
 export type { PhaseMs } from './PhaseMs';
 export type { PickFolderRequest } from './PickFolderRequest';
 export type { PickedFolder } from './PickedFolder';
+export type { PreviewView } from './PreviewView';
 export type { ProbeReport } from './ProbeReport';
 export type { PullEvent } from './PullEvent';
 export type { PullRequest } from './PullRequest';

@@ -8,6 +8,7 @@ import * as fmt from '../format';
 import { mtpMostlyParked } from '../figures';
 import { useLive } from '../live';
 import type { ModelStatus } from '../generated';
+import { DOWNLOAD_STARTED } from './download';
 
 export const MAX_DEPTH = 6;
 
@@ -29,7 +30,8 @@ function mtpLabel(m: ModelStatus): string {
   return `on · depth ${m.mtp.depth}`;
 }
 
-function ModelRow({ m, client, reload, slow }: { m: ModelStatus; client: Api; reload: () => Promise<void>; slow: boolean }) {
+function ModelRow(props: { m: ModelStatus; client: Api; reload: () => Promise<void>; slow: boolean; onGraft?: () => void }) {
+  const { m, client, reload, slow } = props;
   const [pending, setPending] = useState<string | null>(null);
 
   async function act(label: string, f: () => Promise<unknown>) {
@@ -101,6 +103,27 @@ function ModelRow({ m, client, reload, slow }: { m: ModelStatus; client: Api; re
         {m.mtp.reason && (
           <div class="notice notice-warn small" data-testid="model-mtp-reason">
             {m.mtp.reason}
+            {!m.mtp.available && m.format === 'mlx' && m.base_model && (
+              <>
+                {' '}
+                <button
+                  type="button"
+                  class="link-button"
+                  data-testid="model-graft"
+                  disabled={pending != null}
+                  title={`Fetch only the files of ${m.base_model} that hold its MTP head, graft it onto a new model ${m.name}-mtp, and check it with the acceptance probe`}
+                  onClick={() =>
+                    void act('graft', async () => {
+                      const v = await client.graftHead(m.id);
+                      window.dispatchEvent(new CustomEvent(DOWNLOAD_STARTED, { detail: v }));
+                      props.onGraft?.();
+                    })
+                  }
+                >
+                  Get its MTP head from {m.base_model}
+                </button>
+              </>
+            )}
           </div>
         )}
         {slow && m.mtp.enabled && (
@@ -195,6 +218,8 @@ export function ModelsView(props: {
   reload: () => Promise<void>;
   client?: Api;
   onConvert: () => void;
+  /** A graft started: where its progress shows (the Download page). */
+  onGraft?: () => void;
 }) {
   const client = props.client ?? defaultApi;
   // The last generation's statistics say whether MTP paid for its model here.
@@ -220,7 +245,7 @@ export function ModelsView(props: {
           </p>
         )}
         {props.models.map((m) => (
-          <ModelRow key={m.id} m={m} client={client} reload={props.reload} slow={slowModel != null && (slowModel === m.id || slowModel === m.name)} />
+          <ModelRow key={m.id} m={m} client={client} reload={props.reload} onGraft={props.onGraft} slow={slowModel != null && (slowModel === m.id || slowModel === m.name)} />
         ))}
       </div>
     </div>
