@@ -688,7 +688,7 @@ describe('Tandem web UI against tandem serve', () => {
     assert.equal(await graft.getByTestId('download-error').count(), 0, `no graft error: ${await graft.innerText()}`);
     assert.match(await graft.innerText(), /MTP head for tiny-mlx/);
     assert.match(await graft.getByTestId('download-done').innerText(), /tiny-mlx-mtp/);
-    await shot('13-head-grafted.png');
+    await shot('14-head-grafted.png');
     await openModels();
     const model = modelRow('tiny-mlx-mtp');
     await model.waitFor();

@@ -73,6 +73,9 @@ TOML
 # head-less MLX conversion of it (as mlx-lm writes them).
 "$BIN" convert "$ROOT/assets/models/tandem-tiny" --out "$WORK/tiny-mlx" --mtp drop >"$WORK/convert.log" 2>&1 \
   || { cat "$WORK/convert.log" >&2; echo "e2e: cannot write the head-less conversion" >&2; exit 1; }
+# Its card names its base, as mlx-community's cards do (the Hub's cardData is read from this front matter).
+{ printf -- '---\nbase_model: tandem/tiny\nlibrary_name: mlx\n---\n'; cat "$WORK/tiny-mlx/README.md" 2>/dev/null; } > "$WORK/card.md"
+mv "$WORK/card.md" "$WORK/tiny-mlx/README.md"
 node tests/e2e/mock_hub.mjs "$ROOT/assets/models/tandem-tiny" "$WORK/tiny-mlx" >"$WORK/hub.url" 2>"$WORK/hub.log" &
 HUB_PID=$!
 for _ in $(seq 100); do [ -s "$WORK/hub.url" ] && break; sleep 0.1; done
