@@ -680,6 +680,69 @@ fn out_of_range(at: Place, model: &str, e: SettingError) -> RegistryError {
     RegistryError::OutOfRange { at, model: model.to_owned(), field: e.field, value: e.value, expected: e.expected }
 }
 
+/// The user's models.toml, `<home>/.tandem/models.toml`: where settings changed in the app, converted
+/// models and added folders are saved.
+pub fn user_config_path(home: &Path) -> PathBuf {
+    home.join(".tandem").join("models.toml")
+}
+
+/// Writes the user's models.toml `user` from a defaults file (a checkout's models.toml) when it does not
+/// exist yet: the same settings and models, relative paths made absolute against the defaults' folder, and
+/// a header saying where it came from. From then on changes are written to `user` and the defaults file is
+/// only read. Nothing is written unless the result loads.
+pub fn seed_user_config(defaults: &Path, user: &Path) -> Result<()> {
+    if user.is_file() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(defaults).map_err(|error| RegistryError::Io { path: defaults.to_owned(), error })?;
+    Registry::parse(defaults, &text)?;
+    let mut doc: DocumentMut = text.parse().map_err(|e| parse_error(defaults, &text, e))?;
+    let base = defaults.parent().unwrap_or(Path::new("")).canonicalize().unwrap_or_default();
+    let absolute = |v: &str| -> Option<String> {
+        let p = Path::new(v);
+        (!v.starts_with('~') && p.is_relative()).then(|| base.join(p).to_string_lossy().into_owned())
+    };
+    // The value replaced, its comments kept.
+    let rewrite = |item: Option<&mut Item>| {
+        if let Some(v) = item.and_then(|i| i.as_value_mut()) {
+            if let Some(new) = v.as_str().and_then(absolute) {
+                let decor = v.decor().clone();
+                *v = new.into();
+                *v.decor_mut() = decor;
+            }
+        }
+    };
+    for key in ["models_dir", "conversations_dir"] {
+        rewrite(doc.get_mut(key));
+    }
+    if let Some(models) = doc.get_mut("model").and_then(|m| m.as_array_of_tables_mut()) {
+        for entry in models.iter_mut() {
+            rewrite(entry.get_mut("path"));
+        }
+    }
+    let header = format!(
+        "# Your Tandem settings, first written from {} (which stays as it is): settings changed in the app,\n\
+         # converted and added models are saved here.\n",
+        defaults.display()
+    );
+    // The defaults' own opening comment speaks of the defaults file: the header replaces it.
+    let body = doc.to_string();
+    let body = body.trim_start_matches(|c: char| c == '\n').to_owned();
+    let rest: String = {
+        let mut lines = body.split_inclusive('\n').peekable();
+        while lines.peek().is_some_and(|l| l.starts_with('#')) {
+            lines.next();
+        }
+        lines.collect()
+    };
+    let text = format!("{header}{rest}");
+    Registry::parse(user, &text)?;
+    if let Some(dir) = user.parent() {
+        std::fs::create_dir_all(dir).map_err(|error| RegistryError::Write { path: dir.to_owned(), error })?;
+    }
+    write_atomic(user, &text)
+}
+
 /// `~` and `~/...` name the home folder, as in a shell.
 fn expand_home(path: &str) -> PathBuf {
     let home = std::env::var_os("HOME").map(PathBuf::from);

@@ -45,9 +45,11 @@ impl Locations {
         Locations::resolve_in(&Environment::from_process(resources))
     }
 
-    /// models.toml, as the CLI finds it: `$TANDEM_CONFIG`, else the checkout the executable was
-    /// built in (`target/<profile>/` sits in it), else `~/.tandem/models.toml`, which is written on
-    /// first start to name the model bundled with the app.
+    /// models.toml, as the CLI finds it: `$TANDEM_CONFIG`, else the user's `~/.tandem/models.toml`.
+    /// Where it does not exist yet it is written on first start: from the checkout the executable was
+    /// built in (`target/<profile>/` sits in it), whose models.toml is then only read (without a home
+    /// folder that can be written, the checkout's file itself), or, for a bundled app, naming the model
+    /// the bundle carries.
     /// The UI: `$TANDEM_UI_DIR`, else the bundle's `ui/dist`, else the checkout's.
     pub fn resolve_in(cx: &Environment) -> anyhow::Result<Locations> {
         let ui_dir = match (&cx.resources, cx.ui_env) {
@@ -57,14 +59,25 @@ impl Locations {
         if let Some(path) = &cx.config_env {
             return Ok(Locations { models_toml: path.clone(), ui_dir });
         }
+        let user = cx.home.as_deref().map(tandem::registry::user_config_path);
+        if let Some(user) = user.as_ref().filter(|u| u.is_file()) {
+            return Ok(Locations { models_toml: user.clone(), ui_dir });
+        }
         let checkout = cx
             .exe
             .iter()
             .flat_map(|exe| exe.ancestors().skip(1).take(4))
             .map(|d| d.join("models.toml"))
             .find(|p| p.is_file());
-        if let Some(models_toml) = checkout {
-            return Ok(Locations { models_toml, ui_dir });
+        if let Some(defaults) = checkout {
+            let seeded = user.filter(|u| match tandem::registry::seed_user_config(&defaults, u) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!("cannot write {} ({e}); using {} as it is", u.display(), defaults.display());
+                    false
+                }
+            });
+            return Ok(Locations { models_toml: seeded.unwrap_or(defaults), ui_dir });
         }
         let home = cx.home.as_ref().context("no home folder (HOME) to keep models.toml in; set TANDEM_CONFIG")?;
         let models_toml = home.join(".tandem").join("models.toml");
@@ -138,7 +151,30 @@ mod tests {
             home: Some("/nonexistent".into()),
             ..Environment::default()
         };
+        // No home folder to write in: the checkout's file itself.
         assert_eq!(Locations::resolve_in(&cx).unwrap().models_toml, repo().join("models.toml"));
+    }
+
+    #[test]
+    fn a_development_build_keeps_the_persons_settings_in_their_home_not_the_checkout() {
+        let root = scratch("dev-home");
+        let cx = Environment {
+            exe: Some(repo().join("target/debug/tandem-desktop")),
+            home: Some(root.clone()),
+            ..Environment::default()
+        };
+        let defaults = std::fs::read(repo().join("models.toml")).unwrap();
+        let found = Locations::resolve_in(&cx).unwrap().models_toml;
+        assert_eq!(found, root.join(".tandem/models.toml"));
+        let registry = Registry::load(&found).unwrap();
+        let tiny = registry.get("tandem-tiny").expect("the checkout's models, seeded");
+        assert_eq!(tiny.path.canonicalize().unwrap(), repo().join("assets/models/tandem-tiny").canonicalize().unwrap());
+        assert_eq!(std::fs::read(repo().join("models.toml")).unwrap(), defaults, "the checkout's file is only read");
+        // Later starts read the person's file.
+        std::fs::write(&found, "models_dir = \"~/elsewhere\"\n").unwrap();
+        assert_eq!(Locations::resolve_in(&cx).unwrap().models_toml, found);
+        assert_eq!(std::fs::read_to_string(&found).unwrap(), "models_dir = \"~/elsewhere\"\n");
+        std::fs::remove_dir_all(root).unwrap();
     }
 
     #[test]

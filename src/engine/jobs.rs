@@ -62,11 +62,12 @@ pub enum JobEvent {
         bytes: u64,
         mtp: String,
     },
-    /// `auto`: one module's sensitivity measured.
+    /// `auto`: one module's sensitivity measured, over `tokens` tokens of calibration text.
     Calibrating {
         module: String,
         done: usize,
         total: usize,
+        tokens: usize,
     },
     /// What will be written, exactly: sizes include every header.
     Planned {
@@ -189,7 +190,9 @@ impl Job {
             ConvertEvent::Validated { format, tensors, bytes, mtp } => {
                 JobEvent::Validated { format, tensors, bytes, mtp }
             }
-            ConvertEvent::Calibrating { module, done, total } => JobEvent::Calibrating { module, done, total },
+            ConvertEvent::Calibrating { module, done, total, tokens } => {
+                JobEvent::Calibrating { module, done, total, tokens }
+            }
             ConvertEvent::Planned {
                 tensors,
                 shards,

@@ -16,6 +16,7 @@ pub mod images;
 pub mod jobs;
 pub mod live;
 pub mod options;
+pub mod remote;
 pub mod stop;
 mod worker;
 
@@ -100,11 +101,11 @@ pub enum EngineError {
     InvalidSettings(String),
     #[error("generation failed")]
     Generate(#[source] Cause),
-    #[error("internal error: {0}")]
-    Internal(String),
     /// The Hugging Face Hub refused or could not answer (the message names the repo and why).
     #[error("{0}")]
     Hub(Arc<crate::hub::HubError>),
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 fn gib(bytes: u64) -> String {
@@ -408,11 +409,11 @@ pub struct ModelStatus {
     pub dtype: Option<String>,
     pub vision: bool,
     pub context_length: Option<u64>,
-    pub state: LoadState,
-    pub loaded: bool,
     /// The raw repo a conversion came from (its card's `base_model`, or the catalogue's): where a head it
     /// lacks can be grafted from.
     pub base_model: Option<String>,
+    pub state: LoadState,
+    pub loaded: bool,
     pub default: bool,
     pub mtp: MtpStatusView,
     pub sampling: crate::registry::SamplingSettings,
@@ -573,9 +574,9 @@ impl Engine {
             // Once loaded: whether the vision tower loaded (a text-only conversion keeps vision_config).
             vision: worker.as_ref().map_or(info.vision, |w| w.info.vision),
             context_length: info.context_length,
+            base_model: self.base_of(&entry.path),
             state,
             loaded: worker.is_some(),
-            base_model: self.base_of(&entry.path),
             default: default == Some(entry.name.as_str()),
             mtp: MtpStatusView {
                 available,

@@ -50,13 +50,13 @@ pub fn calibration_tokens(dir: &Path, opts: &ConvertOptions, vocab: i32) -> Resu
 }
 
 /// Measures every module in `modules` (canonical names; all quantizable at `group_size`).
-/// `progress(module, done, total)` returns false to cancel; it is called with `opts.gate` let go,
+/// `progress(module, done, total, tokens)` (tokens: the calibration text each module is measured over) returns false to cancel; it is called with `opts.gate` let go,
 /// so each measured module is one unit of MLX work.
 pub fn measure(
     src: &Source,
     modules: &[Module],
     opts: &ConvertOptions,
-    progress: &mut dyn FnMut(&str, usize, usize) -> bool,
+    progress: &mut dyn FnMut(&str, usize, usize, usize) -> bool,
 ) -> Result<Vec<Sensitivity>, ConvertError> {
     // Declared first, so it is let go last: the model's arrays are freed while it is held.
     let mut hold = opts.gate.hold();
@@ -88,7 +88,7 @@ pub fn measure(
             match r {
                 Ok(e) => {
                     found.insert(name.to_string(), e);
-                    if !hold.unlocked(|| progress(name, found.len(), total)) {
+                    if !hold.unlocked(|| progress(name, found.len(), total, ids.len())) {
                         cancelled = true;
                     }
                 }

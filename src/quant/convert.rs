@@ -691,8 +691,8 @@ fn auto_assign(
         });
     }
     let total = free.len();
-    let sens = calibrate::measure(source, &free, opts, &mut |module, done, total| {
-        on_event(&ConvertEvent::Calibrating { module: module.to_string(), done, total }) == Control::Continue
+    let sens = calibrate::measure(source, &free, opts, &mut |module, done, total, tokens| {
+        on_event(&ConvertEvent::Calibrating { module: module.to_string(), done, total, tokens }) == Control::Continue
     })?;
     debug_assert_eq!(sens.len(), total);
     let (chosen, _) = recipe::allocate(&sens, g, dense_bits, budget);

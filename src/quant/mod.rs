@@ -70,8 +70,8 @@ pub enum Control {
 pub enum ConvertEvent {
     /// The source was read and checked.
     Validated { format: Layout, tensors: usize, bytes: u64, mtp: String },
-    /// `auto`: one module's sensitivity measured.
-    Calibrating { module: String, done: usize, total: usize },
+    /// `auto`: one module's sensitivity measured (`tokens`: the calibration text it is measured over).
+    Calibrating { module: String, done: usize, total: usize, tokens: usize },
     /// What will be written, exactly: sizes include every header.
     Planned {
         tensors: usize,

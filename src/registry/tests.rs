@@ -420,3 +420,36 @@ fn catalogue_entries_of_models_toml_join_the_builtin_ones_and_bad_ones_name_the_
         load_error("[[catalog]]\nrepo = \"me/x\"\nformat = \"mlx\"\nparams_b = 9.0\nbits = 4\nmtp = false\nsize = 3\n");
     assert!(e.contains("size"), "an unknown key is named: {e}");
 }
+
+#[test]
+fn the_user_config_is_seeded_from_the_defaults_and_changes_never_reach_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkout = dir.path().join("checkout");
+    make_model_folder(&checkout.join("assets/tiny"), true);
+    let defaults = checkout.join("models.toml");
+    let text = "models_dir = \"models\"   # scanned\ndefault = \"tiny\"\n[[model]]\nname = \"tiny\"\npath = \"assets/tiny\"  # bundled\nmtp = { enabled = true, depth = 3 }\n";
+    std::fs::write(&defaults, text).unwrap();
+    let user = user_config_path(&dir.path().join("home"));
+    seed_user_config(&defaults, &user).unwrap();
+    // The same models at the same places, read from the user's file; comments kept.
+    let (d, u) = (Registry::load(&defaults).unwrap(), Registry::load(&user).unwrap());
+    assert_eq!(u.models_dir(), checkout.canonicalize().unwrap().join("models"));
+    assert_eq!(u.get("tiny").unwrap().path.canonicalize().unwrap(), d.get("tiny").unwrap().path.canonicalize().unwrap());
+    let written = std::fs::read_to_string(&user).unwrap();
+    assert!(written.contains("# bundled") && written.contains("# scanned"), "{written}");
+    assert!(written.starts_with("# Your Tandem settings, first written from"), "{written}");
+    // A change goes to the user's file; the defaults stay byte for byte.
+    let mut r = Registry::load(&user).unwrap();
+    let patch = SettingsPatch { mtp: MtpPatch { depth: Some(2), ..Default::default() }, ..Default::default() };
+    r.update_settings("tiny", &patch).unwrap();
+    assert_eq!(Registry::load(&user).unwrap().get("tiny").unwrap().mtp.depth, 2);
+    assert_eq!(std::fs::read_to_string(&defaults).unwrap(), text);
+    // Seeding again keeps what the user has.
+    seed_user_config(&defaults, &user).unwrap();
+    assert_eq!(Registry::load(&user).unwrap().get("tiny").unwrap().mtp.depth, 2);
+    // Defaults that do not load write nothing.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "models_dirr = 1\n").unwrap();
+    let other = user_config_path(&dir.path().join("home2"));
+    assert!(seed_user_config(&bad, &other).is_err() && !other.exists());
+}

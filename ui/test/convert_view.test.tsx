@@ -150,9 +150,9 @@ describe('calibration progress', () => {
   it('follows the modules measured, with the module and an ETA', async () => {
     const { applyConvertEvent, eta, IDLE } = await import('../src/views/convert');
     let s: import('../src/views/convert').JobState = { ...IDLE, phase: 'running', job: 'j' };
-    s = applyConvertEvent(s, { event: 'calibrating', module: 'model.layers.0.mlp', done: 0, total: 12 }, 1000);
-    s = applyConvertEvent(s, { event: 'calibrating', module: 'model.layers.3.mlp', done: 3, total: 12 }, 7000);
-    expect(s.calibration).toEqual({ done: 3, total: 12, module: 'model.layers.3.mlp', since: 1000 });
+    s = applyConvertEvent(s, { event: 'calibrating', module: 'model.layers.0.mlp', done: 0, total: 12, tokens: 256 }, 1000);
+    s = applyConvertEvent(s, { event: 'calibrating', module: 'model.layers.3.mlp', done: 3, total: 12, tokens: 256 }, 7000);
+    expect(s.calibration).toEqual({ done: 3, total: 12, module: 'model.layers.3.mlp', tokens: 256, since: 1000 });
     expect(eta(3, 12, 1000, 7000)).toBe('about 18 s left');
     expect(eta(1, 100, 0, 120_000)).toBe('about 3.3 h left');
     expect(eta(0, 12, 1000, 7000)).toBeNull();
@@ -160,7 +160,7 @@ describe('calibration progress', () => {
     const mock = mockFetch({
       'POST /api/convert': () => json({ job: 'j2', state: 'running' }),
       'GET /api/convert/j2/events': () =>
-        sse([`data: ${JSON.stringify({ event: 'calibrating', module: 'model.layers.3.mlp', done: 3, total: 12 })}\n\n`], { hang: true }),
+        sse([`data: ${JSON.stringify({ event: 'calibrating', module: 'model.layers.3.mlp', done: 3, total: 12, tokens: 256 })}\n\n`], { hang: true }),
     });
     root = document.createElement('div');
     document.body.appendChild(root);
@@ -171,7 +171,7 @@ describe('calibration progress', () => {
       byId('convert-start')!.click();
     });
     await waitFor(() => !!byId('convert-calibrating'), 'the calibration');
-    expect(root.querySelector('.progress-text')!.textContent).toContain('Calibrating: 3 / 12 modules measured');
+    expect(root.querySelector('.progress-text')!.textContent).toContain('Calibrating: 3 / 12 modules measured over 256 tokens');
     expect(byId('convert-calibrating')!.textContent!.trim()).toBe('model.layers.3.mlp');
     expect((root.querySelector('.progress-fill') as HTMLElement).style.width).toBe('25%');
   });

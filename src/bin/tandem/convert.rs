@@ -60,25 +60,9 @@ pub struct InspectArgs {
 }
 
 pub fn run(a: ConvertArgs) -> Result<()> {
-    let bar = progress_bar(a.json);
+    let mut progress = ConvertBar::new(progress_bar(a.json));
     let mut on_event = |e: &ConvertEvent| {
-        match e {
-            ConvertEvent::Planned { predicted_bytes, predicted_bpw, .. } => {
-                bar.println(format!(
-                    "planned: {:.2} MB at {predicted_bpw:.3} bits per weight",
-                    *predicted_bytes as f64 / 1e6
-                ));
-            }
-            ConvertEvent::Tensor { name, bytes_done, bytes_total, .. } => {
-                bar.set_length(*bytes_total);
-                bar.set_position(*bytes_done);
-                bar.set_message(name.clone());
-            }
-            ConvertEvent::Calibrating { module, done, total } => {
-                bar.set_message(format!("calibrating {module} ({done}/{total})"));
-            }
-            _ => {}
-        }
+        progress.event(e);
         Control::Continue
     };
     let bits = match a.bits.as_deref() {
@@ -88,7 +72,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     let quantizing = bits.is_some() || a.recipe != quant::Recipe::Uniform;
     if a.repair && !quantizing {
         let r = quant::repair_with(&a.src, &a.out, a.force, &mut on_event)?;
-        bar.finish_and_clear();
+        progress.bar.finish_and_clear();
         if a.json {
             crate::out::line(serde_json::to_string_pretty(&r)?);
         } else {
@@ -111,7 +95,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     };
     let report = quant::convert(&a.src, &a.out, &opts, &mut on_event)
         .with_context(|| format!("converting {}", a.src.display()))?;
-    bar.finish_and_clear();
+    progress.bar.finish_and_clear();
     if a.json {
         crate::out::line(serde_json::to_string_pretty(&report)?);
     } else {
@@ -134,12 +118,66 @@ fn progress_bar(quiet: bool) -> ProgressBar {
     if quiet || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {wide_msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar
+    ProgressBar::new(0)
+}
+
+/// A conversion's bar: what it is doing before any figure is known, the modules `auto` has measured
+/// (with the calibration tokens and an ETA) while it calibrates, then the bytes written.
+struct ConvertBar {
+    bar: ProgressBar,
+    phase: Phase,
+}
+
+#[derive(PartialEq)]
+enum Phase {
+    Reading,
+    Calibrating,
+    Writing,
+}
+
+impl ConvertBar {
+    fn new(bar: ProgressBar) -> ConvertBar {
+        bar.set_style(style("{spinner} {wide_msg}"));
+        bar.set_message("reading the source");
+        ConvertBar { bar, phase: Phase::Reading }
+    }
+
+    fn enter(&mut self, phase: Phase, template: &str) {
+        if self.phase != phase {
+            self.bar.set_style(style(template));
+            self.bar.set_position(0);
+            self.bar.reset_eta();
+            self.phase = phase;
+        }
+    }
+
+    fn event(&mut self, e: &ConvertEvent) {
+        match e {
+            ConvertEvent::Planned { predicted_bytes, predicted_bpw, .. } => {
+                self.bar.println(format!(
+                    "planned: {:.2} MB at {predicted_bpw:.3} bits per weight",
+                    *predicted_bytes as f64 / 1e6
+                ));
+            }
+            ConvertEvent::Calibrating { module, done, total, tokens } => {
+                self.enter(Phase::Calibrating, "{bar:40} {pos}/{len} modules measured, {eta} left: {wide_msg}");
+                self.bar.set_length(*total as u64);
+                self.bar.set_position(*done as u64);
+                self.bar.set_message(format!("{module} ({tokens} calibration tokens)"));
+            }
+            ConvertEvent::Tensor { name, bytes_done, bytes_total, .. } => {
+                self.enter(Phase::Writing, "{bar:40} {bytes}/{total_bytes} {wide_msg}");
+                self.bar.set_length(*bytes_total);
+                self.bar.set_position(*bytes_done);
+                self.bar.set_message(name.clone());
+            }
+            _ => {}
+        }
+    }
+}
+
+fn style(template: &str) -> ProgressStyle {
+    ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar())
 }
 
 pub fn inspect(a: InspectArgs) -> Result<()> {
@@ -218,4 +256,43 @@ fn describe(path: &std::path::Path, r: &quant::InspectReport) -> Vec<String> {
         out.push(format!("    {:<48} mean {:>8.4}  {convention}", n.name, n.mean));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use indicatif::{InMemoryTerm, ProgressDrawTarget};
+
+    /// What a terminal of this bar shows after `events`.
+    fn shown(events: &[ConvertEvent]) -> String {
+        let term = InMemoryTerm::new(4, 120);
+        let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::term_like(Box::new(term.clone())));
+        let mut progress = ConvertBar::new(bar);
+        for e in events {
+            progress.event(e);
+        }
+        progress.bar.tick();
+        term.contents()
+    }
+
+    #[test]
+    fn calibration_shows_modules_and_tokens_and_writing_shows_bytes() {
+        let start = shown(&[]);
+        assert!(start.contains("reading the source") && !start.contains("0 B"), "{start:?}");
+        let cal = |done| ConvertEvent::Calibrating { module: "layers.3.mlp.up_proj".into(), done, total: 40, tokens: 256 };
+        let calibrating = shown(&[cal(1), cal(12)]);
+        assert!(calibrating.contains("12/40 modules measured"), "{calibrating:?}");
+        assert!(calibrating.contains("layers.3.mlp.up_proj (256 calibration tokens)"), "{calibrating:?}");
+        assert!(!calibrating.contains("0 B/0 B"), "{calibrating:?}");
+        let tensor = ConvertEvent::Tensor {
+            name: "lm_head.weight".into(),
+            index: 3,
+            total: 9,
+            bytes_done: 2_000_000,
+            bytes_total: 8_000_000,
+        };
+        let writing = shown(&[cal(40), tensor]);
+        assert!(writing.contains("1.91 MiB/7.63 MiB") && writing.contains("lm_head.weight"), "{writing:?}");
+        assert!(!writing.contains("modules"), "{writing:?}");
+    }
 }

@@ -7,21 +7,34 @@ use tandem::chat::Tokenizer;
 use tandem::model::{self, LoadOptions, Qwen35};
 use tandem::registry::{ModelEntry, ModelSource, Registry};
 
-/// models.toml: `$TANDEM_CONFIG`, else `./models.toml`, else the one beside the sources or the
-/// executable's checkout, else `~/.tandem/models.toml`.
+/// models.toml: `$TANDEM_CONFIG`, else the user's `~/.tandem/models.toml`. Where the user has none yet,
+/// it is written from the defaults (`./models.toml`, else the one beside the sources or the executable's
+/// checkout), which are only read from then on; without a home folder, the defaults themselves.
 pub fn config_path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("TANDEM_CONFIG") {
         return Some(PathBuf::from(p));
+    }
+    let user = std::env::var_os("HOME").map(|h| tandem::registry::user_config_path(Path::new(&h)));
+    if let Some(user) = user.as_ref().filter(|u| u.is_file()) {
+        return Some(user.clone());
     }
     let mut candidates =
         vec![PathBuf::from("models.toml"), PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models.toml")];
     if let Ok(exe) = std::env::current_exe() {
         candidates.extend(exe.ancestors().skip(1).take(4).map(|d| d.join("models.toml")));
     }
-    if let Some(home) = std::env::var_os("HOME") {
-        candidates.push(PathBuf::from(home).join(".tandem/models.toml"));
+    let defaults = candidates.into_iter().find(|p| p.is_file())?;
+    let Some(user) = user else { return Some(defaults) };
+    match tandem::registry::seed_user_config(&defaults, &user) {
+        Ok(()) => {
+            tracing::info!("wrote {} from {}", user.display(), defaults.display());
+            Some(user)
+        }
+        Err(e) => {
+            tracing::warn!("cannot write {} ({e}); using {} as it is", user.display(), defaults.display());
+            Some(defaults)
+        }
     }
-    candidates.into_iter().find(|p| p.is_file())
 }
 
 pub fn registry() -> Result<Registry> {

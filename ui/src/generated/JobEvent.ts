@@ -6,7 +6,7 @@ import type { Layout } from "./Layout";
  * What a job reports, in order: `validated`, `calibrating`... (recipe `auto`), `planned`, one
  * `progress` per tensor, then one of `finished`, `error` or `cancelled`, which ends the stream.
  */
-export type JobEvent = { "event": "validated", format: Layout, tensors: number, bytes: number, mtp: string, } | { "event": "calibrating", module: string, done: number, total: number, } | { "event": "planned", tensors: number, shards: number, params: number, predicted_bytes: number, predicted_bpw: number, quantized_modules: number, dense_modules: number, } | { "event": "progress", done: number, total: number, tensor: string, bytes_done: number, bytes_total: number, } | { "event": "finished", path: string, bytes: number, bpw: number, 
+export type JobEvent = { "event": "validated", format: Layout, tensors: number, bytes: number, mtp: string, } | { "event": "calibrating", module: string, done: number, total: number, tokens: number, } | { "event": "planned", tensors: number, shards: number, params: number, predicted_bytes: number, predicted_bpw: number, quantized_modules: number, dense_modules: number, } | { "event": "progress", done: number, total: number, tensor: string, bytes_done: number, bytes_total: number, } | { "event": "finished", path: string, bytes: number, bpw: number, 
 /**
  * The converter's report, as `tandem convert --json` prints it.
  */

@@ -38,7 +38,7 @@ export interface JobState {
   /** The source is a folder nobody chose yet: the person may allow Tandem to read it. */
   confirmFolder?: string | null;
   /** Recipe `auto` measures each module first: how far it is, and when it began (ms), for an ETA. */
-  calibration?: { done: number; total: number; module: string; since: number } | null;
+  calibration?: { done: number; total: number; module: string; tokens: number; since: number } | null;
   /** When the first tensor was written (ms), for an ETA. */
   writingSince?: number | null;
 }
@@ -74,7 +74,7 @@ export function applyConvertEvent(s: JobState, ev: JobEvent, now: number = Date.
       return {
         ...s,
         phase: 'running',
-        calibration: { done: ev.done, total: ev.total, module: ev.module, since: s.calibration?.since ?? now },
+        calibration: { done: ev.done, total: ev.total, module: ev.module, tokens: ev.tokens, since: s.calibration?.since ?? now },
       };
     case 'planned':
       return { ...s, phase: 'running', predictedBytes: ev.predicted_bytes, predictedBpw: ev.predicted_bpw };
@@ -514,7 +514,7 @@ export function ConvertView(props: { client?: Api; onFinished: () => void; onSho
                 (job.total > 0
                   ? `${job.done} / ${job.total} tensors (${fmt.percent(percent)})`
                   : cal
-                    ? `Calibrating: ${cal.done} / ${cal.total} modules measured`
+                    ? `Calibrating: ${cal.done} / ${cal.total} modules measured over ${fmt.integer(cal.tokens)} tokens`
                     : 'Planning…')}
               {job.phase === 'running' && left && <span class="dim" data-testid="convert-eta">{` · ${left}`}</span>}
               {cal && cal.module && (
