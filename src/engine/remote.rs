@@ -132,11 +132,7 @@ impl Engine {
             };
             return Err(EngineError::InvalidRequest(format!("{}: no MTP head to take: {why}", from.repo)));
         }
-        let mut include = vec!["config.json".to_owned()];
-        if preview.files.iter().any(|f| f.path == crate::model::weights::INDEX) {
-            include.push(crate::model::weights::INDEX.to_owned());
-        }
-        include.extend(preview.head_files.iter().cloned());
+        let include = preview.head_download();
         let models_dir = registry.models_dir().to_path_buf();
         let dst = graft_destination(&models_dir, name)?;
         let body = entry.path.clone();

@@ -40,6 +40,22 @@ pub struct Preview {
     pub config: Option<serde_json::Value>,
 }
 
+impl Preview {
+    /// What grafting the head fetches: config.json, the index if there is one, and the weight files that
+    /// hold `mtp.*` (empty when no file holds the head).
+    pub fn head_download(&self) -> Vec<String> {
+        if self.head_files.is_empty() {
+            return Vec::new();
+        }
+        let mut files = vec!["config.json".to_owned()];
+        if self.files.iter().any(|f| f.path == crate::model::weights::INDEX) {
+            files.push(crate::model::weights::INDEX.to_owned());
+        }
+        files.extend(self.head_files.iter().cloned());
+        files
+    }
+}
+
 /// The headers of at most this many weight files are read when a repo has no index.
 const MAX_HEADERS: usize = 8;
 

@@ -45,11 +45,7 @@ pub fn run(a: GraftArgs) -> Result<()> {
     if preview.head_files.is_empty() {
         anyhow::bail!("{}: its weights hold no MTP head (no `mtp.*` tensor listed)", from.repo);
     }
-    let mut include = vec!["config.json".to_owned()];
-    if preview.files.iter().any(|f| f.path == tandem::model::weights::INDEX) {
-        include.push(tandem::model::weights::INDEX.to_owned());
-    }
-    include.extend(preview.head_files.iter().cloned());
+    let include = preview.head_download();
     let head_bytes: u64 = preview.files.iter().filter(|f| include.contains(&f.path)).map(|f| f.size).sum();
     if !a.quiet && !a.json {
         crate::out::line(format!(
