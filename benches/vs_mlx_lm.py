@@ -51,5 +51,6 @@ for r in ours["runs"]:
     s = r["stats"]
     name = f"tandem depth {r['depth']}"
     print(f"{name:<24} {s['prefill_tok_s']:>14.1f} {s['decode_tok_s']:>13.1f}")
-print(f"{'mlx-lm ' + '0.32.2':<24} {last.prompt_tps:>14.1f} {last.generation_tps:>13.1f}")
+# The generated count too: mlx-lm stops at an end-of-sequence token, which random weights can draw.
+print(f"{'mlx-lm ' + '0.32.2':<24} {last.prompt_tps:>14.1f} {last.generation_tps:>13.1f}  ({last.generation_tokens} tokens)")
 sys.exit(0)

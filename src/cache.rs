@@ -92,6 +92,9 @@ pub struct Recording {
     pub initial: Array,
     /// The recurrent state after the whole pass.
     pub final_state: Array,
+    /// The state after each of the pass's tokens, `[T, B, Hv, Dv, Dk]`, where the recurrence computed
+    /// them (the CUDA kernel, `kernels::gated_delta`): a rollback then slices instead of re-running.
+    pub steps: Option<Array>,
 }
 
 impl Recording {
@@ -111,6 +114,9 @@ impl Recording {
         }
         if keep == 0 {
             return Ok(self.initial.clone());
+        }
+        if let Some(steps) = &self.steps {
+            return crate::kernels::gated_delta::step_state(steps, keep);
         }
         let k = keep as i32;
         let [q, kk, v, decay, beta] = &self.inputs;

@@ -2,10 +2,13 @@
 //! `kernels/` folder (kernels/README.md lists them with their tolerances and figures) and are compiled by
 //! MLX's custom-kernel API on first use. A kernel is taken only on the backend and shapes its parity test
 //! covers, on machine classes where that test passed, after a small parity probe on this machine; every
-//! other call goes to the MLX op. `TANDEM_KERNELS=off` turns them all off. `fused` holds the elementwise
-//! chains MLX's graph compiler fuses on every backend (`TANDEM_COMPILE=off` runs them op by op).
+//! other call goes to the MLX op. `TANDEM_KERNELS=off` turns them all off; `TANDEM_KERNELS=-gated_delta`
+//! (a comma-separated list: a policy, and names with a `-` before them) turns off the named kernels only.
+//! `fused` holds the elementwise chains MLX's graph compiler fuses on every backend (`TANDEM_COMPILE=off`
+//! runs them op by op).
 
 pub mod fused;
+pub mod gated_delta;
 pub mod quantized_matmul;
 
 pub use quantized_matmul::quantized_matmul;
@@ -24,12 +27,21 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// The policy of a `TANDEM_KERNELS` value: its last item without a `-` before it (auto if none).
     fn parse(v: Option<&str>) -> Policy {
-        match v.map(|s| s.trim().to_ascii_lowercase()).as_deref() {
-            Some("off" | "0" | "false" | "no") => Policy::Off,
-            Some("on" | "1" | "true" | "yes") => Policy::On,
-            Some("auto" | "") | None => Policy::Auto,
-            Some(other) => {
+        let items = v.map(|v| v.split(',').map(str::trim).filter(|s| !s.starts_with('-')).collect::<Vec<_>>());
+        match items.as_ref().and_then(|items| items.iter().rev().find(|s| !s.is_empty())) {
+            Some(item) => Policy::parse_one(item),
+            None => Policy::Auto,
+        }
+    }
+
+    fn parse_one(v: &str) -> Policy {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "off" | "0" | "false" | "no" => Policy::Off,
+            "on" | "1" | "true" | "yes" => Policy::On,
+            "auto" | "" => Policy::Auto,
+            other => {
                 tracing::warn!("TANDEM_KERNELS={other:?} is not one of auto, on, off; using auto");
                 Policy::Auto
             }
@@ -43,9 +55,21 @@ pub fn policy() -> Policy {
     *POLICY.get_or_init(|| Policy::parse(std::env::var("TANDEM_KERNELS").ok().as_deref()))
 }
 
+/// The kernels a `TANDEM_KERNELS` value names with a `-` before them.
+fn exclusions(v: Option<&str>) -> Vec<String> {
+    v.map(|v| v.split(',').filter_map(|s| s.trim().strip_prefix('-')).map(|s| s.trim().to_ascii_lowercase()).collect())
+        .unwrap_or_default()
+}
+
+/// Whether `TANDEM_KERNELS` turns off the kernel called `name` alone (`-name` in its list).
+pub fn disabled(name: &str) -> bool {
+    static EXCLUDED: OnceLock<Vec<String>> = OnceLock::new();
+    EXCLUDED.get_or_init(|| exclusions(std::env::var("TANDEM_KERNELS").ok().as_deref())).iter().any(|n| n == name)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Policy;
+    use super::{exclusions, Policy};
 
     #[test]
     fn policy_values() {
@@ -55,5 +79,9 @@ mod tests {
         assert_eq!(Policy::parse(Some("0")), Policy::Off);
         assert_eq!(Policy::parse(Some("on")), Policy::On);
         assert_eq!(Policy::parse(Some("sometimes")), Policy::Auto);
+        assert_eq!(Policy::parse(Some("-gated_delta")), Policy::Auto);
+        assert_eq!(Policy::parse(Some("on, -gated_delta")), Policy::On);
+        assert_eq!(exclusions(Some("on, -gated_delta,-Other")), ["gated_delta", "other"]);
+        assert!(exclusions(Some("off")).is_empty() && exclusions(None).is_empty());
     }
 }

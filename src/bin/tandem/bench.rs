@@ -112,13 +112,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.adaptive {
         plan.push((a.depths.iter().copied().max().unwrap_or(3).max(1), true));
     }
-    // Warm-up at the measured prompt length and every depth: first-use allocations and kernel
-    // compilation (GPU backends build kernels per shape) stay out of the figures.
-    for &(depth, adaptive) in &plan {
-        generate(&l.model, &ids, &GenerateOptions { max_tokens: 8, ..opts_for(depth, adaptive) }, &mut |_| {
-            Control::Continue
-        })?;
-    }
+    warm_up(&l.model, &ids, &plan, &opts_for)?;
     let mut widths: Vec<usize> = a.depths.iter().map(|d| d + 1).collect();
     widths.sort_unstable();
     widths.dedup();
@@ -188,6 +182,43 @@ pub fn run(a: BenchArgs) -> Result<()> {
             runs,
         };
         crate::out::line(serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}
+
+/// Tokens each warm-up run decodes: at depth 3 and acceptance [`WARM_ACCEPTANCE`] about 25 verify
+/// cycles, so every accepted count 0..=depth (each a rollback of its own shape) is met with a
+/// probability over 0.99.
+const WARM_TOKENS: usize = 64;
+const WARM_ACCEPTANCE: f64 = 0.6;
+
+/// Untimed runs at the measured prompt length before any figure: first-use allocations and kernel
+/// compilation (GPU backends build kernels per shape; a first verify at a new depth cost ~0.3 s on the
+/// H200, a third of a 128-token run) stay out of the figures. One plain run, then a verify at every
+/// depth the plan measures and, for the adaptive controller, every depth it may choose (1..=its
+/// largest), with oracle drafts from the plain run's tokens so that verifies keep 0..=depth tokens and
+/// every rollback shape runs too (random weights never accept the head's own drafts).
+fn warm_up(
+    model: &tandem::model::Qwen35,
+    ids: &[u32],
+    plan: &[(usize, bool)],
+    opts_for: &dyn Fn(usize, bool) -> GenerateOptions,
+) -> Result<()> {
+    let run = |opts: &GenerateOptions| generate(model, ids, opts, &mut |_| Control::Continue);
+    let plain = run(&GenerateOptions { max_tokens: WARM_TOKENS, ..opts_for(0, false) })?.tokens;
+    let mut depths: Vec<usize> = plan.iter().map(|&(d, _)| d).filter(|&d| d > 0).collect();
+    if let Some(&(max, _)) = plan.iter().find(|&&(_, adaptive)| adaptive) {
+        depths.extend(1..=max);
+    }
+    depths.sort_unstable();
+    depths.dedup();
+    for depth in depths {
+        let oracle = Some(Oracle { continuation: plain.clone(), acceptance: WARM_ACCEPTANCE, seed: depth as u64 });
+        run(&GenerateOptions { max_tokens: WARM_TOKENS, oracle, ..opts_for(depth, false) })?;
+    }
+    // The adaptive controller's own path (its probes, parking, the head's catch-up).
+    for &(depth, adaptive) in plan.iter().filter(|&&(_, adaptive)| adaptive) {
+        run(&GenerateOptions { max_tokens: WARM_TOKENS, ..opts_for(depth, adaptive) })?;
     }
     Ok(())
 }

@@ -5,7 +5,7 @@ use mlx::{concatenate, Array, Dtype};
 
 use super::{mlx_err, Config};
 use crate::cache::{LinearState, Recording};
-use crate::kernels::fused;
+use crate::kernels::{fused, gated_delta};
 use crate::model::layers::{Fused, Linear, Result, Tap};
 use crate::model::store::Store;
 use crate::model::LoadError;
@@ -111,9 +111,13 @@ impl GatedDeltaNet {
             Some(s) => s,
             None => Array::zeros(&[b, self.hv, self.dv, self.dk], Dtype::F32)?,
         };
-        let (o, state) = fast::gated_delta_update(&q, &k, &v, &decay, &beta, Some(&initial))?;
+        // On CUDA at decode and verify widths a kernel that also returns every token's state
+        // (kernels::gated_delta); MLX's op otherwise.
+        let gated_delta::Update { y: o, state, steps } =
+            gated_delta::gated_delta_update(&q, &k, &v, &decay, &beta, &initial)?;
         if st.verifying() {
-            st.record(Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state: state.clone() });
+            let final_state = state.clone();
+            st.record(Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state, steps });
         }
         st.ssm = Some(state);
 

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Issue 16's measurements on the lent H200 in as few calls as the carry limit allows, by phases:
+#   gen      the 27B-shaped random slice (benches/gpu/random_qwen35.py --preset 27b-slice, torch only: runs
+#            before MLX has arrived) into /tmp/s27
+#   setup    MLX's CUDA wheel, mlx, mlx-lm (as benches/gpu/cuda_bench.sh's header says) into /tmp/site
+#   kernels  the gated-delta kernel's Python parity and timings (benches/gpu/gdn_kernel.py)
+#   rust     the Rust suite's kernels:: tests (.devcarry/it.xz: the integration-test binary built on the CPU
+#            machine, stripped), then the gated-delta selection test under TANDEM_KERNELS=off
+#   convert  4-bit and 8-bit conversions of the slice by `tandem convert`
+#   q4 q8 bf16  per format, 512-token prompt and 512 generated, greedy: `tandem bench` with oracle
+#            acceptance 0.8 at depths 1 and 3 (depth 0 is plain decoding), the same without the
+#            gated-delta kernel (TANDEM_KERNELS=-gated_delta), oracle 0.0 at depth 3 fixed and adaptive,
+#            then mlx-lm on the same files
+#   repeat   plain decoding, Tandem and mlx-lm alternated, two more rounds per format
+# Each call copies what it carries of .devcarry/ to /tmp/keep, so parts may come in earlier calls on the
+# same warm machine (the working tree is ~30 MB, so the MLX wheel travels in 25 MiB parts, `split -b 25M`, one
+# a call: `gen` carries partaa and tandem.xz, a bare copy call partab and the two wheels, `setup ...` partac;
+# .devcarry/it.xz, for `rust`, whenever it fits). On the device, phases must follow within the machine's 30 s
+# warm time, or /tmp (the slice, the conversions, MLX) is gone. Results: $OUT (JSON files tarred at the end, a summary in $OUT/summary.txt).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+PHASES=${*:-gen setup kernels rust convert q4 q8 bf16}
+mkdir -p /tmp/site /tmp/keep "$OUT" target/release
+cp -n .devcarry/* /tmp/keep/ 2>/dev/null || true
+M=/tmp/s27
+ARGS="--prompt-tokens 512 --gen-tokens 512"
+B=/tmp/keep/tandem
+S="$OUT/summary.txt"
+env_setup() {
+  export PYTHONPATH=/tmp/site MLX_PTX_CACHE_DIR=/tmp/ptx
+  NV=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))')/nvidia
+  export LD_LIBRARY_PATH=/tmp/site/mlx/lib:$(find "$NV" -name 'lib*.so*' -printf '%h\n' | sort -u | paste -sd:)
+  [ -x $B ] || { xz -dc /tmp/keep/tandem.xz > $B && chmod +x $B; }
+  cp $B target/release/tandem  # benches/vs_mlx_lm.py runs target/release/tandem
+}
+bench() {  # tag, then tandem bench arguments; extra environment in ENVS
+  local tag=$1; shift
+  env $ENVS $B bench --model "$MODEL" $ARGS "$@" --json > "$OUT/$tag.json" 2> "$OUT/$tag.err" || tail -5 "$OUT/$tag.err"
+  python3 benches/gpu/summarize_bench.py "$OUT/$tag.json" | sed "s|^|$tag |" | tee -a "$S"
+}
+mlx_lm() {  # tag
+  python3 benches/vs_mlx_lm.py "$MODEL" $ARGS --mlx-lm-only 2>&1 | tail -1 | sed "s|^|$1 |" | tee -a "$S"
+}
+for phase in $PHASES; do
+  echo "== $phase $(date +%T)"
+  case $phase in
+  gen)
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$S"
+    [ -d $M ] || time python3 benches/gpu/random_qwen35.py $M --preset 27b-slice
+    ;;
+  setup)
+    cat /tmp/keep/mlxcuda.tar.xz.part* | xz -d | tar x -C /tmp/site
+    for w in /tmp/keep/*.whl; do python3 -m zipfile -e "$w" /tmp/site; done
+    env_setup
+    python3 -c 'import mlx.core as mx, mlx_lm; print("mlx", mx.__version__, mx.default_device(), "mlx-lm", mlx_lm.__version__)' | tee -a "$S"
+    ;;
+  kernels)
+    env_setup
+    PYTHONUNBUFFERED=1 python3 benches/gpu/gdn_kernel.py 2>&1 | tee "$OUT/gdn_kernel.txt" | tee -a "$S"
+    ;;
+  rust)
+    env_setup
+    if [ -e /tmp/keep/it.xz ]; then
+      mkdir -p /tmp/itbin/deps && xz -dc /tmp/keep/it.xz > /tmp/itbin/deps/it && chmod +x /tmp/itbin/deps/it
+      ln -sfn /tmp/site/mlx /tmp/itbin/mlx
+      # The binary finds the repository (tandem-tiny) at the path it was built in.
+      [ -e /work/main/assets ] || { mkdir -p /work && ln -sfn "$PWD" /work/main; }
+      (/tmp/itbin/deps/it kernels:: --test-threads 1 --nocapture 2>&1; \
+       TANDEM_KERNELS=off /tmp/itbin/deps/it kernels::gated_delta_cuda_selected --nocapture 2>&1) \
+        > "$OUT/rust_kernels.txt"
+      grep -E "parity|selected|SKIPPED|test result|panicked|FAILED|depth|compute capability" "$OUT/rust_kernels.txt" | tee -a "$S"
+    fi
+    ;;
+  convert)
+    env_setup
+    for bits in 4 8; do
+      [ -d $M-${bits}bit ] || { time $B convert $M --out $M-${bits}bit --bits $bits --group-size 64 > /dev/null; }
+    done
+    ;;
+  q4 | q8 | bf16)
+    env_setup
+    case $phase in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+    ENVS= bench s27-$phase-oracle08 --depths 0,1,3 --oracle-acceptance 0.8
+    ENVS=TANDEM_KERNELS=-gated_delta bench s27-$phase-oracle08-nogdn --depths 0,1,3 --oracle-acceptance 0.8
+    ENVS= bench s27-$phase-oracle00 --depths 0,3 --oracle-acceptance 0.0 --adaptive
+    mlx_lm s27-$phase-mlx-lm
+    ;;
+  repeat)
+    env_setup
+    for round in 2 3; do
+      for f in q4 q8 bf16; do
+        case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+        ENVS= bench s27-$f-plain-r$round --depths 0
+        mlx_lm s27-$f-mlx-lm-r$round
+      done
+    done
+    ;;
+  esac
+done
+(cd "$OUT" && ls *.json >/dev/null 2>&1 && tar czf bench-$(echo $PHASES | tr ' ' '-').tgz *.json *.err && rm -f *.json *.err) || true
