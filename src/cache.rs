@@ -8,6 +8,10 @@
 
 use mlx::{concatenate, Array};
 
+pub mod snapshot;
+
+pub use snapshot::Snapshot;
+
 pub type Result<T> = std::result::Result<T, mlx::Error>;
 
 /// Positions a KV buffer grows by: appending a token writes into spare room instead of copying the
@@ -38,6 +42,12 @@ impl KvCache {
         self.keys = Some(keys);
         self.values = Some(values);
         Ok(valid)
+    }
+
+    /// A cache over `keys` and `values` buffers (`[B, H, capacity, D]`) whose first `offset`
+    /// positions are valid (a restored prefix, see [`Snapshot::restore`]).
+    pub fn from_buffers(keys: Array, values: Array, offset: i32, rope_delta: i32) -> KvCache {
+        KvCache { keys: Some(keys), values: Some(values), offset, rope_delta }
     }
 
     /// Drops the last `n` positions (their rows are overwritten by the next update).
@@ -147,6 +157,11 @@ enum VerifyRecord {
 }
 
 impl LinearState {
+    /// A layer's state after some tokens: its conv window and recurrent state (a restored prefix).
+    pub fn with_state(conv: Array, ssm: Array) -> LinearState {
+        LinearState { conv: Some(conv), ssm: Some(ssm), verify: VerifyRecord::Closed }
+    }
+
     /// Whether the forward running now is a verify pass, whose inputs [`Self::record`] must keep.
     pub fn verifying(&self) -> bool {
         matches!(self.verify, VerifyRecord::Open)

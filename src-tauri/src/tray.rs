@@ -330,6 +330,7 @@ mod tests {
                 queued: 0,
                 mtp_loaded: false,
                 mtp_reason: Some("the MTP head probes at best 0.012".into()),
+                prefix_cache: Default::default(),
             }],
             ..idle()
         };

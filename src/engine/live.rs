@@ -9,6 +9,7 @@ use serde::Serialize;
 use tokio::sync::broadcast;
 use ts_rs::TS;
 
+use super::prefix_cache::PrefixCacheStats;
 use crate::generate::{FinishReason, Stats};
 use crate::sync::lock;
 
@@ -55,6 +56,8 @@ pub struct LoadedModel {
     pub queued: usize,
     pub mtp_loaded: bool,
     pub mtp_reason: Option<String>,
+    /// Its prefix cache: size, entries, hit rate.
+    pub prefix_cache: PrefixCacheStats,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, TS)]

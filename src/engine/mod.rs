@@ -16,6 +16,7 @@ pub mod images;
 pub mod jobs;
 pub mod live;
 pub mod options;
+pub mod prefix_cache;
 pub mod remote;
 pub mod stop;
 mod worker;

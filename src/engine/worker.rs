@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 
 use super::images::{ImageReader, Reservation};
 use super::live::LoadedModel;
+use super::prefix_cache::{self, PrefixCache, PrefixCacheStats};
 use super::stop::StopMatcher;
 use super::{
     cause, lock, prompt_of, resolve_options, CancelHandle, Cause, Completion, EngineConfig, EngineError, ErrorMessage,
@@ -17,7 +18,7 @@ use super::{
 };
 use crate::chat::Tokenizer;
 use crate::generate::{
-    generate_prompt, Constraint, Control, FinishReason, GenerateError, GenerateOptions, GrammarSpec, Grammars,
+    generate_resumed, Constraint, Control, FinishReason, GenerateError, GenerateOptions, GrammarSpec, Grammars,
     Progress, Prompt, TokenLogprob,
 };
 use crate::model::{LoadOptions, Qwen35};
@@ -35,6 +36,8 @@ struct Shared {
     /// Set by unload: queued requests fail, the running one is cancelled.
     closing: AtomicBool,
     current: Mutex<Option<CancelHandle>>,
+    /// The prefix cache's figures (the cache itself lives on the worker thread, where MLX frees it).
+    prefix: Mutex<PrefixCacheStats>,
 }
 
 /// Holds one place in the queue; gives it back when dropped.
@@ -158,7 +161,8 @@ impl Worker {
                     if ready_tx.send(Ok(facts)).is_err() {
                         return;
                     }
-                    serve(&entry.name, &model, &tokenizer, &jobs_rx, &shared, &engine);
+                    let cap = prefix_cache::cap(entry.prefix_cache_bytes);
+                    serve(&entry.name, &model, &tokenizer, &jobs_rx, &shared, &engine, cap);
                     // Freeing MLX memory is MLX work too.
                     let _compute = super::compute_lock();
                     drop(model);
@@ -219,6 +223,7 @@ impl Worker {
             queued: in_flight.saturating_sub(usize::from(busy)),
             mtp_loaded: self.info.mtp.loaded,
             mtp_reason: self.info.mtp.reason.clone(),
+            prefix_cache: lock(&self.shared.prefix).clone(),
         }
     }
 
@@ -305,7 +310,10 @@ fn serve(
     jobs: &std_mpsc::Receiver<Job>,
     shared: &Shared,
     engine: &WeakEngine,
+    prefix_cap: u64,
 ) {
+    let mut prefix = PrefixCache::new(prefix_cap);
+    *lock(&shared.prefix) = prefix.stats();
     while let Ok(job) = jobs.recv() {
         let Job { mut prepared, events, cancel, slot } = job;
         if shared.closing.load(Ordering::SeqCst) {
@@ -338,8 +346,12 @@ fn serve(
         let outcome = {
             let mut compute = super::compute_lock();
             let caller = Caller { events: &events, cancel: &cancel };
-            catch_unwind(AssertUnwindSafe(|| run(name, model, tokenizer, &prepared, caller, engine, &mut compute)))
+            let prefix = &mut prefix;
+            catch_unwind(AssertUnwindSafe(|| {
+                run(Served { name, model, tokenizer }, &prepared, caller, engine, prefix, &mut compute)
+            }))
         };
+        *lock(&shared.prefix) = prefix.stats();
         let event = match outcome {
             Ok(Ok(done)) => {
                 engine.with(|e| e.inner.live.finished(name, prepared.id, done.finish, &done.stats));
@@ -365,6 +377,9 @@ fn serve(
         let _ = events.send(event);
         engine.with(|e| e.publish());
     }
+    // Freeing the cache's arrays is MLX work too.
+    let _compute = super::compute_lock();
+    drop(prefix);
 }
 
 /// One generation: streams text deltas (stop sequences held back and cut) and returns the end.
@@ -375,15 +390,23 @@ struct Caller<'a> {
     cancel: &'a CancelHandle,
 }
 
+/// The model a worker serves.
+#[derive(Clone, Copy)]
+struct Served<'a> {
+    name: &'a str,
+    model: &'a Qwen35,
+    tokenizer: &'a Tokenizer,
+}
+
 fn run(
-    name: &str,
-    model: &Qwen35,
-    tokenizer: &Tokenizer,
+    served: Served<'_>,
     job: &Prepared,
     caller: Caller<'_>,
     engine: &WeakEngine,
+    prefix: &mut PrefixCache,
     compute: &mut parking_lot::FairMutexGuard<'static, ()>,
 ) -> Result<Completion> {
+    let Served { name, model, tokenizer } = served;
     let Caller { events, cancel } = caller;
     super::faults::on_generation(name);
     let mut decoder = tokenizer.stream_decoder(true);
@@ -440,12 +463,21 @@ fn run(
             Control::Continue
         }
     };
-    let out = generate_prompt(model, &job.prompt, &job.opts, &mut on_progress).map_err(|e| match e {
+    // The longest cached prefix of this prompt, and snapshots to keep for the next request.
+    let (ids, resume) = prefix.resume(model, &job.prompt, &job.opts);
+    if let Some(s) = &resume.restored {
+        tracing::debug!(model = %name, request = job.id, cached = s.len, prompt = job.prompt.ids.len(), "prefix cache hit");
+    }
+    let out = generate_resumed(model, &job.prompt, &job.opts, resume, &mut on_progress);
+    let mut out = out.map_err(|e| match e {
         GenerateError::Mlx(e) => EngineError::Generate(cause(e)),
         e @ GenerateError::NoVision { .. } => EngineError::Images(e.to_string()),
         GenerateError::Images(message) => EngineError::InvalidImage(message),
         other => EngineError::InvalidRequest(other.to_string()),
     })?;
+    if let Some(ids) = &ids {
+        prefix.keep(ids, std::mem::take(&mut out.kept));
+    }
     if let Some(message) = decode_error {
         return Err(EngineError::Generate(cause(ErrorMessage(format!(
             "cannot decode the generated tokens: {message}"

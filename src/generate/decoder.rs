@@ -4,12 +4,13 @@
 use mlx::Array;
 
 use super::error::Result;
+use super::mtp::drafter::Drafter;
 use super::mtp::MtpDecoder;
 use super::options::GenerateOptions;
 use super::sampler::Sampler;
 use super::stats::{SpecStats, Stats};
 use super::step::Pipeline;
-use crate::cache::LayerCache;
+use crate::cache::{KvCache, LayerCache, Snapshot};
 use crate::model::Qwen35;
 
 pub enum Decoder<'m> {
@@ -18,31 +19,41 @@ pub enum Decoder<'m> {
     Mtp(Box<MtpDecoder<'m>>),
 }
 
+/// Where decoding starts: the caches after prefill, and what the MTP head has not seen yet.
+pub struct Start {
+    pub cache: Vec<LayerCache>,
+    /// Post-norm hidden states `[1, T, D]` of the positions the MTP head has not run on: the whole
+    /// prompt, or after a restored prefix its last position and the rest of the prompt.
+    pub hidden: Array,
+    /// The T tokens that follow those positions (the last is `first`).
+    pub next_tokens: Vec<u32>,
+    /// The head's cache of a restored prefix (one entry per pair before `hidden`).
+    pub head: Option<KvCache>,
+    /// The token sampled after the prompt.
+    pub first: u32,
+}
+
 /// Plain decoding: the newest sampled token is fed, the next one sampled.
 pub struct Plain<'m> {
     model: &'m Qwen35,
     cache: Vec<LayerCache>,
     /// The newest sampled token, not yet fed to the model.
     last: u32,
+    /// The post-norm hidden state `[1, 1, D]` at the newest token fed (a snapshot's).
+    hidden: Array,
     steps: Pipeline,
 }
 
 impl<'m> Decoder<'m> {
-    /// Starts from a prefilled cache: `hidden` holds the prompt's post-norm hidden states and
-    /// `first` the token sampled after the prompt. MTP runs when asked for and the model has a
-    /// head; when asked for and impossible, the statistics say why.
-    pub fn new(
-        model: &'m Qwen35,
-        opts: &GenerateOptions,
-        cache: Vec<LayerCache>,
-        hidden: &Array,
-        prompt: &[u32],
-        first: u32,
-        stats: &mut Stats,
-    ) -> Result<Decoder<'m>> {
-        if opts.mtp.enabled && model.has_mtp() && opts.max_tokens > 1 {
+    /// Starts from a prefilled cache. MTP runs when asked for and the model has a head
+    /// ([`GenerateOptions::runs_mtp`]); when asked for and impossible, the statistics say why.
+    pub fn new(model: &'m Qwen35, opts: &GenerateOptions, start: Start, stats: &mut Stats) -> Result<Decoder<'m>> {
+        let Start { cache, hidden, next_tokens, head, first } = start;
+        if opts.runs_mtp(model) {
             stats.spec = Some(SpecStats::new(opts.mtp.depth));
-            let mut mtp = MtpDecoder::new(model, &opts.mtp, cache, hidden, prompt, first);
+            let head = head.or_else(|| model.make_mtp_cache()).unwrap_or_default();
+            let drafter = Drafter::resume(head, &hidden, next_tokens);
+            let mut mtp = MtpDecoder::new(model, &opts.mtp, cache, drafter, first, &opts.stop_ids);
             if let Some(oracle) = &opts.oracle {
                 mtp = mtp.with_oracle(oracle);
             }
@@ -52,7 +63,29 @@ impl<'m> Decoder<'m> {
             let why = model.mtp_status.reason.clone().unwrap_or_else(|| "the model has no MTP head".into());
             stats.spec = Some(SpecStats::fallback(opts.mtp.depth, why));
         }
-        Ok(Decoder::Plain(Plain { model, cache, last: first, steps: Pipeline::default() }))
+        let t = hidden.dim(1);
+        let hidden = hidden.slice_axis(1, t - 1, t)?;
+        Ok(Decoder::Plain(Plain { model, cache, last: first, hidden, steps: Pipeline::default() }))
+    }
+
+    /// The state after the tokens the caches hold now (`history`, plus the newest token when a
+    /// pipelined step already fed it): those tokens and their snapshot, KV cut in `block`s.
+    pub fn snapshot(&mut self, history: &[u32], block: usize) -> Result<(Vec<u32>, Snapshot)> {
+        match self {
+            Decoder::Plain(p) => {
+                let mut tokens = history.to_vec();
+                let hidden = match p.steps.ahead_hidden() {
+                    Some(h) => {
+                        tokens.push(p.last);
+                        h.clone()
+                    }
+                    None => p.hidden.clone(),
+                };
+                let snap = Snapshot::take(&p.cache, None, &hidden, tokens.len(), block)?;
+                Ok((tokens, snap))
+            }
+            Decoder::Mtp(m) => Ok(m.snapshot(history, block)?),
+        }
     }
 
     /// Produces the next tokens (at least one). `history` holds the prompt and every emitted token
@@ -81,8 +114,10 @@ impl<'m> Decoder<'m> {
 impl Plain<'_> {
     /// One token (pipelined where sampling allows, see [`Pipeline`]).
     fn step(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, remaining: usize) -> Result<Vec<u32>> {
-        let (_, next) = self.steps.step(self.model, &mut self.cache, sampler, history, self.last, remaining > 1)?;
+        let (hidden, next) =
+            self.steps.step(self.model, &mut self.cache, sampler, history, self.last, remaining > 1)?;
         self.last = next;
+        self.hidden = hidden;
         Ok(vec![next])
     }
 }

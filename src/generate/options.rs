@@ -61,6 +61,11 @@ impl Default for GenerateOptions {
 }
 
 impl GenerateOptions {
+    /// Whether decoding runs MTP: asked for, the model has a head, and more than one token wanted.
+    pub fn runs_mtp(&self, model: &Qwen35) -> bool {
+        self.mtp.enabled && model.has_mtp() && self.max_tokens > 1
+    }
+
     /// Checks the prompt and these options against `model` before anything is computed.
     pub fn check(&self, model: &Qwen35, prompt: &[u32]) -> Result<()> {
         if prompt.is_empty() {

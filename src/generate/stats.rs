@@ -6,6 +6,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ts_rs::TS)]
 pub struct Stats {
     pub prompt_tokens: usize,
+    /// Prompt tokens restored from the prefix cache instead of prefilled (part of `prompt_tokens`).
+    #[serde(default)]
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     pub ttft_ms: f64,
     pub prefill_tok_s: f64,

@@ -89,6 +89,11 @@ impl Pipeline {
         Ok((current.hidden, current.token.item::<u32>()?))
     }
 
+    /// The hidden state at the token the step running ahead fed (the caches already hold it).
+    pub fn ahead_hidden(&self) -> Option<&Array> {
+        self.ahead.as_ref().map(|s| &s.hidden)
+    }
+
     /// Whether a step is already running.
     pub fn is_running(&self) -> bool {
         self.ahead.is_some()

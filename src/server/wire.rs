@@ -138,6 +138,14 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// OpenAI's breakdown of the prompt tokens.
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct PromptTokensDetails {
+    /// Restored from the prefix cache instead of prefilled.
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -146,6 +154,7 @@ impl Usage {
             prompt_tokens: stats.prompt_tokens,
             completion_tokens: stats.completion_tokens,
             total_tokens: stats.prompt_tokens + stats.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: stats.cached_tokens },
         }
     }
 }

@@ -17,6 +17,7 @@ mod load_layouts;
 mod mtp_decode;
 mod mtp_probe;
 mod mtp_regression;
+mod prefix_cache;
 mod relocate;
 mod server_api;
 mod server_conversations;

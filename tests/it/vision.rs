@@ -18,7 +18,7 @@ fn vlm() -> Qwen35 {
         .expect("load tiny-vlm")
 }
 
-fn reference() -> PathBuf {
+pub(crate) fn reference() -> PathBuf {
     fixture("tiny-vlm-reference.safetensors")
 }
 
@@ -27,7 +27,7 @@ fn read_i64(path: &Path, name: &str) -> Vec<i64> {
 }
 
 /// The fixture's processor output (transformers) as an `ImageInput`.
-fn fixture_image() -> ImageInput {
+pub(crate) fn fixture_image() -> ImageInput {
     let (pixel_values, shape) = read_f32(&reference(), "pixel_values");
     let g = read_ids(&reference(), "image_grid_thw");
     ImageInput {
@@ -102,7 +102,7 @@ fn prefill_logits(
     chunk: usize,
 ) -> (Vec<f32>, Vec<tandem::cache::LayerCache>) {
     let mut cache = m.make_cache();
-    let h = prefill_images(m, ids, images, &mut cache, chunk).unwrap();
+    let h = prefill_images(m, ids, 0, images, &mut cache, chunk).unwrap();
     (m.logits(&h).unwrap().to_f32_vec().unwrap(), cache)
 }
 
@@ -318,7 +318,7 @@ fn a_text_only_model_refuses_images() {
 /// tandem-tiny (trained text model and MTP head) with a small random vision tower grafted on: `visual.safetensors`
 /// beside a copy of its weights, and a `vision_config` in its config. Its greedy text after an image is not
 /// degenerate and its MTP head accepts drafts, unlike the random tiny VLM's.
-fn tandem_tiny_with_eyes(dir: &Path) -> Qwen35 {
+pub(crate) fn tandem_tiny_with_eyes(dir: &Path) -> Qwen35 {
     let src = tiny_model_dir();
     for f in ["model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();

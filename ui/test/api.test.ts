@@ -88,7 +88,7 @@ describe('chat', () => {
           chunk('Hel'),
           chunk('lo'),
           `data: ${JSON.stringify(chunkOf({}, {}, 'stop'))}\n\n`,
-          `data: ${JSON.stringify(chunkOf({}, { choices: [], usage: { prompt_tokens: 42, completion_tokens: 27, total_tokens: 69 }, stats: SAMPLE_STATS }))}\n\n`,
+          `data: ${JSON.stringify(chunkOf({}, { choices: [], usage: { prompt_tokens: 42, completion_tokens: 27, total_tokens: 69, prompt_tokens_details: { cached_tokens: 0 } }, stats: SAMPLE_STATS }))}\n\n`,
           'data: [DONE]\n\n',
           chunk('never read'),
         ]),

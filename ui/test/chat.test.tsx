@@ -115,7 +115,7 @@ describe('ChatView', () => {
     await waitFor(() => byId('message-content')!.textContent!.trim() === 'Hello there', 'the streamed text');
     expect(q('[data-testid="message-content"] strong')?.textContent).toBe('Hello');
 
-    stream.send(`data: ${JSON.stringify(chunkOf({}, { choices: [], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 }, stats: SAMPLE_STATS }))}\n\n`);
+    stream.send(`data: ${JSON.stringify(chunkOf({}, { choices: [], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5, prompt_tokens_details: { cached_tokens: 0 } }, stats: SAMPLE_STATS }))}\n\n`);
     stream.send('data: [DONE]\n\n');
     stream.close();
     await waitFor(() => byId('message-assistant')!.dataset.streaming === 'false', 'the end of the stream');
@@ -226,7 +226,7 @@ async function storeWithImage(): Promise<MemoryStore> {
 function replyOnce(text: string) {
   const s = controlledStream();
   s.content(text);
-  s.send(`data: ${JSON.stringify(chunkOf({}, { choices: [], usage: { prompt_tokens: 30, completion_tokens: 12, total_tokens: 42 } }))}\n\n`);
+  s.send(`data: ${JSON.stringify(chunkOf({}, { choices: [], usage: { prompt_tokens: 30, completion_tokens: 12, total_tokens: 42, prompt_tokens_details: { cached_tokens: 0 } } }))}\n\n`);
   s.send('data: [DONE]\n\n');
   s.close();
   return s.response;

@@ -54,6 +54,7 @@ export function mockFetch(routes: Record<string, Route>) {
 /** A sample Statistics object, consistent with itself: depth 3, 10 cycles of 3 drafts, 17 accepted. */
 export const SAMPLE_STATS: Stats = {
   prompt_tokens: 42,
+  cached_tokens: 0,
   completion_tokens: 27,
   ttft_ms: 85.5,
   prefill_tok_s: 491.2,

@@ -54,6 +54,7 @@ pub fn resolve(model: Option<&str>) -> Result<ModelEntry> {
             source: ModelSource::Path,
             mtp: Default::default(),
             sampling: Default::default(),
+            prefix_cache_bytes: None,
         }),
         (_, Err(e)) => Err(e),
     }

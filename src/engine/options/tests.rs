@@ -8,6 +8,7 @@ fn entry() -> ModelEntry {
         source: ModelSource::Path,
         mtp: MtpSettings { enabled: true, depth: 3, adaptive: true },
         sampling: SamplingSettings { temperature: 0.5, max_tokens: 100, ..SamplingSettings::default() },
+        prefix_cache_bytes: None,
     }
 }
 

@@ -33,13 +33,44 @@ impl Drafter {
     pub fn new(model: &Qwen35, hidden: &Array, prompt: &[u32], first: u32) -> Drafter {
         let mut tokens: Vec<u32> = prompt[1..].to_vec();
         tokens.push(first);
+        Drafter::resume(model.make_mtp_cache().unwrap_or_default(), hidden, tokens)
+    }
+
+    /// Starts from a head cache that already holds the pairs before the first of `hidden`
+    /// (`[1, T, D]`), which pair with the T `next_tokens` (a restored prefix: see `cache::Snapshot`).
+    pub fn resume(cache: KvCache, hidden: &Array, next_tokens: Vec<u32>) -> Drafter {
         Drafter {
-            cache: model.make_mtp_cache().unwrap_or_default(),
+            cache,
             pending_hidden: vec![hidden.clone()],
-            pending_tokens: tokens,
+            pending_tokens: next_tokens,
             catch_up_ms: 0.0,
             chunk: queries_per_varying_pass().unwrap_or(usize::MAX),
         }
+    }
+
+    /// Runs the pending pairs through the head, all of them or all but the last, so that its cache
+    /// holds one entry per pair up to there (a snapshot's); returns the last pair's hidden state
+    /// when it stays pending.
+    pub fn settle(&mut self, model: &Qwen35, keep_last: bool) -> Result<Option<Array>> {
+        let hidden = concatenate(&self.pending_hidden.iter().collect::<Vec<_>>(), 1)?;
+        let n = hidden.dim(1);
+        let run = if keep_last { n - 1 } else { n };
+        let last = keep_last.then(|| hidden.slice_axis(1, n - 1, n)).transpose()?;
+        if run > 0 {
+            let tokens = self.pending_tokens.clone();
+            self.pending_hidden = vec![hidden.slice_axis(1, 0, run)?];
+            self.pending_tokens.truncate(run as usize);
+            self.flush(model)?;
+            if let Some(h) = &last {
+                self.queue([h.clone()], &tokens[run as usize..]);
+            }
+        }
+        Ok(last)
+    }
+
+    /// The head's cache.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
     }
 
     /// Catches up at most `n` pairs per head pass (the backend decides by default).

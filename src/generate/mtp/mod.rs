@@ -24,7 +24,7 @@ use super::options::MtpOptions;
 use super::sampler::Sampler;
 use super::stats::{SpecStats, Stats};
 use super::step::{step, Pipeline};
-use crate::cache::{LayerCache, Verify};
+use crate::cache::{LayerCache, Snapshot, Verify};
 use crate::model::Qwen35;
 
 pub struct MtpDecoder<'m> {
@@ -44,6 +44,8 @@ pub struct MtpDecoder<'m> {
     /// When the previous step returned: a step's cost is the time between returns, which is what
     /// a token costs when steps overlap with the host's work.
     returned: Option<Instant>,
+    /// Tokens that end the generation: acceptance stops at a draft of one.
+    stop_ids: Vec<u32>,
 }
 
 /// What a verify decided and what the committed positions look like.
@@ -59,20 +61,21 @@ struct Verified {
 }
 
 impl<'m> MtpDecoder<'m> {
-    /// Starts from a prefilled cache: `hidden` holds the prompt's post-norm hidden states and
-    /// `first` the token sampled after the prompt.
+    /// Starts from a prefilled cache and a drafter primed on the prompt (`Drafter::new`, or
+    /// `Drafter::resume` after a restored prefix); `first` is the token sampled after the prompt.
+    /// A draft of a token in `stop_ids` ends the cycle's acceptance (see [`MtpDecoder::verify`]).
     pub fn new(
         model: &'m Qwen35,
         opts: &MtpOptions,
         cache: Vec<LayerCache>,
-        hidden: &Array,
-        prompt: &[u32],
+        drafter: Drafter,
         first: u32,
+        stop_ids: &[u32],
     ) -> MtpDecoder<'m> {
         MtpDecoder {
             model,
             cache,
-            drafter: Drafter::new(model, hidden, prompt, first),
+            drafter,
             opts: opts.clone(),
             last: first,
             ctl: Controller::new(opts.adaptive, opts.depth),
@@ -80,7 +83,28 @@ impl<'m> MtpDecoder<'m> {
             oracle: None,
             steps: Pipeline::default(),
             returned: None,
+            stop_ids: stop_ids.to_vec(),
         }
+    }
+
+    /// The state after the tokens its caches hold (`history`, and `last` too while a parked step
+    /// runs ahead), with the head's cache settled to match; returns those tokens and the snapshot.
+    pub fn snapshot(&mut self, history: &[u32], block: usize) -> Result<(Vec<u32>, Snapshot)> {
+        let mut tokens = history.to_vec();
+        let hidden = match self.steps.ahead_hidden() {
+            Some(h) => {
+                let h = h.clone();
+                tokens.push(self.last);
+                self.drafter.settle(self.model, false)?;
+                h
+            }
+            None => self
+                .drafter
+                .settle(self.model, true)?
+                .ok_or_else(|| mlx::Error::Invalid("the MTP head has no pending pair".into()))?,
+        };
+        let snap = Snapshot::take(&self.cache, Some(self.drafter.cache()), &hidden, tokens.len(), block)?;
+        Ok((tokens, snap))
     }
 
     /// Drafts from `oracle`'s continuation instead of the head's guesses; the head still runs.
@@ -194,7 +218,13 @@ impl<'m> MtpDecoder<'m> {
         let drafts = drafts.to_vec::<u32>()?;
         let t2 = Instant::now();
         history.push(self.last);
-        let (accepted, next) = accept(sampler, &logits, &drafts, history)?;
+        let (mut accepted, mut next) = accept(sampler, &logits, &drafts, history)?;
+        // An accepted draft that ends the generation is emitted as the cycle's last token instead
+        // of being fed: the same tokens come out, and the caches hold exactly the prompt and the
+        // reply (what the prefix cache keeps for the next turn), not tokens past the end.
+        if let Some(j) = drafts[..accepted].iter().position(|d| self.stop_ids.contains(d)) {
+            (accepted, next) = (j, drafts[j]);
+        }
         history.extend_from_slice(&drafts[..accepted]);
         let t3 = Instant::now();
         verify.commit(accepted + 1)?;
@@ -213,7 +243,7 @@ impl<'m> MtpDecoder<'m> {
             let (h, tok) = step(self.model, &mut self.cache, sampler, history, fed)?;
             hidden.push(h);
             match drafts.get(hidden.len() - 1) {
-                Some(&d) if d == tok => fed = tok,
+                Some(&d) if d == tok && !self.stop_ids.contains(&tok) => fed = tok,
                 _ => break tok,
             }
         };
