@@ -215,20 +215,11 @@ pub struct ModelEntry {
     pub source: ModelSource,
     pub mtp: MtpSettings,
     pub sampling: SamplingSettings,
-    /// The prefix cache's byte cap while the model is loaded (0: off); None: the engine's default.
-    pub prefix_cache_bytes: Option<u64>,
 }
 
 impl ModelEntry {
     fn with_defaults(name: String, path: PathBuf, source: ModelSource) -> Self {
-        Self {
-            name,
-            path,
-            source,
-            mtp: MtpSettings::default(),
-            sampling: SamplingSettings::default(),
-            prefix_cache_bytes: None,
-        }
+        Self { name, path, source, mtp: MtpSettings::default(), sampling: SamplingSettings::default() }
     }
 }
 
@@ -326,7 +317,6 @@ struct EntrySpec {
     mtp: MtpSettings,
     #[serde(default)]
     sampling: SamplingSettings,
-    prefix_cache_bytes: Option<u64>,
 }
 
 /// models.toml, loaded and validated, and the models folder it names.
@@ -535,7 +525,6 @@ impl Registry {
                 source: ModelSource::Configured,
                 mtp: entry.mtp,
                 sampling: entry.sampling,
-                prefix_cache_bytes: entry.prefix_cache_bytes,
             });
         }
         for e in &spec.catalog {
@@ -738,7 +727,7 @@ pub fn seed_user_config(defaults: &Path, user: &Path) -> Result<()> {
     );
     // The defaults' own opening comment speaks of the defaults file: the header replaces it.
     let body = doc.to_string();
-    let body = body.trim_start_matches(|c: char| c == '\n').to_owned();
+    let body = body.trim_start_matches('\n').to_owned();
     let rest: String = {
         let mut lines = body.split_inclusive('\n').peekable();
         while lines.peek().is_some_and(|l| l.starts_with('#')) {
