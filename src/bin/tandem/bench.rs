@@ -29,6 +29,11 @@ pub struct BenchArgs {
     /// verify and rollback do their real work.
     #[arg(long, value_name = "P")]
     oracle_acceptance: Option<f64>,
+    /// Measure a chat's second turn instead: turn 1 is the prompt and its reply (`--gen-tokens`),
+    /// turn 2 resends both with a new message; time to first token of turn 2 without and with the
+    /// prefix cache, at each depth of `--depths`.
+    #[arg(long)]
+    prefix_cache: bool,
     /// Print one JSON object with every run's statistics instead of the table.
     #[arg(long)]
     json: bool,
@@ -96,6 +101,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         ids.extend(l.tokenizer.encode(TEXT, false)?);
     }
     ids.truncate(a.prompt_tokens);
+    if a.prefix_cache {
+        return prefix_turns(&a, &l, &ids);
+    }
     let opts_for = |depth: usize, adaptive: bool| GenerateOptions {
         max_tokens: a.gen_tokens,
         sampling: SamplingParams::greedy(),
@@ -219,6 +227,96 @@ fn warm_up(
     // The adaptive controller's own path (its probes, parking, the head's catch-up).
     for &(depth, adaptive) in plan.iter().filter(|&&(_, adaptive)| adaptive) {
         run(&GenerateOptions { max_tokens: WARM_TOKENS, ..opts_for(depth, adaptive) })?;
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct TurnRun {
+    depth: usize,
+    turn2_tokens: usize,
+    cached_tokens: usize,
+    /// Medians over the repetitions.
+    ttft_ms_cold: f64,
+    ttft_ms_cached: f64,
+    speedup: f64,
+    same_tokens: bool,
+}
+
+/// `--prefix-cache`: turn 2 of a conversation, cold and from the prefix cache (a fresh cache per
+/// repetition, filled by turn 1, so each measures the next-turn hit and not a repeat of turn 2).
+fn prefix_turns(a: &BenchArgs, l: &crate::model_arg::Loaded, turn1: &[u32]) -> Result<()> {
+    use tandem::engine::prefix_cache::PrefixCache;
+    use tandem::generate::{generate_resumed, Prompt, Resume};
+    const REPEATS: usize = 3;
+    let question =
+        l.tokenizer.encode("\n\nWhat did he find at sea, and why did he go back to it every year?", false)?;
+    let mut runs = Vec::new();
+    for &depth in &a.depths {
+        let opts = |n: usize| GenerateOptions {
+            max_tokens: n,
+            sampling: SamplingParams::greedy(),
+            mtp: MtpOptions { enabled: depth > 0, depth: depth.max(1), adaptive: false, exact_verify: false },
+            ..Default::default()
+        };
+        let generate_in = |cache: &mut PrefixCache, prompt: &Prompt, n: usize| -> Result<tandem::generate::Output> {
+            let (ids, resume) = cache.resume(&l.model, prompt, &opts(n));
+            let mut out = generate_resumed(&l.model, prompt, &opts(n), resume, &mut |_| Control::Continue)?;
+            if let Some(ids) = ids {
+                cache.keep(&ids, std::mem::take(&mut out.kept));
+            }
+            Ok(out)
+        };
+        let (mut cold, mut cached) = (Vec::new(), Vec::new());
+        let (mut same, mut turn2_tokens, mut cached_tokens) = (true, 0, 0);
+        for _ in 0..REPEATS {
+            let mut cache = PrefixCache::new(u64::MAX);
+            let reply = generate_in(&mut cache, &Prompt::text(turn1.to_vec()), a.gen_tokens)?.tokens;
+            let turn2 = Prompt::text([turn1, &reply, &question].concat());
+            turn2_tokens = turn2.ids.len();
+            let c = generate_resumed(&l.model, &turn2, &opts(8), Resume::default(), &mut |_| Control::Continue)?;
+            let w = generate_in(&mut cache, &turn2, 8)?;
+            same &= c.tokens == w.tokens;
+            cached_tokens = w.stats.cached_tokens;
+            cold.push(c.stats.ttft_ms);
+            cached.push(w.stats.ttft_ms);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (ttft_ms_cold, ttft_ms_cached) = (median(&mut cold), median(&mut cached));
+        let run = TurnRun {
+            depth,
+            turn2_tokens,
+            cached_tokens,
+            ttft_ms_cold,
+            ttft_ms_cached,
+            speedup: ttft_ms_cold / ttft_ms_cached.max(1e-9),
+            same_tokens: same,
+        };
+        if !a.json {
+            eprintln!(
+                "depth {depth}: turn 2 of {} tokens ({} cached): TTFT {:.1} ms cold, {:.1} ms from the prefix cache ({:.1}x){}",
+                run.turn2_tokens,
+                run.cached_tokens,
+                run.ttft_ms_cold,
+                run.ttft_ms_cached,
+                run.speedup,
+                if run.same_tokens { "" } else { "  TOKENS DIFFER" }
+            );
+        }
+        runs.push(run);
+    }
+    if a.json {
+        let report = serde_json::json!({
+            "model": l.entry.name,
+            "backend": format!("{:?}", mlx::device::backend()),
+            "turn1_tokens": turn1.len(),
+            "reply_tokens": a.gen_tokens,
+            "prefix_cache": runs,
+        });
+        crate::out::line(serde_json::to_string_pretty(&report)?);
     }
     Ok(())
 }
