@@ -235,7 +235,7 @@ async fn search(State(hub): State<Arc<Hub>>, Query(q): Query<Search>) -> Respons
         .chain(hub.others.iter().map(|r| (r.id.clone(), r.downloads)))
         .filter(|(id, _)| id.to_lowercase().contains(&needle))
         .collect();
-    found.sort_by(|a, b| b.1.cmp(&a.1));
+    found.sort_by_key(|f| std::cmp::Reverse(f.1));
     found.truncate(q.limit.unwrap_or(1000));
     let mut body: Vec<serde_json::Value> = found
         .into_iter()
