@@ -215,11 +215,20 @@ pub struct ModelEntry {
     pub source: ModelSource,
     pub mtp: MtpSettings,
     pub sampling: SamplingSettings,
+    /// The prefix cache's byte cap while the model is loaded (0: off); None: the engine's default.
+    pub prefix_cache_bytes: Option<u64>,
 }
 
 impl ModelEntry {
     fn with_defaults(name: String, path: PathBuf, source: ModelSource) -> Self {
-        Self { name, path, source, mtp: MtpSettings::default(), sampling: SamplingSettings::default() }
+        Self {
+            name,
+            path,
+            source,
+            mtp: MtpSettings::default(),
+            sampling: SamplingSettings::default(),
+            prefix_cache_bytes: None,
+        }
     }
 }
 
@@ -317,6 +326,7 @@ struct EntrySpec {
     mtp: MtpSettings,
     #[serde(default)]
     sampling: SamplingSettings,
+    prefix_cache_bytes: Option<u64>,
 }
 
 /// models.toml, loaded and validated, and the models folder it names.
@@ -525,6 +535,7 @@ impl Registry {
                 source: ModelSource::Configured,
                 mtp: entry.mtp,
                 sampling: entry.sampling,
+                prefix_cache_bytes: entry.prefix_cache_bytes,
             });
         }
         for e in &spec.catalog {
