@@ -130,12 +130,26 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Who holds `ip:port`, as far as can be told: a Tandem server (it answers /api/health as one), else
-/// the program that has the socket open (Linux, when it is this user's), else nothing.
-pub(crate) fn port_holder(ip: std::net::IpAddr, port: u16) -> Option<String> {
+/// Who holds a port this server could not bind.
+#[derive(Debug, Default)]
+pub(crate) struct PortHolder {
+    /// The address probed, and whether what answers `GET /api/health` there is a Tandem.
+    pub tandem: Option<std::net::SocketAddr>,
+    /// The program with the socket open, and its pid (Linux, when it is this user's).
+    pub process: Option<(String, u32)>,
+}
+
+/// Who holds `ip:port`, as far as can be told: a Tandem server (it answers /api/health as one), and
+/// the program that has the socket open.
+pub(crate) fn port_holder(ip: std::net::IpAddr, port: u16) -> PortHolder {
     use std::io::{Read, Write};
-    let ip = if ip.is_unspecified() { std::net::IpAddr::from([127, 0, 0, 1]) } else { ip };
+    let ip = match ip {
+        std::net::IpAddr::V4(v4) if v4.is_unspecified() => std::net::IpAddr::from([127, 0, 0, 1]),
+        std::net::IpAddr::V6(v6) if v6.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
     let addr = std::net::SocketAddr::new(ip, port);
+    let mut holder = PortHolder { tandem: None, process: socket_owner(port) };
     if let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
         let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
         let req = format!("GET /api/health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
@@ -145,15 +159,15 @@ pub(crate) fn port_holder(ip: std::net::IpAddr, port: u16) -> Option<String> {
         }
         let reply = String::from_utf8_lossy(&reply);
         if reply.contains("\"models_loaded\"") && reply.contains("\"backend\"") {
-            return Some(format!("another Tandem (open http://{addr}/ to use it)"));
+            holder.tandem = Some(addr);
         }
     }
-    socket_owner(port)
+    holder
 }
 
 /// The process with a listening TCP socket on `port` open, from /proc (Linux).
 #[cfg(target_os = "linux")]
-fn socket_owner(port: u16) -> Option<String> {
+fn socket_owner(port: u16) -> Option<(String, u32)> {
     let mut inodes = Vec::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         for line in std::fs::read_to_string(table).unwrap_or_default().lines().skip(1) {
@@ -178,9 +192,9 @@ fn socket_owner(port: u16) -> Option<String> {
         for fd in fds.flatten() {
             let Ok(target) = std::fs::read_link(fd.path()) else { continue };
             if inodes.iter().any(|i| target.as_os_str() == i.as_str()) {
-                let pid = proc_dir.file_name().to_string_lossy().into_owned();
+                let pid = proc_dir.file_name().to_string_lossy().parse().ok()?;
                 let name = std::fs::read_to_string(proc_dir.path().join("comm")).unwrap_or_default();
-                return Some(format!("{} (pid {pid})", name.trim()));
+                return Some((name.trim().to_string(), pid));
             }
         }
     }
@@ -188,7 +202,7 @@ fn socket_owner(port: u16) -> Option<String> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn socket_owner(_port: u16) -> Option<String> {
+fn socket_owner(_port: u16) -> Option<(String, u32)> {
     None
 }
 
@@ -201,9 +215,10 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let who = port_holder("127.0.0.1".parse().unwrap(), port);
+        assert_eq!(who.tandem, None, "a bare socket is no Tandem");
         if cfg!(target_os = "linux") {
-            let who = who.expect("the holder is this test process");
-            assert!(who.contains(&format!("pid {}", std::process::id())), "{who}");
+            let (_, pid) = who.process.expect("the holder is this test process");
+            assert_eq!(pid, std::process::id());
         }
     }
 

@@ -332,15 +332,7 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
     }
     let listener = match tokio::net::TcpListener::bind((ip, config.port)).await {
         Ok(l) => l,
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            let holder = tokio::task::spawn_blocking(move || listen::port_holder(ip, config.port)).await.ok().flatten();
-            anyhow::bail!(
-                "cannot listen on {ip}:{}: the port is in use{}; choose another with --port",
-                config.port,
-                holder.map(|h| format!(" by {h}")).unwrap_or_default()
-            )
-        }
-        Err(e) => return Err(e).with_context(|| format!("cannot listen on {ip}:{}", config.port)),
+        Err(e) => return Err(bind_error(ip, config.port, e).await),
     };
     let addr = listener.local_addr().context("cannot read the bound address")?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -362,6 +354,30 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
     let limits = listen::Limits { max_connections: config.max_connections, header_timeout: config.header_timeout };
     let task = tokio::spawn(listen::serve(listener, app, limits, state.shutdown.clone()));
     Ok(RunningServer { addr, engine, shutdown: shutdown_tx, task })
+}
+
+/// Why `ip:port` cannot be listened on, saying who holds a busy port: another Tandem by its URL
+/// (and pid), else the port, the OS's error and the program holding it where the OS tells.
+async fn bind_error(ip: IpAddr, port: u16, e: std::io::Error) -> anyhow::Error {
+    use std::io::ErrorKind;
+    if !matches!(e.kind(), ErrorKind::AddrInUse | ErrorKind::PermissionDenied) {
+        return anyhow::anyhow!("cannot listen on {ip}:{port}: {e}");
+    }
+    let holder = match e.kind() {
+        ErrorKind::AddrInUse => tokio::task::spawn_blocking(move || listen::port_holder(ip, port)).await.ok(),
+        _ => None,
+    };
+    let holder = holder.unwrap_or_default();
+    let pid = holder.process.as_ref().map(|(_, pid)| format!(" (pid {pid})")).unwrap_or_default();
+    match (holder.tandem, holder.process) {
+        (Some(addr), _) => anyhow::anyhow!(
+            "Tandem is already serving on http://{addr}{pid}: use that one, or choose another port with --port"
+        ),
+        (None, Some((name, _))) => {
+            anyhow::anyhow!("cannot listen on {ip}:{port}: {e}, held by {name}{pid}; choose another port with --port")
+        }
+        (None, None) => anyhow::anyhow!("cannot listen on {ip}:{port}: {e}; choose another port with --port"),
+    }
 }
 
 fn router(state: Arc<AppState>) -> Router {

@@ -19,6 +19,7 @@ mod mtp_probe;
 mod mtp_regression;
 mod prefix_cache;
 mod relocate;
+mod serve_port;
 mod server_api;
 mod server_conversations;
 mod server_images;
