@@ -19,10 +19,10 @@ PY := $(VENV)/bin/python
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup setup-mlx setup-venv setup-system setup-assets setup-ui build run test test-rust test-python test-ui clean
+.PHONY: setup setup-mlx setup-venv setup-system setup-assets setup-ui setup-package build run test test-rust test-python test-ui package package-test clean
 
 ## setup: idempotent; installs only what is missing.
-setup: setup-mlx setup-venv setup-system setup-assets setup-ui
+setup: setup-mlx setup-venv setup-system setup-assets setup-ui setup-package
 
 # The official MLX binaries from PyPI, unpacked (libmlx, headers, CMake config). crates/mlx/build.rs finds them here.
 setup-mlx: $(MLX_DIR)/.stamp-$(MLX_VERSION)
@@ -68,6 +68,13 @@ setup-ui:
 	  fi; \
 	fi
 
+# The Tauri CLI that bundles the desktop app (prebuilt, from npm; tools/package/package.json).
+setup-package: tools/package/node_modules/.package-lock.json
+tools/package/node_modules/.package-lock.json: tools/package/package-lock.json
+	@echo "setup: npm ci (the Tauri CLI, tools/package)"
+	cd tools/package && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 build: setup-mlx
 	$(CARGO) build --release --bin tandem
 
@@ -79,6 +86,15 @@ run: setup
 test: setup
 	@bash tools/test.sh
 
+## package: the desktop app as this platform's bundle, MLX inside (release): a .deb and an AppImage on
+## Linux, Tandem.app and a .dmg on macOS, under target/release/bundle/ (tools/package.sh).
+package: setup-mlx setup-system setup-ui setup-package
+	@bash tools/package.sh
+
+## package-test: a debug .deb, unpacked and launched under Xvfb (tests/desktop/package.sh; `make test` runs it last).
+package-test: setup
+	@bash tests/desktop/package.sh
+
 clean:
 	$(CARGO) clean
-	rm -rf .mlx $(VENV) .cache ui/node_modules ui/dist
+	rm -rf .mlx $(VENV) .cache ui/node_modules ui/dist tools/package/node_modules

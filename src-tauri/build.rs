@@ -1,15 +1,20 @@
 //! Tauri's build step (config, icons, the shell's page), and the rpath to the MLX library, always
-//! relative to the binary: `mlx/lib` beside it (the build tree, where crates/mlx's build script links
-//! it, and the Linux package), and in the macOS bundle the copy in `Contents/Resources/mlx/lib`
-//! (with `mlx.metallib` beside it, where MLX looks for it).
+//! relative to the binary (`rpath.rs`): `mlx/lib` beside it in the build tree, where crates/mlx's
+//! build script links it, and in the bundles the copy `make package` puts in the app's resources
+//! (`usr/lib/Tandem/mlx/lib` in the Linux packages, `Contents/Resources/mlx/lib` in the macOS app,
+//! with `mlx.metallib` beside `libmlx.dylib`, where MLX looks for it).
+#[path = "rpath.rs"]
+mod rpath;
+
 fn main() {
-    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
-        println!("cargo:rustc-link-arg-bins=-Wl,-rpath,@executable_path/../Resources/mlx/lib");
+    let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    for path in rpath::app(&os) {
+        println!("cargo:rustc-link-arg-bins=-Wl,-rpath,{path}");
     }
-    // Beside the binary, or one folder up for test binaries in `deps/`.
-    let origin =
-        if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") { "@loader_path" } else { "$ORIGIN" };
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{origin}/mlx/lib");
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{origin}/../mlx/lib");
+    // Every target: test binaries (the bin's own unit tests included) live in `deps/`.
+    for path in rpath::tests(&os) {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{path}");
+    }
+    println!("cargo:rerun-if-changed=rpath.rs");
     tauri_build::build();
 }

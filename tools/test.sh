@@ -29,3 +29,8 @@ if [ -f tests/desktop/run.sh ]; then
   echo "== Desktop smoke test =="
   bash tests/desktop/run.sh
 fi
+
+if [ -f tests/desktop/package.sh ]; then
+  echo "== Linux package: the .deb, unpacked and run =="
+  bash tests/desktop/package.sh
+fi

@@ -10,7 +10,9 @@
 //! - a folder dropped on the window is chosen in the engine (conversions may read it) and handed to
 //!   the UI (`window.onFolderDropped`);
 //! - the UI's Browse… opens the native folder dialog through `POST /api/folders/pick`, which only this
-//!   window can call: it carries a token the shell gives the window alone (`folder_dialog`).
+//!   window can call: it carries a token the shell gives the window alone (`folder_dialog`);
+//! - one instance: a second launch brings this window forward and exits (the single-instance plugin),
+//!   so two engines never serve the same models.toml and models folder.
 
 // No console window next to the app on Windows release builds.
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
@@ -51,6 +53,13 @@ fn main() {
         .init();
 
     let app = tauri::Builder::default()
+        // First of all: a second launch finds this one (D-Bus on Linux, a socket on macOS), hands it
+        // its arguments and exits before starting an engine of its own; this one shows its window.
+        .plugin(tauri_plugin_single_instance::init(|app, argv, _cwd| {
+            // The desktop smoke test waits for this line.
+            tracing::info!(?argv, "another launch of Tandem: showing this window instead");
+            show_main_window(app);
+        }))
         .setup(|app| {
             if let Err(error) = start(app) {
                 // The person sees why in the window rather than a window that never appears.
@@ -189,7 +198,9 @@ pub fn show_main_window(app: &tauri::AppHandle) {
     if let Some(window) = app.get_webview_window(MAIN_WINDOW) {
         let _ = window.unminimize();
         let _ = window.show();
-        let _ = window.set_focus();
+        if let Err(error) = window.set_focus() {
+            tracing::warn!("cannot focus the window: {error}");
+        }
     }
 }
 
@@ -230,8 +241,13 @@ fn stop(app: &tauri::AppHandle) {
 }
 
 #[cfg(test)]
+#[path = "../rpath.rs"]
+mod rpath;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rpath;
 
     #[test]
     fn the_window_stays_on_the_servers_origin() {
@@ -256,35 +272,106 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_macos_bundle_carries_mlx_where_the_rpath_points() {
+    /// tauri.conf.json with `tauri.<platform>.conf.json` merged in, as the Tauri CLI builds it, and
+    /// checked to be a valid Tauri config.
+    fn bundle_config(platform: &str) -> serde_json::Value {
         let read = |name: &str| -> serde_json::Value {
-            serde_json::from_str(
-                &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/").to_owned() + name).unwrap(),
-            )
-            .unwrap()
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
         };
         let mut config = read("tauri.conf.json");
-        merge(&mut config, read("tauri.macos.conf.json"));
-        let config: tauri::utils::config::Config = serde_json::from_value(config).expect("a valid Tauri config");
-        let mac = &config.bundle.macos;
+        merge(&mut config, read(&format!("tauri.{platform}.conf.json")));
+        let _: tauri::utils::config::Config = serde_json::from_value(config.clone()).expect("a valid Tauri config");
+        config
+    }
+
+    fn text<'a>(value: &'a serde_json::Value, pointer: &str) -> &'a str {
+        value.pointer(pointer).and_then(|v| v.as_str()).unwrap_or_else(|| panic!("{pointer} is not set"))
+    }
+
+    /// The macOS app (which cannot be built here): `libmlx.dylib` and `mlx.metallib` from the
+    /// wheel, side by side (MLX looks for `mlx.metallib` beside the library that holds it first, then
+    /// in `Resources/` below it: `current_binary_dir()` in its metal/device.cpp), in the folder the
+    /// binary's `@executable_path` rpath names; the wheel's `libmlx.dylib` is `@rpath/libmlx.dylib`.
+    #[test]
+    fn the_macos_bundle_carries_mlx_where_the_rpath_points() {
+        let config = bundle_config("macos");
+        assert_eq!(text(&config, "/productName"), rpath::PRODUCT_NAME);
         assert_eq!(
-            mac.minimum_system_version.as_deref(),
-            Some("14.0"),
+            text(&config, "/bundle/macOS/minimumSystemVersion"),
+            "14.0",
             "the mlx-metal wheel's libmlx is built for macOS 14"
         );
-        let dylib =
-            mac.files.get(std::path::Path::new("Resources/mlx/lib/libmlx.dylib")).expect("libmlx.dylib is bundled");
-        let metallib =
-            mac.files.get(std::path::Path::new("Resources/mlx/lib/mlx.metallib")).expect("mlx.metallib is bundled");
-        // MLX looks for mlx.metallib beside libmlx.
-        assert_eq!(dylib.parent(), metallib.parent());
-        let build = include_str!("../build.rs");
-        assert!(build.contains("@executable_path/../Resources/mlx/lib"), "build.rs sets the bundle's rpath");
-        assert_eq!(mac.info_plist.as_deref(), Some(std::path::Path::new("Info.plist")));
+        let targets = config.pointer("/bundle/targets").unwrap().to_string();
+        assert!(targets.contains("\"app\"") && targets.contains("\"dmg\""), "{targets}");
+        // `bundle.macOS.files`: destinations relative to `Contents/`, sources relative to src-tauri.
+        let files = config.pointer("/bundle/macOS/files").and_then(|f| f.as_object()).expect("bundle.macOS.files");
+        let find = |name: &str| {
+            let (to, from) = files
+                .iter()
+                .find(|(to, _)| to.ends_with(&format!("/{name}")))
+                .unwrap_or_else(|| panic!("{name} is not in the bundle ({files:?})"));
+            assert_eq!(from.as_str(), Some(format!("../.mlx/wheel/mlx/lib/{name}").as_str()), "{name} from the wheel");
+            std::path::PathBuf::from(to)
+        };
+        let dylib = find("libmlx.dylib");
+        let metallib = find("mlx.metallib");
+        assert_eq!(dylib.parent(), metallib.parent(), "MLX looks for mlx.metallib beside libmlx.dylib");
+        let folder = dylib.parent().unwrap().to_str().unwrap();
+        // The binary is Contents/MacOS/Tandem, so `@executable_path/..` is Contents.
+        let rpaths = rpath::app("macos");
+        assert!(
+            rpaths.contains(&format!("@executable_path/../{folder}")),
+            "the binary's rpath {rpaths:?} does not name Contents/{folder}"
+        );
+        assert!(rpaths.iter().chain(&rpath::tests("macos")).all(|p| p.starts_with('@')), "{rpaths:?}");
+        assert_eq!(text(&config, "/bundle/macOS/infoPlist"), "Info.plist");
         let plist = include_str!("../Info.plist");
         assert!(plist.contains("<key>NSAllowsLocalNetworking</key>"), "the window may load http://127.0.0.1");
-        let resources = serde_json::to_value(&config.bundle.resources).unwrap().to_string();
+        let resources = config.pointer("/bundle/resources").unwrap().to_string();
         assert!(resources.contains("ui/dist") && resources.contains("models/tandem-tiny"), "{resources}");
+    }
+
+    /// The Linux packages: libmlx.so in `usr/lib/Tandem/mlx/lib/`, where the binary's `$ORIGIN` rpath
+    /// reaches from `usr/bin/`, and each of the wheel's `*.libs` folders where libmlx's own rpath
+    /// (`$ORIGIN/../../<name>.libs`) reaches; with the UI and the bundled model, in the .deb and the
+    /// AppImage alike. They are the bundler's `files`, never `bundle.resources`: tauri-build copies
+    /// resources into the build tree at every build, and there `mlx/` and `*.libs` are links to the
+    /// unpacked wheel, which the copy would truncate. tests/desktop/package.sh runs the .deb itself.
+    #[test]
+    fn the_linux_packages_carry_mlx_where_the_rpath_points() {
+        let config = bundle_config("linux");
+        let targets = config.pointer("/bundle/targets").unwrap().to_string();
+        assert!(targets.contains("\"deb\"") && targets.contains("\"appimage\""), "{targets}");
+        let resources = config.pointer("/bundle/resources").map(|r| r.to_string()).unwrap_or_default();
+        assert!(!resources.contains(".mlx"), "MLX among the resources, copied into the build tree: {resources}");
+        let product = text(&config, "/productName");
+        let lib = format!("/usr/lib/{product}");
+        // The binary is usr/bin/Tandem.
+        let rpaths = rpath::app("linux");
+        assert!(rpaths.contains(&format!("$ORIGIN/../lib/{product}/mlx/lib")), "{rpaths:?}");
+        assert!(rpath::app("linux").iter().chain(&rpath::tests("linux")).all(|p| p.starts_with("$ORIGIN")));
+        let mut wanted = vec![
+            (format!("{lib}/mlx/lib/libmlx.so"), "../.mlx/wheel/mlx/lib/libmlx.so".to_string()),
+            (format!("{lib}/ui/dist"), "../ui/dist".into()),
+            (format!("{lib}/models/tandem-tiny"), "../assets/models/tandem-tiny".into()),
+        ];
+        let wheel = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.mlx/wheel");
+        for entry in std::fs::read_dir(&wheel).expect("the MLX wheel (make setup)").flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".libs") {
+                wanted.push((format!("{lib}/{name}"), format!("../.mlx/wheel/{name}")));
+            }
+        }
+        assert!(wanted.len() > 3, "the mlx-cpu wheel has a *.libs folder (BLAS, LAPACK)");
+        for bundle in ["deb", "appimage"] {
+            let files = config
+                .pointer(&format!("/bundle/linux/{bundle}/files"))
+                .and_then(|f| f.as_object())
+                .unwrap_or_else(|| panic!("bundle.linux.{bundle}.files"));
+            for (to, from) in &wanted {
+                assert_eq!(files.get(to).and_then(|v| v.as_str()), Some(from.as_str()), "{bundle}: {to}");
+            }
+        }
     }
 }

@@ -4,8 +4,10 @@
 # the window to load the UI from the in-process server, takes a screenshot (target/desktop/), checks
 # that the window rendered a page (not a blank frame), that the in-process server answers
 # /api/health and serves the UI, then drives the tray menu over D-Bus (tray.py: model, live tok/s,
-# memory, load, unload, quit) and checks that Quit ends the app cleanly; last, starts it on a broken
-# models.toml and checks that the window shows the error (target/desktop/startup-error.png).
+# memory, load, unload, quit) and checks that Quit ends the app cleanly; before the tray, a second
+# launch, which must exit and focus the first window (x11.py counts the windows and reads the focus);
+# last, starts it on a broken models.toml and checks that the window shows the error
+# (target/desktop/startup-error.png).
 # Called by tools/test.sh; runs alone too: `bash tests/desktop/run.sh`.
 set -euo pipefail
 if [ "$(uname -s)" = Darwin ]; then
@@ -37,9 +39,9 @@ echo "desktop: built in $(( $(date +%s) - start )) s"
 APP=$ROOT/target/debug/tandem-desktop
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tandem-desktop.XXXXXX")
-XVFB_PID= APP_PID=
+XVFB_PID= APP_PID= SECOND_PID=
 cleanup() {
-  for pid in $APP_PID $XVFB_PID; do
+  for pid in $SECOND_PID $APP_PID $XVFB_PID; do
     if kill -0 "$pid" 2>/dev/null; then
       kill "$pid" 2>/dev/null || true
       for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
@@ -135,6 +137,38 @@ echo "desktop: screenshot $OUT/window.png: $verdict"
 case "$verdict" in *'"rendered": true'*) ;; *) fail "the window looks blank" ;; esac
 [ -n "$settled" ] || echo "desktop: (the window was still changing after 60 s)"
 kill -0 "$APP_PID" 2>/dev/null || fail "the app exited"
+
+# One instance: a second launch hands over to the first (over D-Bus) and exits without starting an
+# engine; the first shows and focuses its window, and there is still one window and one server.
+[ "$(python3 tests/desktop/x11.py windows Tandem)" = 1 ] || fail "not one Tandem window before the second launch"
+python3 tests/desktop/x11.py unfocus
+[ -z "$(python3 tests/desktop/x11.py focus)" ] || fail "the focus could not be taken from the window"
+servers=$(grep -c 'serving on' "$WORK/app.log")
+TANDEM_CONFIG="$WORK/models.toml" TANDEM_UI_DIR="$ROOT/ui/dist" TANDEM_PORT=0 \
+  WEBKIT_DISABLE_COMPOSITING_MODE=1 WEBKIT_DISABLE_DMABUF_RENDERER=1 LIBGL_ALWAYS_SOFTWARE=1 NO_AT_BRIDGE=1 \
+  "$APP" >"$WORK/second.log" 2>&1 &
+SECOND_PID=$!
+for _ in $(seq 200); do kill -0 "$SECOND_PID" 2>/dev/null || break; sleep 0.1; done   # at most 20 s
+if kill -0 "$SECOND_PID" 2>/dev/null; then
+  kill "$SECOND_PID"; cat "$WORK/second.log" >&2; fail "a second launch was still running after 20 s"
+fi
+status=0; wait "$SECOND_PID" || status=$?
+[ "$status" = 0 ] || { cat "$WORK/second.log" >&2; fail "the second launch exited with status $status"; }
+if grep -q 'serving on\|starting Tandem' "$WORK/second.log"; then
+  cat "$WORK/second.log" >&2; fail "the second launch started an engine of its own"
+fi
+for _ in $(seq 100); do grep -q "another launch of Tandem" "$WORK/app.log" && break; sleep 0.1; done
+grep -q "another launch of Tandem" "$WORK/app.log" || fail "the first instance did not hear of the second launch"
+focused=
+for _ in $(seq 50); do focused=$(python3 tests/desktop/x11.py focus); [ "$focused" = Tandem ] && break; sleep 0.1; done
+[ "$focused" = Tandem ] || fail "the first window was not focused after the second launch (focus: '$focused')"
+windows=$(python3 tests/desktop/x11.py windows Tandem)
+[ "$windows" = 1 ] || fail "$windows Tandem windows after a second launch"
+[ "$(grep -c 'serving on' "$WORK/app.log")" = "$servers" ] || fail "the first instance started a second server"
+python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/api/health", timeout=10)' "$URL" \
+  || fail "the first instance stopped answering after the second launch"
+kill -0 "$APP_PID" 2>/dev/null || fail "the app exited after a second launch"
+echo "desktop: a second launch exited (status 0) and focused the first window; one window, one server"
 
 # The tray menu, as a desktop's indicator host sees it; its last click is Quit.
 python3 tests/desktop/tray.py --pid "$APP_PID" --url "$URL" || fail "the tray menu check failed"
