@@ -146,12 +146,15 @@ mod tests {
 
     #[test]
     fn a_development_build_uses_its_checkouts_registry() {
+        // A home where nothing can be written (a plain file, so not even root can make a folder in it):
+        // the checkout's file itself.
+        let root = scratch("no-home");
+        std::fs::write(root.join("home"), "not a folder").unwrap();
         let cx = Environment {
             exe: Some(repo().join("target/debug/tandem-desktop")),
-            home: Some("/nonexistent".into()),
+            home: Some(root.join("home")),
             ..Environment::default()
         };
-        // No home folder to write in: the checkout's file itself.
         assert_eq!(Locations::resolve_in(&cx).unwrap().models_toml, repo().join("models.toml"));
     }
 
