@@ -705,7 +705,8 @@ pub fn seed_user_config(defaults: &Path, user: &Path) -> Result<()> {
     if user.is_file() {
         return Ok(());
     }
-    let text = std::fs::read_to_string(defaults).map_err(|error| RegistryError::Io { path: defaults.to_owned(), error })?;
+    let text =
+        std::fs::read_to_string(defaults).map_err(|error| RegistryError::Io { path: defaults.to_owned(), error })?;
     Registry::parse(defaults, &text)?;
     let mut doc: DocumentMut = text.parse().map_err(|e| parse_error(defaults, &text, e))?;
     let base = defaults.parent().unwrap_or(Path::new("")).canonicalize().unwrap_or_default();

@@ -13,7 +13,9 @@ pub mod stats;
 pub mod step;
 
 pub use constraint::{Constraint, GrammarSpec, Grammars};
-pub use decode::{generate, generate_prompt, generate_resumed, Control, FinishReason, Kept, Output, Progress, Prompt, Resume};
+pub use decode::{
+    generate, generate_prompt, generate_resumed, Control, FinishReason, Kept, Output, Progress, Prompt, Resume,
+};
 pub use decoder::Decoder;
 pub use error::GenerateError;
 pub use mtp::oracle::Oracle;

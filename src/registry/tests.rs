@@ -434,7 +434,10 @@ fn the_user_config_is_seeded_from_the_defaults_and_changes_never_reach_them() {
     // The same models at the same places, read from the user's file; comments kept.
     let (d, u) = (Registry::load(&defaults).unwrap(), Registry::load(&user).unwrap());
     assert_eq!(u.models_dir(), checkout.canonicalize().unwrap().join("models"));
-    assert_eq!(u.get("tiny").unwrap().path.canonicalize().unwrap(), d.get("tiny").unwrap().path.canonicalize().unwrap());
+    assert_eq!(
+        u.get("tiny").unwrap().path.canonicalize().unwrap(),
+        d.get("tiny").unwrap().path.canonicalize().unwrap()
+    );
     let written = std::fs::read_to_string(&user).unwrap();
     assert!(written.contains("# bundled") && written.contains("# scanned"), "{written}");
     assert!(written.starts_with("# Your Tandem settings, first written from"), "{written}");

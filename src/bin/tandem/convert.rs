@@ -279,7 +279,8 @@ mod tests {
     fn calibration_shows_modules_and_tokens_and_writing_shows_bytes() {
         let start = shown(&[]);
         assert!(start.contains("reading the source") && !start.contains("0 B"), "{start:?}");
-        let cal = |done| ConvertEvent::Calibrating { module: "layers.3.mlp.up_proj".into(), done, total: 40, tokens: 256 };
+        let cal =
+            |done| ConvertEvent::Calibrating { module: "layers.3.mlp.up_proj".into(), done, total: 40, tokens: 256 };
         let calibrating = shown(&[cal(1), cal(12)]);
         assert!(calibrating.contains("12/40 modules measured"), "{calibrating:?}");
         assert!(calibrating.contains("layers.3.mlp.up_proj (256 calibration tokens)"), "{calibrating:?}");
