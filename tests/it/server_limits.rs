@@ -370,6 +370,6 @@ async fn server_on_a_busy_port_says_who_holds_it() {
         Ok(_) => panic!("a second server started on a busy port"),
         Err(e) => format!("{e:#}"),
     };
-    assert!(err.contains("in use by another Tandem") && err.contains(&first.addr().to_string()), "{err}");
+    assert!(err.contains("Tandem is already serving on") && err.contains(&first.addr().to_string()), "{err}");
     first.shutdown().await.unwrap();
 }
