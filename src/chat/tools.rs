@@ -214,6 +214,13 @@ impl CallStream {
         out
     }
 
+    /// [`CallStream::push`] for a streaming route: the text, and the index in [`CallStream::calls`] of the
+    /// first call this piece closed (`calls[first..]` are the new ones, empty when none).
+    pub fn feed(&mut self, piece: &str) -> (String, usize) {
+        let first = self.calls.len();
+        (self.push(piece), first)
+    }
+
     /// The end of the answer: what was held back (an unclosed call stays text).
     pub fn finish(&mut self) -> String {
         let rest = std::mem::take(&mut self.pending);

@@ -434,9 +434,8 @@ pub async fn messages(State(state): State<Arc<AppState>>, bytes: Bytes) -> Resul
                     let (text, new) = match calls.as_mut() {
                         None => (text, Vec::new()),
                         Some(calls) => {
-                            let before = calls.calls.len();
-                            let text = calls.push(&text);
-                            (text, calls.calls[before..].to_vec())
+                            let (text, first) = calls.feed(&text);
+                            (text, calls.calls[first..].to_vec())
                         }
                     };
                     if !blocks.text(&tx, &text) || !blocks.calls(&tx, &id, &new) {

@@ -384,15 +384,14 @@ async fn answer(state: &AppState, req: Request, stream: bool, kind: Kind) -> Res
                 Event::Delta { text, .. } => match calls.as_mut() {
                     None => vec![Value::Object(piece(kind, &model, &text))],
                     Some(calls) => {
-                        let before = calls.calls.len();
-                        let text = calls.push(&text);
+                        let (text, first) = calls.feed(&text);
                         let mut lines = Vec::new();
                         if !text.is_empty() {
                             lines.push(Value::Object(piece(kind, &model, &text)));
                         }
-                        if calls.calls.len() > before {
+                        if calls.calls.len() > first {
                             let mut o = piece(kind, &model, "");
-                            o["message"]["tool_calls"] = calls_json(&calls.calls[before..]);
+                            o["message"]["tool_calls"] = calls_json(&calls.calls[first..]);
                             lines.push(Value::Object(o));
                         }
                         lines

@@ -602,10 +602,9 @@ fn chunks(
                     let mut events = Vec::new();
                     let text = match st.calls.as_mut() {
                         Some(calls) => {
-                            let before = calls.calls.len();
-                            let text = calls.push(&text);
-                            if calls.calls.len() > before {
-                                events.extend(call_chunks(&st.meta, &calls.calls, before, st.include_usage));
+                            let (text, first) = calls.feed(&text);
+                            if calls.calls.len() > first {
+                                events.extend(call_chunks(&st.meta, &calls.calls, first, st.include_usage));
                             }
                             text
                         }

@@ -66,3 +66,16 @@ fn a_named_choice_must_be_among_the_tools() {
     assert!(e.contains("`g`"), "{e}");
     assert_eq!(grammar(&ToolUse { choice: ToolChoice::Auto, ..uses }, CallFormat::Json), Ok(None));
 }
+
+#[test]
+fn feeding_a_stream_names_exactly_the_calls_each_piece_closed() {
+    let call = |n: &str| format!("<tool_call>\n{{\"name\": \"{n}\", \"arguments\": {{}}}}\n</tool_call>");
+    let pieces = [format!("a {}", &call("f")[..5]), format!("{} b ", &call("f")[5..]), call("g") + &call("h"), "c".into()];
+    let mut s = CallStream::default();
+    let mut new: Vec<Vec<String>> = Vec::new();
+    for p in &pieces {
+        let (_, first) = s.feed(p);
+        new.push(s.calls[first..].iter().map(|c| c.name.clone()).collect());
+    }
+    assert_eq!(new, [vec![], vec!["f".to_owned()], vec!["g".to_owned(), "h".to_owned()], vec![]]);
+}
