@@ -70,7 +70,8 @@ fn a_named_choice_must_be_among_the_tools() {
 #[test]
 fn feeding_a_stream_names_exactly_the_calls_each_piece_closed() {
     let call = |n: &str| format!("<tool_call>\n{{\"name\": \"{n}\", \"arguments\": {{}}}}\n</tool_call>");
-    let pieces = [format!("a {}", &call("f")[..5]), format!("{} b ", &call("f")[5..]), call("g") + &call("h"), "c".into()];
+    let pieces =
+        [format!("a {}", &call("f")[..5]), format!("{} b ", &call("f")[5..]), call("g") + &call("h"), "c".into()];
     let mut s = CallStream::default();
     let mut new: Vec<Vec<String>> = Vec::new();
     for p in &pieces {
