@@ -175,6 +175,9 @@ pub struct Tokenizer {
     special_texts: Vec<String>,
     /// The same tokenizer with special tokens encoded as plain text, made on first need.
     literal: std::sync::OnceLock<tokenizers::Tokenizer>,
+    /// What each id spells (llguidance's reading of tokenizer.json), made on first need: grammars and
+    /// log-probabilities both read it.
+    spellings: std::sync::OnceLock<std::result::Result<Vec<Vec<u8>>, String>>,
     /// The template renders `tools` and assistant `tool_calls` itself.
     reads_tools: bool,
     call_format: tools::CallFormat,
@@ -250,6 +253,7 @@ impl Tokenizer {
             stop_ids: Vec::new(),
             special_texts,
             literal: std::sync::OnceLock::new(),
+            spellings: std::sync::OnceLock::new(),
             reads_tools,
             call_format,
         };
@@ -281,13 +285,16 @@ impl Tokenizer {
             .map_err(|e| ChatError::Codec { action: "decode ids", message: e.to_string() })
     }
 
-    /// The id of a token of the vocabulary (added tokens included), e.g. `<|im_end|>`.
     /// What each of the first `width` ids spells, as bytes (special tokens marked as llguidance
-    /// marks them; ids without a token empty): the vocabulary a grammar is compiled against.
+    /// marks them; ids without a token empty): the vocabulary a grammar is compiled against. The
+    /// tokenizer is read once; each call copies the table.
     pub fn token_bytes(&self, width: usize) -> std::result::Result<Vec<Vec<u8>>, String> {
-        let json: Json = serde_json::from_str(&self.inner.to_string(false).map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-        let mut bytes = llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| e.to_string())?;
+        let table = self.spellings.get_or_init(|| {
+            let json: Json = serde_json::from_str(&self.inner.to_string(false).map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+            llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| e.to_string())
+        });
+        let mut bytes = table.clone()?;
         if bytes.len() > width {
             return Err(format!("the tokenizer has {} ids, more than the model's {width} logits", bytes.len()));
         }
@@ -295,6 +302,7 @@ impl Tokenizer {
         Ok(bytes)
     }
 
+    /// The id of a token of the vocabulary (added tokens included), e.g. `<|im_end|>`.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }

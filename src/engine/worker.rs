@@ -88,7 +88,7 @@ pub(crate) struct Worker {
     grammars: std::sync::OnceLock<std::result::Result<Grammars, String>>,
 }
 
-/// What each token id spells, for log-probabilities (read per request that asks for them).
+/// What each token id spells, for log-probabilities (the tokenizer reads its table once).
 fn spelling(tokenizer: &Tokenizer, width: usize) -> Vec<Vec<u8>> {
     let mut bytes = tokenizer.token_bytes(width).unwrap_or_default();
     for b in &mut bytes {
