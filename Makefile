@@ -48,6 +48,8 @@ SYSTEM_PACKAGES := libwebkit2gtk-4.1-dev libgtk-3-dev libayatana-appindicator3-d
 # The desktop smoke test: xwd (screenshots of the Xvfb screen), a private D-Bus session and gdbus
 # (it drives the tray menu over D-Bus).
 SYSTEM_PACKAGES += x11-apps dbus-daemon libglib2.0-bin
+# The package test: readelf reads the binary's RUNPATH (dpkg-deb and ldd come with Debian itself).
+SYSTEM_PACKAGES += binutils
 setup-system:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
