@@ -98,6 +98,40 @@ impl Default for MtpSettings {
     }
 }
 
+/// How many generations of a model are decoded together (continuous batching), models.toml's
+/// `batch = { max_streams = 4, max_tokens = 65536 }`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, TS)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchSettings {
+    /// Generations in one batch at most; 1 decodes one request at a time, in arrival order.
+    pub max_streams: u32,
+    /// The batch's budget: the sum over its generations of the prompt's tokens and `max_tokens`
+    /// (what their caches may grow to). A request is admitted alone even when it is larger.
+    pub max_tokens: u32,
+}
+
+impl Default for BatchSettings {
+    fn default() -> Self {
+        Self { max_streams: 4, max_tokens: 65_536 }
+    }
+}
+
+impl BatchSettings {
+    pub fn check(&self) -> Result<(), SettingError> {
+        if !(1..=64).contains(&self.max_streams) {
+            return Err(SettingError {
+                field: "batch.max_streams",
+                value: self.max_streams.to_string(),
+                expected: "in 1..=64",
+            });
+        }
+        if self.max_tokens == 0 {
+            return Err(SettingError { field: "batch.max_tokens", value: "0".into(), expected: "1 or more" });
+        }
+        Ok(())
+    }
+}
+
 /// A setting outside its range: `mtp.depth = 9: must be in 1..=8`. The one place the ranges of
 /// models.toml's settings are checked, for the file, a settings change and a request alike.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -217,6 +251,7 @@ pub struct ModelEntry {
     pub sampling: SamplingSettings,
     /// The prefix cache's byte cap while the model is loaded (0: off); None: the engine's default.
     pub prefix_cache_bytes: Option<u64>,
+    pub batch: BatchSettings,
 }
 
 impl ModelEntry {
@@ -228,6 +263,7 @@ impl ModelEntry {
             mtp: MtpSettings::default(),
             sampling: SamplingSettings::default(),
             prefix_cache_bytes: None,
+            batch: BatchSettings::default(),
         }
     }
 }
@@ -327,6 +363,8 @@ struct EntrySpec {
     #[serde(default)]
     sampling: SamplingSettings,
     prefix_cache_bytes: Option<u64>,
+    #[serde(default)]
+    batch: BatchSettings,
 }
 
 /// models.toml, loaded and validated, and the models folder it names.
@@ -536,6 +574,7 @@ impl Registry {
                 mtp: entry.mtp,
                 sampling: entry.sampling,
                 prefix_cache_bytes: entry.prefix_cache_bytes,
+                batch: entry.batch,
             });
         }
         for e in &spec.catalog {
@@ -684,7 +723,12 @@ fn validate(entry: &EntrySpec) -> Result<(), (&'static str, Invalid)> {
     if entry.path.trim().is_empty() {
         return Err(("path", Invalid::Message("the path is empty".into())));
     }
-    entry.mtp.check().and_then(|()| entry.sampling.check()).map_err(|e| (e.field, Invalid::Range(e)))
+    entry
+        .mtp
+        .check()
+        .and_then(|()| entry.sampling.check())
+        .and_then(|()| entry.batch.check())
+        .map_err(|e| (e.field, Invalid::Range(e)))
 }
 
 fn out_of_range(at: Place, model: &str, e: SettingError) -> RegistryError {

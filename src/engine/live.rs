@@ -28,8 +28,10 @@ pub struct StatsSnapshot {
     pub generating: bool,
     /// The model of the running generation, else of the last one.
     pub model: Option<String>,
-    /// The running generation's decode speed (0 when idle).
+    /// Decode speed now: the sum over the running generations (0 when idle).
     pub tok_s: f64,
+    /// Generations running now, over all models.
+    pub streams: usize,
     /// Draft acceptance of the running (else the last) generation, 0..1; null without MTP.
     pub acceptance: Option<f64>,
     /// Tokens per speculative cycle of the running (else the last) generation.
@@ -38,7 +40,7 @@ pub struct StatsSnapshot {
     pub stats: Option<Stats>,
     pub loaded_models: Vec<String>,
     pub models: Vec<LoadedModel>,
-    /// Generations running now, one per busy model.
+    /// Generations running now (several per model when requests are batched).
     pub running: Vec<RunningGeneration>,
     pub last: Option<LastGeneration>,
     /// Recent decode speed, oldest first.
@@ -52,7 +54,9 @@ pub struct LoadedModel {
     pub id: String,
     /// A generation is running.
     pub busy: bool,
-    /// Requests waiting behind the running one.
+    /// Generations running now (decoded together, in one batch).
+    pub running: usize,
+    /// Requests waiting for a place in the batch.
     pub queued: usize,
     pub mtp_loaded: bool,
     pub mtp_reason: Option<String>,
@@ -115,7 +119,8 @@ pub(crate) fn unix_ms() -> u64 {
 
 #[derive(Default)]
 struct State {
-    running: BTreeMap<String, RunningGeneration>,
+    /// By model and request.
+    running: BTreeMap<(String, u64), RunningGeneration>,
     last: Option<LastGeneration>,
     series: VecDeque<SeriesPoint>,
     totals: Totals,
@@ -189,7 +194,8 @@ impl Live {
             uptime_s: self.started.elapsed().as_secs_f64(),
             generating: running.is_some(),
             model,
-            tok_s: running.map_or(0.0, |r| r.stats.decode_tok_s),
+            tok_s: state.running.values().map(|r| r.stats.decode_tok_s).sum(),
+            streams: state.running.len(),
             acceptance: stats.as_ref().and_then(acceptance),
             tok_per_cycle: spec.filter(|s| s.cycles > 0).map(|s| {
                 if s.tok_per_cycle > 0.0 {
@@ -219,17 +225,13 @@ impl Live {
     /// Records the progress of a running generation; true when it is time to publish.
     pub fn progress(&self, model: &str, request: u64, stats: &Stats) -> bool {
         let mut state = lock(&self.state);
-        state
-            .running
-            .insert(model.to_owned(), RunningGeneration { model: model.to_owned(), request, stats: stats.clone() });
+        let generation = RunningGeneration { model: model.to_owned(), request, stats: stats.clone() };
+        state.running.insert((model.to_owned(), request), generation);
         let due = state.last_publish.is_none_or(|t| t.elapsed() >= PUBLISH_EVERY);
         if due && stats.completion_tokens > 1 {
-            let point = SeriesPoint {
-                t_ms: unix_ms(),
-                model: model.to_owned(),
-                tok_s: stats.decode_tok_s,
-                acceptance: acceptance(stats),
-            };
+            // The model's speed now: all its streams together.
+            let tok_s = state.running.values().filter(|r| r.model == model).map(|r| r.stats.decode_tok_s).sum();
+            let point = SeriesPoint { t_ms: unix_ms(), model: model.to_owned(), tok_s, acceptance: acceptance(stats) };
             push_point(&mut state.series, point);
         }
         if due {
@@ -241,7 +243,7 @@ impl Live {
     /// Records a finished generation.
     pub fn finished(&self, model: &str, request: u64, finish: FinishReason, stats: &Stats) {
         let mut state = lock(&self.state);
-        state.running.remove(model);
+        state.running.remove(&(model.to_owned(), request));
         state.totals.generations += 1;
         state.totals.prompt_tokens += stats.prompt_tokens as u64;
         state.totals.completion_tokens += stats.completion_tokens as u64;
@@ -264,8 +266,8 @@ impl Live {
     }
 
     /// Forgets a running generation that ended without stats (an error).
-    pub fn abandoned(&self, model: &str) {
-        lock(&self.state).running.remove(model);
+    pub fn abandoned(&self, model: &str, request: u64) {
+        lock(&self.state).running.remove(&(model.to_owned(), request));
     }
 }
 

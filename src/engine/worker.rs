@@ -1,5 +1,6 @@
 //! One loaded model: the thread that owns it, and the FIFO queue of its requests.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex, RwLock};
@@ -17,9 +18,10 @@ use super::{
     Event, Generation, Logprob, ModelFacts, Request, Result, TokenText, WeakEngine,
 };
 use crate::chat::Tokenizer;
+use crate::generate::batch::step_batch;
 use crate::generate::{
-    generate_resumed, Constraint, Control, FinishReason, GenerateError, GenerateOptions, GrammarSpec, Grammars,
-    Progress, Prompt, TokenLogprob,
+    Constraint, Control, FinishReason, GenerateError, GenerateOptions, GrammarSpec, Grammars, Output, Progress, Prompt,
+    Sequence, TokenLogprob,
 };
 use crate::model::{LoadOptions, Qwen35};
 use crate::registry::ModelEntry;
@@ -30,12 +32,14 @@ const RUNNING_STATS_EVERY: Duration = Duration::from_millis(250);
 /// State shared by the worker thread and the engine.
 #[derive(Default)]
 struct Shared {
-    /// Requests queued or running; bounded by 1 + queue_limit.
+    /// Requests queued or running; bounded by max_batch + queue_limit.
     in_flight: AtomicUsize,
-    busy: AtomicBool,
-    /// Set by unload: queued requests fail, the running one is cancelled.
+    /// Generations running now (in the batch).
+    running: AtomicUsize,
+    /// Set by unload: queued requests fail, the running ones are cancelled.
     closing: AtomicBool,
-    current: Mutex<Option<CancelHandle>>,
+    /// The running generations' requests and cancel handles.
+    current: Mutex<Vec<(u64, CancelHandle)>>,
     /// The prefix cache's figures (the cache itself lives on the worker thread, where MLX frees it).
     prefix: Mutex<PrefixCacheStats>,
 }
@@ -60,6 +64,11 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
+    /// Its share of a batch's token budget: the prompt and the most it may generate.
+    fn budget(&self) -> usize {
+        self.prompt.ids.len() + self.opts.max_tokens
+    }
+
     /// Frees the decoded images (once the prompt has been read) and gives their bytes back.
     fn free_images(&mut self) {
         self.prompt.images = Vec::new();
@@ -161,8 +170,13 @@ impl Worker {
                     if ready_tx.send(Ok(facts)).is_err() {
                         return;
                     }
-                    let cap = prefix_cache::cap(entry.prefix_cache_bytes);
-                    serve(&entry.name, &model, &tokenizer, &jobs_rx, &shared, &engine, cap);
+                    let limits = Limits {
+                        max_batch: entry.batch.max_streams.max(1) as usize,
+                        max_tokens: entry.batch.max_tokens as usize,
+                        prefix_cap: prefix_cache::cap(entry.prefix_cache_bytes),
+                    };
+                    let served = Served { name: &entry.name, model: &model, tokenizer: &tokenizer };
+                    serve(served, &jobs_rx, &shared, &engine, limits);
                     // Freeing MLX memory is MLX work too.
                     let _compute = super::compute_lock();
                     drop(model);
@@ -215,12 +229,13 @@ impl Worker {
     }
 
     pub fn loaded_model(&self) -> LoadedModel {
-        let busy = self.shared.busy.load(Ordering::SeqCst);
+        let running = self.shared.running.load(Ordering::SeqCst);
         let in_flight = self.shared.in_flight.load(Ordering::SeqCst);
         LoadedModel {
             id: self.entry().name,
-            busy,
-            queued: in_flight.saturating_sub(usize::from(busy)),
+            busy: running > 0,
+            running,
+            queued: in_flight.saturating_sub(running),
             mtp_loaded: self.info.mtp.loaded,
             mtp_reason: self.info.mtp.reason.clone(),
             prefix_cache: lock(&self.shared.prefix).clone(),
@@ -265,7 +280,8 @@ impl Worker {
     /// Puts a prepared request at the end of the queue, or refuses it when the queue is full.
     pub fn enqueue(&self, prepared: Prepared) -> Result<Generation> {
         let model = self.entry().name;
-        let limit = 1 + self.queue_limit;
+        // The batch's places, then the queue's.
+        let limit = self.entry().batch.max_streams.max(1) as usize + self.queue_limit;
         self.shared
             .in_flight
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1))
@@ -286,7 +302,7 @@ impl Worker {
     /// Starts unloading: queued requests will fail, the running one stops, the thread then ends.
     pub fn close(&self) {
         self.shared.closing.store(true, Ordering::SeqCst);
-        if let Some(current) = lock(&self.shared.current).as_ref() {
+        for (_, current) in lock(&self.shared.current).iter() {
             current.cancel();
         }
         lock(&self.jobs).take();
@@ -302,92 +318,383 @@ impl Worker {
     }
 }
 
-/// The worker's loop: one job at a time, in arrival order, until the queue is closed.
-fn serve(
-    name: &str,
-    model: &Qwen35,
-    tokenizer: &Tokenizer,
-    jobs: &std_mpsc::Receiver<Job>,
-    shared: &Shared,
-    engine: &WeakEngine,
-    prefix_cap: u64,
-) {
-    let mut prefix = PrefixCache::new(prefix_cap);
+/// The worker's loop: continuous batching. Requests join the running batch between steps, up to
+/// the model's `max_batch` (and its token budget), in arrival order; each step advances every
+/// running generation by one plain token or one MTP cycle in shared forwards
+/// (`generate::batch`); a generation leaves as soon as it ends. Alone, a generation steps as it
+/// always did (pipelined plain steps).
+fn serve(served: Served<'_>, jobs: &std_mpsc::Receiver<Job>, shared: &Shared, engine: &WeakEngine, limits: Limits) {
+    let name = served.name;
+    let mut prefix = PrefixCache::new(limits.prefix_cap);
     *lock(&shared.prefix) = prefix.stats();
-    while let Ok(job) = jobs.recv() {
-        let Job { mut prepared, events, cancel, slot } = job;
-        if shared.closing.load(Ordering::SeqCst) {
-            prepared.free_images();
-            drop(slot);
-            let _ = events.send(Event::Failed(EngineError::Unloaded(name.to_owned())));
-            continue;
-        }
-        if events.is_closed() {
-            continue;
-        }
-        if cancel.is_cancelled() {
-            prepared.free_images();
-            drop(slot);
-            let stats = crate::generate::Stats { prompt_tokens: prepared.prompt.ids.len(), ..Default::default() };
-            let done = Completion {
-                text: String::new(),
-                tokens: Vec::new(),
-                stats,
-                finish: FinishReason::Cancelled,
-                stop: None,
-                logprobs: Vec::new(),
-            };
-            let _ = events.send(Event::Done(done));
-            continue;
-        }
-        shared.busy.store(true, Ordering::SeqCst);
-        *lock(&shared.current) = Some(cancel.clone());
-        let _ = events.send(Event::Started);
-        let outcome = {
-            let mut compute = super::compute_lock();
-            let caller = Caller { events: &events, cancel: &cancel };
-            let prefix = &mut prefix;
-            catch_unwind(AssertUnwindSafe(|| {
-                run(Served { name, model, tokenizer }, &prepared, caller, engine, prefix, &mut compute)
-            }))
-        };
-        *lock(&shared.prefix) = prefix.stats();
-        let event = match outcome {
-            Ok(Ok(done)) => {
-                engine.with(|e| e.inner.live.finished(name, prepared.id, done.finish, &done.stats));
-                Event::Done(done)
+    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut active: Vec<Active<'_>> = Vec::new();
+    loop {
+        if active.is_empty() && waiting.is_empty() {
+            match jobs.recv() {
+                Ok(job) => waiting.push_back(job),
+                Err(_) => break,
             }
+        }
+        while let Ok(job) = jobs.try_recv() {
+            waiting.push_back(job);
+        }
+        while let Some(job) = waiting.front() {
+            let tokens = job.prepared.budget();
+            let in_flight: usize = active.iter().map(|a| a.budget).sum();
+            let room =
+                active.len() < limits.max_batch && (active.is_empty() || in_flight + tokens <= limits.max_tokens);
+            if !room {
+                break;
+            }
+            let Some(job) = waiting.pop_front() else { break };
+            if let Some(started) = admit(served, job, shared, engine, &mut prefix) {
+                active.push(started);
+            }
+        }
+        if active.is_empty() {
+            continue;
+        }
+        let outcome = {
+            let _compute = super::compute_lock();
+            let alone = active.len() == 1;
+            // A step may run ahead only when nothing could join before the next one.
+            let run_ahead = alone && waiting.is_empty();
+            catch_unwind(AssertUnwindSafe(|| step(served, &mut active, run_ahead, engine)))
+        };
+        match outcome {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                tracing::warn!(model = %name, request = prepared.id, "generation failed: {}", e.message());
-                engine.with(|e| e.inner.live.abandoned(name));
-                Event::Failed(e)
+                let e = engine_error(e);
+                tracing::warn!(model = %name, streams = active.len(), "generation failed: {}", e.message());
+                for a in active.drain(..) {
+                    a.fail(e.clone(), name, shared, engine);
+                }
             }
             Err(panic) => {
                 let message = panic_message(&panic);
-                tracing::error!(model = %name, request = prepared.id, "generation panicked: {message}");
-                engine.with(|e| e.inner.live.abandoned(name));
-                Event::Failed(EngineError::Internal(format!("the generation panicked: {message}")))
+                tracing::error!(model = %name, streams = active.len(), "generation panicked: {message}");
+                for a in active.drain(..) {
+                    a.fail(EngineError::Internal(format!("the generation panicked: {message}")), name, shared, engine);
+                }
             }
-        };
-        *lock(&shared.current) = None;
-        shared.busy.store(false, Ordering::SeqCst);
-        // The queue place (and the images' memory) is free before the caller hears the end.
-        prepared.free_images();
-        drop(slot);
-        let _ = events.send(event);
-        engine.with(|e| e.publish());
+        }
+        let (done, running): (Vec<_>, Vec<_>) =
+            active.drain(..).partition(|a| a.seq.as_ref().is_none_or(|s| s.is_done()));
+        active = running;
+        for a in done {
+            let _compute = super::compute_lock();
+            a.retire(served, shared, engine, &mut prefix);
+        }
+        *lock(&shared.prefix) = prefix.stats();
     }
     // Freeing the cache's arrays is MLX work too.
     let _compute = super::compute_lock();
     drop(prefix);
 }
 
-/// One generation: streams text deltas (stop sequences held back and cut) and returns the end.
-/// Who waits for a generation: where its events go and the handle that cancels it.
+/// A model's batching limits and prefix cache cap.
 #[derive(Clone, Copy)]
-struct Caller<'a> {
-    events: &'a mpsc::UnboundedSender<Event>,
-    cancel: &'a CancelHandle,
+struct Limits {
+    /// Generations decoded together at most.
+    max_batch: usize,
+    /// The batch's token budget: the sum of its generations' prompt and `max_tokens`.
+    max_tokens: usize,
+    prefix_cap: u64,
+}
+
+/// One step of every running generation: alone, or batched.
+fn step(
+    served: Served<'_>,
+    active: &mut [Active<'_>],
+    run_ahead: bool,
+    engine: &WeakEngine,
+) -> Result<(), GenerateError> {
+    if let [one] = active {
+        let Active { seq, stream, .. } = one;
+        if let Some(seq) = seq.as_mut() {
+            seq.step(run_ahead, &mut |p| stream.progress(served.name, p, engine))?;
+        }
+        return Ok(());
+    }
+    {
+        let mut seqs: Vec<&mut Sequence<'_>> = active.iter_mut().filter_map(|a| a.seq.as_mut()).collect();
+        step_batch(&mut seqs)?;
+    }
+    for a in active.iter_mut() {
+        let Active { seq, stream, .. } = a;
+        if let Some(seq) = seq.as_mut() {
+            seq.report(&mut |p| stream.progress(served.name, p, engine));
+        }
+    }
+    Ok(())
+}
+
+fn engine_error(e: GenerateError) -> EngineError {
+    match e {
+        GenerateError::Mlx(e) => EngineError::Generate(cause(e)),
+        e @ GenerateError::NoVision { .. } => EngineError::Images(e.to_string()),
+        GenerateError::Images(message) => EngineError::InvalidImage(message),
+        other => EngineError::InvalidRequest(other.to_string()),
+    }
+}
+
+/// Takes a job from the queue: one that can no longer run is answered at once; else its prompt is
+/// prefilled (from the longest cached prefix) and its first token reported.
+fn admit<'m>(
+    served: Served<'m>,
+    job: Job,
+    shared: &Shared,
+    engine: &WeakEngine,
+    prefix: &mut PrefixCache,
+) -> Option<Active<'m>> {
+    let Served { name, model, tokenizer } = served;
+    let Job { mut prepared, events, cancel, slot } = job;
+    if shared.closing.load(Ordering::SeqCst) {
+        prepared.free_images();
+        drop(slot);
+        let _ = events.send(Event::Failed(EngineError::Unloaded(name.to_owned())));
+        return None;
+    }
+    if events.is_closed() {
+        return None;
+    }
+    if cancel.is_cancelled() {
+        prepared.free_images();
+        drop(slot);
+        let stats = crate::generate::Stats { prompt_tokens: prepared.prompt.ids.len(), ..Default::default() };
+        let done = Completion {
+            text: String::new(),
+            tokens: Vec::new(),
+            stats,
+            finish: FinishReason::Cancelled,
+            stop: None,
+            logprobs: Vec::new(),
+        };
+        let _ = events.send(Event::Done(done));
+        return None;
+    }
+    shared.running.fetch_add(1, Ordering::SeqCst);
+    lock(&shared.current).push((prepared.id, cancel.clone()));
+    let _ = events.send(Event::Started);
+    let table = if prepared.opts.logprobs.is_some() {
+        spelling(tokenizer, model.config.text.vocab_size.max(0) as usize)
+    } else {
+        Vec::new()
+    };
+    let stream = Stream::new(tokenizer, &prepared, events, cancel, table);
+    let budget = prepared.budget();
+    let mut active = Active { prepared, stream, seq: None, cached_ids: None, slot, budget };
+    let started = {
+        let _compute = super::compute_lock();
+        let a = &mut active;
+        catch_unwind(AssertUnwindSafe(|| {
+            super::faults::on_generation(name);
+            // The longest cached prefix of this prompt, and snapshots to keep for the next request.
+            let (ids, resume) = prefix.resume(model, &a.prepared.prompt, &a.prepared.opts);
+            if let Some(s) = &resume.restored {
+                tracing::debug!(model = %name, request = a.prepared.id, cached = s.len, prompt = a.prepared.prompt.ids.len(), "prefix cache hit");
+            }
+            a.cached_ids = ids;
+            let stream = &mut a.stream;
+            let opts = a.prepared.opts.clone();
+            Sequence::start_prompt(model, &a.prepared.prompt, opts, resume, &mut |p| stream.progress(name, p, engine))
+        }))
+    };
+    active.prepared.free_images();
+    match started {
+        Ok(Ok(seq)) => {
+            active.seq = Some(seq);
+            Some(active)
+        }
+        Ok(Err(e)) => {
+            let e = engine_error(e);
+            tracing::warn!(model = %name, request = active.prepared.id, "generation failed: {}", e.message());
+            active.fail(e, name, shared, engine);
+            None
+        }
+        Err(panic) => {
+            let message = panic_message(&panic);
+            tracing::error!(model = %name, request = active.prepared.id, "generation panicked: {message}");
+            active.fail(EngineError::Internal(format!("the generation panicked: {message}")), name, shared, engine);
+            None
+        }
+    }
+}
+
+/// A running generation: its request, what streams its text, and its sequence.
+struct Active<'m> {
+    prepared: Prepared,
+    stream: Stream<'m>,
+    /// None only while it starts.
+    seq: Option<Sequence<'m>>,
+    /// The tokens the prefix cache keys this generation's snapshots by.
+    cached_ids: Option<Vec<u64>>,
+    slot: Slot,
+    /// Its share of the batch's token budget.
+    budget: usize,
+}
+
+impl Active<'_> {
+    /// Ends it with an error (it leaves the batch).
+    fn fail(self, e: EngineError, model: &str, shared: &Shared, engine: &WeakEngine) {
+        let Active { prepared, stream, slot, .. } = self;
+        stream.leave(prepared.id, shared);
+        engine.with(|en| en.inner.live.abandoned(model, prepared.id));
+        drop(slot);
+        let _ = stream.events.send(Event::Failed(e));
+        engine.with(|e| e.publish());
+    }
+
+    /// Ends it after its last step: the rest of its text, the statistics, the prefix cache's snapshots.
+    fn retire(self, served: Served<'_>, shared: &Shared, engine: &WeakEngine, prefix: &mut PrefixCache) {
+        let Active { prepared, mut stream, seq, cached_ids, slot, .. } = self;
+        let Some(seq) = seq else { return };
+        let mut out = seq.finish();
+        if let Some(ids) = &cached_ids {
+            prefix.keep(ids, std::mem::take(&mut out.kept));
+        }
+        stream.leave(prepared.id, shared);
+        let event = match stream.complete(out) {
+            Ok(done) => {
+                engine.with(|e| e.inner.live.finished(served.name, prepared.id, done.finish, &done.stats));
+                Event::Done(done)
+            }
+            Err(e) => {
+                tracing::warn!(model = %served.name, request = prepared.id, "generation failed: {}", e.message());
+                engine.with(|e| e.inner.live.abandoned(served.name, prepared.id));
+                Event::Failed(e)
+            }
+        };
+        // The queue place is free before the caller hears the end.
+        drop(slot);
+        let _ = stream.events.send(event);
+        engine.with(|e| e.publish());
+    }
+}
+
+/// Who waits for a generation, and what its text has been so far: stop sequences held back and
+/// cut, token bytes decoded to text, log-probabilities spelled.
+struct Stream<'t> {
+    events: mpsc::UnboundedSender<Event>,
+    cancel: CancelHandle,
+    decoder: crate::chat::StreamDecoder<'t>,
+    stopper: StopMatcher,
+    text: String,
+    kept: Vec<u32>,
+    decode_error: Option<String>,
+    stats_sent: Option<Instant>,
+    table: Vec<Vec<u8>>,
+    logprobs: Vec<Logprob>,
+    request: u64,
+}
+
+impl<'t> Stream<'t> {
+    fn new(
+        tokenizer: &'t Tokenizer,
+        job: &Prepared,
+        events: mpsc::UnboundedSender<Event>,
+        cancel: CancelHandle,
+        table: Vec<Vec<u8>>,
+    ) -> Stream<'t> {
+        Stream {
+            events,
+            cancel,
+            decoder: tokenizer.stream_decoder(true),
+            stopper: StopMatcher::new(&job.stop),
+            text: String::new(),
+            kept: Vec::new(),
+            decode_error: None,
+            stats_sent: None,
+            table,
+            logprobs: Vec::new(),
+            request: job.id,
+        }
+    }
+
+    /// Streams one step's tokens as a text delta; says whether the generation goes on.
+    fn progress(&mut self, model: &str, p: Progress<'_>, engine: &WeakEngine) -> Control {
+        let mut delta = String::new();
+        let mut ids = Vec::new();
+        for &t in p.new_tokens {
+            if self.stopper.matched().is_some() || self.decode_error.is_some() {
+                break;
+            }
+            ids.push(t);
+            match self.decoder.step(t) {
+                Ok(Some(piece)) => delta.push_str(&self.stopper.push(&piece)),
+                Ok(None) => {}
+                Err(e) => self.decode_error = Some(e.to_string()),
+            }
+        }
+        self.kept.extend_from_slice(&ids);
+        self.text.push_str(&delta);
+        let logprobs: Vec<Logprob> = p.logprobs.iter().take(ids.len()).map(|l| with_text(&self.table, l)).collect();
+        self.logprobs.extend(logprobs.iter().cloned());
+        let stats = if self.stats_sent.is_none_or(|t| t.elapsed() >= RUNNING_STATS_EVERY) {
+            self.stats_sent = Some(Instant::now());
+            Some(p.stats.clone())
+        } else {
+            None
+        };
+        let events = &self.events;
+        let gone = !ids.is_empty() && events.send(Event::Delta { text: delta, tokens: ids, stats, logprobs }).is_err();
+        if engine.with(|e| e.inner.live.progress(model, self.request, p.stats)) == Some(true) {
+            engine.with(|e| e.publish());
+        }
+        let stop = gone
+            || events.is_closed()
+            || self.cancel.is_cancelled()
+            || self.stopper.matched().is_some()
+            || self.decode_error.is_some();
+        if stop {
+            Control::Stop
+        } else {
+            Control::Continue
+        }
+    }
+
+    /// No longer running: out of the worker's running count and cancel list.
+    fn leave(&self, request: u64, shared: &Shared) {
+        shared.running.fetch_sub(1, Ordering::SeqCst);
+        lock(&shared.current).retain(|(id, _)| *id != request);
+    }
+
+    /// The generation's end: the decoder's and stop matcher's held-back text, and the completion.
+    fn complete(&mut self, out: Output) -> Result<Completion> {
+        if let Some(message) = self.decode_error.take() {
+            return Err(EngineError::Generate(cause(ErrorMessage(format!(
+                "cannot decode the generated tokens: {message}"
+            )))));
+        }
+        let mut tail = String::new();
+        if self.stopper.matched().is_none() {
+            let rest = self.decoder.flush().map_err(|e| {
+                EngineError::Generate(cause(ErrorMessage(format!("cannot decode the generated tokens: {e}"))))
+            })?;
+            if let Some(rest) = rest {
+                tail.push_str(&self.stopper.push(&rest));
+            }
+            tail.push_str(&self.stopper.finish());
+        }
+        if !tail.is_empty() {
+            let _ = self.events.send(Event::Delta {
+                text: tail.clone(),
+                tokens: Vec::new(),
+                stats: None,
+                logprobs: Vec::new(),
+            });
+            self.text.push_str(&tail);
+        }
+        let stop = self.stopper.matched().map(str::to_owned);
+        let finish = if stop.is_some() { FinishReason::Stop } else { out.finish };
+        let mut stats = out.stats;
+        stats.completion_tokens = self.kept.len();
+        let text = std::mem::take(&mut self.text);
+        let tokens = std::mem::take(&mut self.kept);
+        let logprobs = std::mem::take(&mut self.logprobs);
+        Ok(Completion { text, tokens, stats, finish, stop, logprobs })
+    }
 }
 
 /// The model a worker serves.
@@ -396,112 +703,6 @@ struct Served<'a> {
     name: &'a str,
     model: &'a Qwen35,
     tokenizer: &'a Tokenizer,
-}
-
-fn run(
-    served: Served<'_>,
-    job: &Prepared,
-    caller: Caller<'_>,
-    engine: &WeakEngine,
-    prefix: &mut PrefixCache,
-    compute: &mut parking_lot::FairMutexGuard<'static, ()>,
-) -> Result<Completion> {
-    let Served { name, model, tokenizer } = served;
-    let Caller { events, cancel } = caller;
-    super::faults::on_generation(name);
-    let mut decoder = tokenizer.stream_decoder(true);
-    let mut stopper = StopMatcher::new(&job.stop);
-    let mut text = String::new();
-    let mut kept: Vec<u32> = Vec::new();
-    let mut decode_error: Option<String> = None;
-    let mut stats_sent: Option<Instant> = None;
-    let table = if job.opts.logprobs.is_some() {
-        spelling(tokenizer, model.config.text.vocab_size.max(0) as usize)
-    } else {
-        Vec::new()
-    };
-    let mut all_logprobs: Vec<Logprob> = Vec::new();
-    let mut on_progress = |p: Progress<'_>| {
-        let mut delta = String::new();
-        let mut ids = Vec::new();
-        for &t in p.new_tokens {
-            if stopper.matched().is_some() || decode_error.is_some() {
-                break;
-            }
-            ids.push(t);
-            match decoder.step(t) {
-                Ok(Some(piece)) => delta.push_str(&stopper.push(&piece)),
-                Ok(None) => {}
-                Err(e) => decode_error = Some(e.to_string()),
-            }
-        }
-        kept.extend_from_slice(&ids);
-        text.push_str(&delta);
-        let logprobs: Vec<Logprob> = p.logprobs.iter().take(ids.len()).map(|l| with_text(&table, l)).collect();
-        all_logprobs.extend(logprobs.iter().cloned());
-        let stats = if stats_sent.is_none_or(|t| t.elapsed() >= RUNNING_STATS_EVERY) {
-            stats_sent = Some(Instant::now());
-            Some(p.stats.clone())
-        } else {
-            None
-        };
-        let gone = !ids.is_empty() && events.send(Event::Delta { text: delta, tokens: ids, stats, logprobs }).is_err();
-        if engine.with(|e| e.inner.live.progress(name, job.id, p.stats)) == Some(true) {
-            engine.with(|e| e.publish());
-        }
-        let stop = gone
-            || events.is_closed()
-            || cancel.is_cancelled()
-            || stopper.matched().is_some()
-            || decode_error.is_some();
-        // Between tokens nothing of this generation is being computed: let another model's
-        // generation or a conversion waiting for MLX take a turn (no cost when none waits).
-        parking_lot::FairMutexGuard::bump(&mut *compute);
-        if stop {
-            Control::Stop
-        } else {
-            Control::Continue
-        }
-    };
-    // The longest cached prefix of this prompt, and snapshots to keep for the next request.
-    let (ids, resume) = prefix.resume(model, &job.prompt, &job.opts);
-    if let Some(s) = &resume.restored {
-        tracing::debug!(model = %name, request = job.id, cached = s.len, prompt = job.prompt.ids.len(), "prefix cache hit");
-    }
-    let out = generate_resumed(model, &job.prompt, &job.opts, resume, &mut on_progress);
-    let mut out = out.map_err(|e| match e {
-        GenerateError::Mlx(e) => EngineError::Generate(cause(e)),
-        e @ GenerateError::NoVision { .. } => EngineError::Images(e.to_string()),
-        GenerateError::Images(message) => EngineError::InvalidImage(message),
-        other => EngineError::InvalidRequest(other.to_string()),
-    })?;
-    if let Some(ids) = &ids {
-        prefix.keep(ids, std::mem::take(&mut out.kept));
-    }
-    if let Some(message) = decode_error {
-        return Err(EngineError::Generate(cause(ErrorMessage(format!(
-            "cannot decode the generated tokens: {message}"
-        )))));
-    }
-    let mut tail = String::new();
-    if stopper.matched().is_none() {
-        let rest = decoder.flush().map_err(|e| {
-            EngineError::Generate(cause(ErrorMessage(format!("cannot decode the generated tokens: {e}"))))
-        })?;
-        if let Some(rest) = rest {
-            tail.push_str(&stopper.push(&rest));
-        }
-        tail.push_str(&stopper.finish());
-    }
-    if !tail.is_empty() {
-        let _ = events.send(Event::Delta { text: tail.clone(), tokens: Vec::new(), stats: None, logprobs: Vec::new() });
-        text.push_str(&tail);
-    }
-    let stop = stopper.matched().map(str::to_owned);
-    let finish = if stop.is_some() { FinishReason::Stop } else { out.finish };
-    let mut stats = out.stats;
-    stats.completion_tokens = kept.len();
-    Ok(Completion { text, tokens: kept, stats, finish, stop, logprobs: all_logprobs })
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {

@@ -2,15 +2,13 @@
 //! each batch of new tokens reported through a callback that can stop the run (cancellation, stop
 //! sequences).
 
-use std::time::Instant;
-
-use super::decoder::{Decoder, Start};
+use super::decoder::Decoder;
 use super::error::{GenerateError, Result};
 use super::options::GenerateOptions;
-use super::prefill::{no_vision, prefill, prefill_images};
-use super::sampler::{Sampler, TokenLogprob};
+use super::prefill::no_vision;
+use super::sampler::TokenLogprob;
+use super::sequence::Sequence;
 use super::stats::Stats;
-use super::step::sample_last;
 use crate::cache::Snapshot;
 use crate::model::vision_input::{expand_image_pads, ImageInput};
 use crate::model::Qwen35;
@@ -110,8 +108,15 @@ pub fn generate_resumed(
     resume: Resume,
     on_progress: &mut dyn FnMut(Progress<'_>) -> Control,
 ) -> Result<Output> {
+    let (ids, resume) = expanded(model, prompt, resume)?;
+    generate_with(model, &ids, &prompt.images, opts, resume, on_progress)
+}
+
+/// The prompt's token ids with each image's single pad expanded to its feature count (a prompt
+/// without images as it is), and the resume state that still applies to them.
+pub(super) fn expanded(model: &Qwen35, prompt: &Prompt, resume: Resume) -> Result<(Vec<u32>, Resume)> {
     if prompt.images.is_empty() {
-        return generate_with(model, &prompt.ids, &[], opts, resume, on_progress);
+        return Ok((prompt.ids.clone(), resume));
     }
     let vision = model.vision().ok_or_else(|| no_vision(model))?;
     let image_id = vision
@@ -126,7 +131,7 @@ pub fn generate_resumed(
     };
     // Snapshots are keyed by the caller's positions: a prompt expanded here has others.
     let resume = if ids.len() == prompt.ids.len() { resume } else { Resume::default() };
-    generate_with(model, &ids, &prompt.images, opts, resume, on_progress)
+    Ok((ids, resume))
 }
 
 fn generate_with(
@@ -137,143 +142,25 @@ fn generate_with(
     resume: Resume,
     on_progress: &mut dyn FnMut(Progress<'_>) -> Control,
 ) -> Result<Output> {
-    opts.check(model, prompt)?;
-    let mut sampler = Sampler::new(opts.sampling.clone())?
-        .with_prompt_len(prompt.len())
-        .with_constraint(opts.constraint.clone())
-        .with_logprobs(opts.logprobs);
-    let t0 = Instant::now();
-    let restored =
-        resume.restored.filter(|s| (1..=prompt.len()).contains(&s.len) && !inside_image(model, prompt, s.len));
-    let start = restored.as_ref().map_or(0, |s| s.len);
-    let (mut cache, head) = match &restored {
-        Some(s) => s.restore()?,
-        None => (model.make_cache(), None),
-    };
-    let rest = if start == prompt.len() {
-        None
-    } else if images.is_empty() {
-        Some(prefill(model, &prompt[start..], &mut cache, opts.prefill_chunk)?)
-    } else {
-        Some(prefill_images(model, prompt, start, images, &mut cache, opts.prefill_chunk)?)
-    };
-    // The hidden states from the restored prefix's last position on: it samples the first token
-    // when the whole prompt was cached, and pairs with the rest's first token for the MTP head.
-    let hidden = match (restored.as_ref().map(|s| &s.last_hidden), rest) {
-        (Some(h), Some(r)) => mlx::concatenate(&[h, &r], 1)?,
-        (Some(h), None) => h.clone(),
-        (None, Some(r)) => r,
-        (None, None) => return Err(GenerateError::EmptyPrompt),
-    };
-    let mut history: Vec<u32> = prompt.to_vec();
-    let first = sample_last(model, &mut sampler, &hidden, &history)?;
-    let ttft = t0.elapsed().as_secs_f64();
-    let mut stats = Stats {
-        prompt_tokens: prompt.len(),
-        cached_tokens: start,
-        ttft_ms: ttft * 1e3,
-        prefill_tok_s: (prompt.len() - start) as f64 / ttft.max(1e-9),
-        ..Default::default()
-    };
-
-    let mut next_tokens = prompt[start.max(1)..].to_vec();
-    next_tokens.push(first);
-    let start_state = Start { cache, hidden, next_tokens, head, first };
-    let mut decoder = Decoder::new(model, opts, start_state, &mut stats)?;
-    let mut kept = Vec::new();
-    if let Some(block) = resume.keep.filter(|_| start < prompt.len()) {
-        keep(&mut decoder, &history, block, &mut kept);
+    let mut seq = Sequence::start(model, prompt, images, opts.clone(), resume, on_progress)?;
+    while !seq.is_done() {
+        seq.step(true, on_progress)?;
     }
-    let mut run = Run {
-        opts,
-        tokens: Vec::new(),
-        logprobs: Vec::new(),
-        finish: None,
-        stats: &mut stats,
-        on_progress,
-        t_decode: Instant::now(),
-    };
-    run.emit(&[first], sampler.take_logprobs());
-    while run.finish.is_none() {
-        let remaining = opts.max_tokens - run.tokens.len();
-        let new = decoder.step(&mut sampler, &mut history, remaining, run.stats)?;
-        run.emit(&new, sampler.take_logprobs());
-    }
-    decoder.finish(run.stats);
-    if let Some(block) = resume.keep {
-        if kept.last().is_none_or(|k: &Kept| k.tokens.len() != history.len()) {
-            keep(&mut decoder, &history, block, &mut kept);
-        }
-    }
-    let finish = run.finish.unwrap_or(FinishReason::Length);
-    let tokens = std::mem::take(&mut run.tokens);
-    let logprobs = std::mem::take(&mut run.logprobs);
-    let decode_s = run.t_decode.elapsed().as_secs_f64();
-    stats.completion_tokens = tokens.len();
-    // The first token belongs to prefill (TTFT); decode speed counts the rest.
-    stats.decode_tok_s = if tokens.len() > 1 { (tokens.len() - 1) as f64 / decode_s.max(1e-9) } else { 0.0 };
-    Ok(Output { tokens, stats, finish, logprobs, kept })
+    Ok(seq.finish())
 }
 
 /// Whether position `at` falls between two image pads (a prefix cannot end inside an image: the
 /// rest's images are encoded whole).
-fn inside_image(model: &Qwen35, prompt: &[u32], at: usize) -> bool {
+pub(super) fn inside_image(model: &Qwen35, prompt: &[u32], at: usize) -> bool {
     let pad = model.vision().and_then(|v| v.config.image_token_id);
     pad.is_some_and(|pad| at > 0 && prompt[at - 1] == pad && prompt.get(at) == Some(&pad))
 }
 
 /// Snapshots the decoder's state for the prefix cache; a failure costs the cache entry, not the
 /// generation.
-fn keep(decoder: &mut Decoder<'_>, history: &[u32], block: usize, kept: &mut Vec<Kept>) {
+pub(super) fn keep(decoder: &mut Decoder<'_>, history: &[u32], block: usize, kept: &mut Vec<Kept>) {
     match decoder.snapshot(history, block) {
         Ok((tokens, snapshot)) => kept.push(Kept { tokens, snapshot }),
         Err(e) => tracing::warn!("prefix cache: no snapshot after {} tokens: {e}", history.len()),
-    }
-}
-
-struct Run<'a, 'b> {
-    opts: &'a GenerateOptions,
-    tokens: Vec<u32>,
-    logprobs: Vec<TokenLogprob>,
-    finish: Option<FinishReason>,
-    stats: &'a mut Stats,
-    on_progress: &'b mut dyn FnMut(Progress<'_>) -> Control,
-    t_decode: Instant,
-}
-
-impl Run<'_, '_> {
-    /// Appends tokens up to a stop token or the length limit, then reports them.
-    fn emit(&mut self, new: &[u32], mut logprobs: Vec<TokenLogprob>) {
-        let start = self.tokens.len();
-        for &t in new {
-            if self.finish.is_some() {
-                break;
-            }
-            if self.opts.stop_ids.contains(&t) {
-                self.finish = Some(FinishReason::Stop);
-                break;
-            }
-            self.tokens.push(t);
-            if self.tokens.len() >= self.opts.max_tokens {
-                self.finish = Some(FinishReason::Length);
-            }
-        }
-        if start == 0 {
-            self.t_decode = Instant::now();
-        }
-        // The records follow the draws; the tokens kept are a prefix of them.
-        logprobs.truncate(self.tokens.len() - start);
-        let from = self.logprobs.len();
-        self.logprobs.extend(logprobs);
-        self.stats.completion_tokens = self.tokens.len();
-        let elapsed = self.t_decode.elapsed().as_secs_f64();
-        if self.tokens.len() > 1 && elapsed > 0.0 {
-            self.stats.decode_tok_s = (self.tokens.len() - 1) as f64 / elapsed;
-        }
-        let progress =
-            Progress { new_tokens: &self.tokens[start..], stats: self.stats, logprobs: &self.logprobs[from..] };
-        if (self.on_progress)(progress) == Control::Stop && self.finish.is_none() {
-            self.finish = Some(FinishReason::Cancelled);
-        }
     }
 }

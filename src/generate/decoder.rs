@@ -89,17 +89,27 @@ impl<'m> Decoder<'m> {
     }
 
     /// Produces the next tokens (at least one). `history` holds the prompt and every emitted token
-    /// except the newest; `remaining` is how many more tokens may be emitted.
+    /// except the newest; `remaining` is how many more tokens may be emitted. `run_ahead`: the
+    /// following plain step may be started now (the caches are this decoder's alone until then).
     pub fn step(
         &mut self,
         sampler: &mut Sampler,
         history: &mut Vec<u32>,
         remaining: usize,
         stats: &mut Stats,
+        run_ahead: bool,
     ) -> Result<Vec<u32>> {
         match self {
-            Decoder::Plain(p) => p.step(sampler, history, remaining),
-            Decoder::Mtp(m) => m.step(sampler, history, remaining, stats),
+            Decoder::Plain(p) => p.step(sampler, history, remaining, run_ahead),
+            Decoder::Mtp(m) => m.step(sampler, history, remaining, stats, run_ahead),
+        }
+    }
+
+    /// Whether a plain step started by the previous one is still to be taken.
+    pub fn running_ahead(&self) -> bool {
+        match self {
+            Decoder::Plain(p) => p.steps.is_running(),
+            Decoder::Mtp(m) => m.running_ahead(),
         }
     }
 
@@ -113,11 +123,31 @@ impl<'m> Decoder<'m> {
 
 impl Plain<'_> {
     /// One token (pipelined where sampling allows, see [`Pipeline`]).
-    fn step(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, remaining: usize) -> Result<Vec<u32>> {
+    fn step(
+        &mut self,
+        sampler: &mut Sampler,
+        history: &mut Vec<u32>,
+        remaining: usize,
+        run_ahead: bool,
+    ) -> Result<Vec<u32>> {
         let (hidden, next) =
-            self.steps.step(self.model, &mut self.cache, sampler, history, self.last, remaining > 1)?;
+            self.steps.step(self.model, &mut self.cache, sampler, history, self.last, run_ahead && remaining > 1)?;
+        Ok(self.after_step(hidden, next))
+    }
+
+    /// The newest sampled token, which the next forward feeds.
+    pub(crate) fn last(&self) -> u32 {
+        self.last
+    }
+
+    pub(crate) fn cache_mut(&mut self) -> &mut [LayerCache] {
+        &mut self.cache
+    }
+
+    /// After a step that fed `last`: `hidden` at it, `next` sampled after it.
+    pub(crate) fn after_step(&mut self, hidden: Array, next: u32) -> Vec<u32> {
         self.last = next;
         self.hidden = hidden;
-        Ok(vec![next])
+        vec![next]
     }
 }

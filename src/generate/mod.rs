@@ -1,6 +1,7 @@
 //! Generation, in layers: options; prefill and the plain step; a [`Decoder`] (plain or MTP
 //! speculative) stepped by the decode loop; the sampler; statistics.
 
+pub mod batch;
 pub mod constraint;
 pub mod decode;
 pub mod decoder;
@@ -9,6 +10,7 @@ pub mod mtp;
 pub mod options;
 pub mod prefill;
 pub mod sampler;
+pub mod sequence;
 pub mod stats;
 pub mod step;
 
@@ -22,4 +24,5 @@ pub use mtp::oracle::Oracle;
 pub use options::{GenerateOptions, MtpOptions, MTP_DEPTHS, MTP_DEPTHS_TEXT};
 pub use prefill::{prefill, prefill_images};
 pub use sampler::{Sampler, SamplingParams, TokenLogprob};
+pub use sequence::Sequence;
 pub use stats::{SpecStats, Stats};

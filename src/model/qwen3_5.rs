@@ -460,6 +460,26 @@ impl Qwen35 {
         self.norm.forward(&h)
     }
 
+    /// Runs the decoder over `tokens` `[B, T]` for B sequences at once, `caches[i]` being row i's
+    /// own state (their lengths may differ): the weights are read once for all of them, while
+    /// each sequence's attention and recurrence see only its own past. Returns `[B, T, D]`.
+    pub fn forward_batch(&self, tokens: &Array, caches: &mut [&mut [LayerCache]]) -> Result<Array> {
+        if caches.len() != tokens.dim(0) as usize || caches.iter().any(|c| c.len() != self.layers.len()) {
+            return Err(mlx::Error::Invalid(format!(
+                "batched forward: {} token rows for {} sequences of {} layers",
+                tokens.dim(0),
+                caches.len(),
+                self.layers.len()
+            )));
+        }
+        let mut h = self.embed(tokens)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut per: Vec<&mut LayerCache> = caches.iter_mut().map(|c| &mut c[i]).collect();
+            h = layer.forward_batch(&h, &mut per, None)?;
+        }
+        self.norm.forward(&h)
+    }
+
     /// Logits from post-norm hidden states (the untied `lm_head`, or the tied embedding).
     pub fn logits(&self, hidden: &Array) -> Result<Array> {
         match &self.lm_head {

@@ -46,6 +46,15 @@ impl Setup {
         Setup { dir }
     }
 
+    /// The model decodes one request at a time (its batch holds one): the rest wait in the queue.
+    fn one_at_a_time(self) -> Setup {
+        let path = self.registry_path();
+        let mut toml = std::fs::read_to_string(&path).unwrap();
+        toml.push_str("batch = { max_streams = 1 }\n");
+        std::fs::write(&path, toml).unwrap();
+        self
+    }
+
     fn registry_path(&self) -> PathBuf {
         self.dir.path().join("models.toml")
     }
@@ -503,7 +512,7 @@ fn assert_complete_stream(reply: &Reply) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queue_limit_and_cancellation() {
-    let setup = Setup::new();
+    let setup = Setup::new().one_at_a_time();
     // One running and one waiting; a third is refused.
     let server = setup.start(setup.config(), 1).await;
     let a = server.addr();
@@ -973,5 +982,51 @@ async fn chat_answers_while_a_conversion_runs() {
         std::fs::read_dir(&models).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert!(left.is_empty(), "a cancelled conversion left {left:?} in {}", models.display());
     wait_idle(server.engine()).await;
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_are_batched_and_each_matches_alone() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config(), 4).await;
+    let a = server.addr();
+    assert_eq!(send(a, "POST", "/api/models/tiny/load", &[], b"").await.status, 200);
+    let body = |content: &str, n: u32, mtp: bool| {
+        json!({"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": n,
+            "ignore_eos": true, "temperature": 0.0, "mtp": {"enabled": mtp}})
+    };
+    let asks = [
+        body("Tell me a long story about a cat.", 160, true),
+        body("Hi", 120, false),
+        body("Once upon a time there was a very small town by the sea, and", 140, true),
+    ];
+    let text = |r: &Reply| r.json()["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned();
+    let mut alone = Vec::new();
+    for ask in &asks {
+        let r = post_json(a, "/v1/chat/completions", ask).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        alone.push(text(&r));
+    }
+    // All three at once, while the engine is watched for a batch of more than one.
+    let engine = server.engine().clone();
+    let watch = tokio::spawn(async move {
+        let mut most = 0;
+        for _ in 0..3000 {
+            most = most.max(engine.stats().models[0].running);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        most
+    });
+    let (r0, r1, r2) = tokio::join!(
+        post_json(a, "/v1/chat/completions", &asks[0]),
+        post_json(a, "/v1/chat/completions", &asks[1]),
+        post_json(a, "/v1/chat/completions", &asks[2])
+    );
+    for (i, r) in [r0, r1, r2].iter().enumerate() {
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(text(r), alone[i], "request {i}: its text beside the others differs from its text alone");
+    }
+    let most = watch.await.unwrap();
+    assert!(most >= 2, "the requests never ran together (at most {most} at once)");
     server.shutdown().await.unwrap();
 }

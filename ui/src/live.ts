@@ -19,6 +19,8 @@ export interface LiveState {
   /** Decode tok/s over time. */
   series: TokPoint[];
   generating: boolean;
+  /** Generations running now over all models (more than one when requests are batched). */
+  streams: number;
   model: string | null;
   memory: Memory | null;
   loadedModels: string[];
@@ -35,6 +37,7 @@ export class LiveFeed {
     tokS: null,
     series: [],
     generating: false,
+    streams: 0,
     model: null,
     memory: null,
     loadedModels: [],
@@ -118,7 +121,7 @@ export class LiveFeed {
 
   /** One snapshot from `/api/stats` or `/api/stats/stream`. */
   snapshot(s: StatsSnapshot): void {
-    const patch: Partial<LiveState> = { memory: s.memory, loadedModels: s.loaded_models };
+    const patch: Partial<LiveState> = { memory: s.memory, loadedModels: s.loaded_models, streams: s.streams };
     // While this window streams a chat, its chunks are the fresher source of the generation's figures.
     if (!this.chatActive) {
       patch.generating = s.generating;

@@ -111,6 +111,7 @@ export function statsSnapshot(over: Partial<StatsSnapshot> = {}): StatsSnapshot 
     generating: false,
     model: null,
     tok_s: 0,
+    streams: 0,
     acceptance: null,
     tok_per_cycle: null,
     stats: null,

@@ -15,6 +15,7 @@ const STATE: LiveState = {
   tokS: 63.4,
   series: [{ t: 1, tokS: 60 }],
   generating: false,
+  streams: 0,
   model: 'tandem-tiny',
   memory: { ...statsSnapshot().memory, rss_bytes: 1_600_000_000, active_bytes: 1_250_000_000, peak_bytes: 2_000_000_000 },
   loadedModels: ['tandem-tiny'],
@@ -79,6 +80,13 @@ describe('figures', () => {
 });
 
 describe('LivePanelView', () => {
+  it('says how many streams run together when requests are batched, and nothing for one', () => {
+    expect(text(mount({ ...STATE, generating: true, streams: 3 }), 'panel-status')).toBe('Generating · 3 streams');
+    act(() => render(null, root!));
+    root!.remove();
+    expect(text(mount({ ...STATE, generating: true, streams: 1 }), 'panel-status')).toBe('Generating');
+  });
+
   it('says when MTP does not pay: drafting parked for most steps', () => {
     const parked: Stats = { ...SAMPLE_STATS, spec: { ...SAMPLE_STATS.spec!, cycles: 10, parked_cycles: 21 } };
     expect(mount({ ...STATE, stats: parked }).querySelector('[data-testid="panel-mtp-slow"]')).not.toBeNull();

@@ -55,6 +55,7 @@ pub fn resolve(model: Option<&str>) -> Result<ModelEntry> {
             mtp: Default::default(),
             sampling: Default::default(),
             prefix_cache_bytes: None,
+            batch: Default::default(),
         }),
         (_, Err(e)) => Err(e),
     }

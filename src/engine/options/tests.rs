@@ -9,6 +9,7 @@ fn entry() -> ModelEntry {
         mtp: MtpSettings { enabled: true, depth: 3, adaptive: true },
         sampling: SamplingSettings { temperature: 0.5, max_tokens: 100, ..SamplingSettings::default() },
         prefix_cache_bytes: None,
+        batch: Default::default(),
     }
 }
 

@@ -48,16 +48,22 @@ pub struct MtpDecoder<'m> {
     stop_ids: Vec<u32>,
 }
 
+/// A cycle's drafts: those sent to verify, and the head's own (the same unless an oracle drafts).
+pub(crate) struct Drafted {
+    pub drafts: Array,
+    pub head: Array,
+}
+
 /// What a verify decided and what the committed positions look like.
-struct Verified {
+pub(crate) struct Verified {
     /// The drafts that were verified.
-    drafts: Vec<u32>,
-    accepted: usize,
-    next: u32,
+    pub drafts: Vec<u32>,
+    pub accepted: usize,
+    pub next: u32,
     /// Post-norm hidden states at the `accepted + 1` committed positions, for the head.
-    hidden: Vec<Array>,
+    pub hidden: Vec<Array>,
     /// Phase times after drafting (ms): verify, sample, rollback.
-    ms: [f64; 3],
+    pub ms: [f64; 3],
 }
 
 impl<'m> MtpDecoder<'m> {
@@ -115,42 +121,95 @@ impl<'m> MtpDecoder<'m> {
 
     /// One plain step (while parked) or one speculative cycle; returns the new tokens (at least
     /// one). `history` holds the prompt and every emitted token except the newest (`last`).
+    /// `run_ahead`: a following plain step may be started now (nothing else will use the caches
+    /// in between; see [`Pipeline`]).
     pub fn step(
         &mut self,
         sampler: &mut Sampler,
         history: &mut Vec<u32>,
         remaining: usize,
         stats: &mut Stats,
+        run_ahead: bool,
     ) -> Result<Vec<u32>> {
         let t0 = Instant::now();
         let since = self.returned.unwrap_or(t0);
+        let Some(k) = self.cycle_depth(remaining) else {
+            let next_is_plain = self.ctl.parked_after_this_step() || remaining <= 2;
+            let ahead = run_ahead && remaining > 1 && next_is_plain;
+            let (hidden, next) = self.steps.step(self.model, &mut self.cache, sampler, history, self.last, ahead)?;
+            return Ok(self.after_plain(hidden, next, since, stats));
+        };
+        let drafted = self.draft(k)?;
+        let t1 = Instant::now();
+        let v = if self.opts.exact_verify {
+            mlx::device::eval(&[&drafted.drafts, &drafted.head])?;
+            self.verify_exact(sampler, history, &drafted.drafts.to_vec::<u32>()?)?
+        } else {
+            self.verify(sampler, history, &drafted)?
+        };
+        Ok(self.after_cycle(k, v, [since, t0, t1], stats))
+    }
+
+    /// The depth of the cycle to run now, or None for a plain step (parked, no room, or a plain
+    /// step already running ahead).
+    pub(crate) fn cycle_depth(&self, remaining: usize) -> Option<usize> {
         let k = self.ctl.depth().min(remaining.saturating_sub(1));
-        if k == 0 || self.ctl.parked() || self.steps.is_running() {
-            stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth)).parked_cycles += 1;
-            let (hidden, next) = self.plain_step(sampler, history, remaining)?;
-            // The head catches up on this position when drafting resumes.
-            self.drafter.queue([hidden], &[next]);
-            self.last = next;
-            self.emitted += 1;
-            let now = Instant::now();
-            tracing::trace!(ms = ms(since, now), "mtp: parked step");
-            self.ctl.after_plain(ms(since, now));
-            self.returned = Some(now);
-            return Ok(vec![next]);
-        }
+        (k > 0 && !self.ctl.parked() && !self.steps.is_running()).then_some(k)
+    }
+
+    /// Whether drafts are verified token by token (then a cycle cannot share a batched forward).
+    pub(crate) fn verifies_exactly(&self) -> bool {
+        self.opts.exact_verify
+    }
+
+    /// Whether a plain step is running ahead (it must be taken before the caches are shared).
+    pub(crate) fn running_ahead(&self) -> bool {
+        self.steps.is_running()
+    }
+
+    /// The newest sampled token, which the next forward feeds.
+    pub(crate) fn last(&self) -> u32 {
+        self.last
+    }
+
+    pub(crate) fn cache_mut(&mut self) -> &mut [LayerCache] {
+        &mut self.cache
+    }
+
+    /// When the previous step returned (or `now` for the first): a step's cost runs from there.
+    pub(crate) fn since(&self, now: Instant) -> Instant {
+        self.returned.unwrap_or(now)
+    }
+
+    /// The bookkeeping after a plain step that fed `last`: `hidden` at it, `next` sampled after it.
+    pub(crate) fn after_plain(&mut self, hidden: Array, next: u32, since: Instant, stats: &mut Stats) -> Vec<u32> {
+        stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth)).parked_cycles += 1;
+        // The head catches up on this position when drafting resumes.
+        self.drafter.queue([hidden], &[next]);
+        self.last = next;
+        self.emitted += 1;
+        let now = Instant::now();
+        tracing::trace!(ms = ms(since, now), "mtp: parked step");
+        self.ctl.after_plain(ms(since, now));
+        self.returned = Some(now);
+        vec![next]
+    }
+
+    /// The head's `k` drafts (on the device), or the oracle's in their place.
+    pub(crate) fn draft(&mut self, k: usize) -> Result<Drafted> {
         // The drafts stay on the device: verify is built on them and one wait covers both.
         let head = self.drafter.draft(self.model, k, self.opts.depth)?;
         let drafts = match self.oracle.as_mut() {
             Some(oracle) => Array::from_slice(&oracle.drafts(self.emitted, k), &[k as i32])?,
             None => head.clone(),
         };
-        let t1 = Instant::now();
-        let v = if self.opts.exact_verify {
-            mlx::device::eval(&[&drafts, &head])?;
-            self.verify_exact(sampler, history, &drafts.to_vec::<u32>()?)?
-        } else {
-            self.verify(sampler, history, &drafts, &head)?
-        };
+        Ok(Drafted { drafts, head })
+    }
+
+    /// The bookkeeping after a cycle of depth `k`: the tokens it emits. `times`: when the previous
+    /// step returned, when this one started, when its drafts were built.
+    pub(crate) fn after_cycle(&mut self, k: usize, v: Verified, times: [Instant; 3], stats: &mut Stats) -> Vec<u32> {
+        let [since, t0, t1] = times;
         let drafts = &v.drafts;
         let a = v.accepted;
         let now = Instant::now();
@@ -178,7 +237,7 @@ impl<'m> MtpDecoder<'m> {
         spec.ms.rollback += v.ms[2];
         self.emitted += a + 1;
         self.ctl.after_spec(cycle_ms - self.drafter.catch_up_ms(), k, a);
-        Ok(out)
+        out
     }
 
     /// Fills in the final statistics.
@@ -190,42 +249,19 @@ impl<'m> MtpDecoder<'m> {
         }
     }
 
-    /// The plain step that feeds `last`: pipelined when the next step is plain too (still parked,
-    /// or the last token), so the host builds it while this one computes.
-    fn plain_step(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, remaining: usize) -> Result<(Array, u32)> {
-        let next_is_plain = self.ctl.parked_after_this_step() || remaining <= 2;
-        self.steps.step(self.model, &mut self.cache, sampler, history, self.last, remaining > 1 && next_is_plain)
-    }
-
     /// Verifies `last` and the drafts `[k]` (on the device) in one forward, then keeps the
-    /// accepted prefix. `head` (the head's own drafts) is computed with it even when the oracle
-    /// replaced them.
-    fn verify(
-        &mut self,
-        sampler: &mut Sampler,
-        history: &mut Vec<u32>,
-        drafts: &Array,
-        head: &Array,
-    ) -> Result<Verified> {
+    /// accepted prefix. The head's own drafts are computed with it even when the oracle replaced
+    /// them.
+    fn verify(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, d: &Drafted) -> Result<Verified> {
         let t1 = Instant::now();
-        let k = drafts.dim(0);
-        let last = Array::from_slice(&[self.last], &[1, 1])?;
-        let input = mlx::concatenate(&[&last, &drafts.as_dtype(Dtype::U32)?.reshape(&[1, k])?], 1)?;
-        let mut verify = Verify::begin(&mut self.cache, k as usize + 1);
+        let k = d.drafts.dim(0) as usize;
+        let input = verify_input(self.last, &d.drafts)?;
+        let mut verify = Verify::begin(&mut self.cache, k + 1);
         let hidden = self.model.forward(&input, verify.cache())?;
         let logits = self.model.logits(&hidden)?.squeeze(&[0])?.as_dtype(Dtype::F32)?; // [k+1, V]
-        mlx::device::eval(&[&logits, drafts, head])?;
-        let drafts = drafts.to_vec::<u32>()?;
+        mlx::device::eval(&[&logits, &d.drafts, &d.head])?;
         let t2 = Instant::now();
-        history.push(self.last);
-        let (mut accepted, mut next) = accept(sampler, &logits, &drafts, history)?;
-        // An accepted draft that ends the generation is emitted as the cycle's last token instead
-        // of being fed: the same tokens come out, and the caches hold exactly the prompt and the
-        // reply (what the prefix cache keeps for the next turn), not tokens past the end.
-        if let Some(j) = drafts[..accepted].iter().position(|d| self.stop_ids.contains(d)) {
-            (accepted, next) = (j, drafts[j]);
-        }
-        history.extend_from_slice(&drafts[..accepted]);
+        let (drafts, accepted, next) = decide(sampler, history, self.last, &logits, &d.drafts, &self.stop_ids)?;
         let t3 = Instant::now();
         verify.commit(accepted + 1)?;
         let hidden = vec![hidden.slice_axis(1, 0, accepted as i32 + 1)?];
@@ -252,6 +288,36 @@ impl<'m> MtpDecoder<'m> {
     }
 }
 
-fn ms(a: Instant, b: Instant) -> f64 {
+/// A verify's input `[1, k + 1]`: `last`, then the drafts `[k]`.
+pub(crate) fn verify_input(last: u32, drafts: &Array) -> Result<Array> {
+    let k = drafts.dim(0);
+    let last = Array::from_slice(&[last], &[1, 1])?;
+    Ok(mlx::concatenate(&[&last, &drafts.as_dtype(Dtype::U32)?.reshape(&[1, k])?], 1)?)
+}
+
+/// Decides a verified cycle from its logits `[k + 1, V]` (evaluated): how many drafts stay and
+/// the token after them, appending `last` and the kept drafts to `history`. An accepted draft
+/// that ends the generation is emitted as the cycle's last token instead of being fed: the same
+/// tokens come out, and the caches hold exactly the prompt and the reply (what the prefix cache
+/// keeps for the next turn), not tokens past the end.
+pub(crate) fn decide(
+    sampler: &mut Sampler,
+    history: &mut Vec<u32>,
+    last: u32,
+    logits: &Array,
+    drafts: &Array,
+    stop_ids: &[u32],
+) -> Result<(Vec<u32>, usize, u32)> {
+    let drafts = drafts.to_vec::<u32>()?;
+    history.push(last);
+    let (mut accepted, mut next) = accept(sampler, logits, &drafts, history)?;
+    if let Some(j) = drafts[..accepted].iter().position(|d| stop_ids.contains(d)) {
+        (accepted, next) = (j, drafts[j]);
+    }
+    history.extend_from_slice(&drafts[..accepted]);
+    Ok((drafts, accepted, next))
+}
+
+pub(crate) fn ms(a: Instant, b: Instant) -> f64 {
     (b - a).as_secs_f64() * 1e3
 }

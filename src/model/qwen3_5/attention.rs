@@ -55,8 +55,14 @@ impl Attention {
         })
     }
 
-    pub(super) fn forward(&self, x: &Array, cache: &mut KvCache, rope: Option<&MRope>) -> Result<Array> {
+    /// Attention over `x` `[B, T, D]` for B sequences, each with its own cache (`caches[i]` is row
+    /// i's): the projections run once over all rows; RoPE positions, the cache write and the
+    /// attention itself are each sequence's own (their lengths differ).
+    pub(super) fn forward(&self, x: &Array, caches: &mut [&mut KvCache], rope: Option<&MRope>) -> Result<Array> {
         let (b, t) = (x.dim(0), x.dim(1));
+        if caches.len() != b as usize {
+            return Err(mlx::Error::Invalid(format!("attention: {} caches for {b} sequences", caches.len())));
+        }
         self.tap.see_all(&["q_proj", "k_proj", "v_proj"], x);
         let mut proj = self.qkv.forward(x)?.into_iter();
         let mut next =
@@ -67,21 +73,39 @@ impl Attention {
         let q = self.q_norm.forward(&halves[0])?.swapaxes(1, 2)?;
         let k = self.k_norm.forward(&k.reshape(&[b, t, self.hkv, self.hd])?)?.swapaxes(1, 2)?;
         let v = v.reshape(&[b, t, self.hkv, self.hd])?.swapaxes(1, 2)?;
+        let o = if let [cache] = caches {
+            self.attend(&q, &k, &v, cache, rope)?
+        } else {
+            let row = |a: &Array, i: i32| a.slice_axis(0, i, i + 1);
+            let rows = caches
+                .iter_mut()
+                .enumerate()
+                .map(|(i, cache)| {
+                    let i = i as i32;
+                    self.attend(&row(&q, i)?, &row(&k, i)?, &row(&v, i)?, cache, rope)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            mlx::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?
+        };
+        let o = crate::kernels::fused::sigmoid_gate(&o.swapaxes(1, 2)?.reshape(&[b, t, self.hq * self.hd])?, &gate)?;
+        self.tap.see("o_proj", &o);
+        self.o_proj.forward(&o)
+    }
+
+    /// One sequence's part: RoPE at its positions, its cache extended, attention over its keys.
+    fn attend(&self, q: &Array, k: &Array, v: &Array, cache: &mut KvCache, rope: Option<&MRope>) -> Result<Array> {
         let (q, k) = match rope {
-            Some(r) => (r.apply(&q)?, r.apply(&k)?),
+            Some(r) => (r.apply(q)?, r.apply(k)?),
             None => {
                 // After images, text positions run `rope_delta` behind (or ahead of) the token count.
                 let pos = cache.offset + cache.rope_delta;
                 (
-                    fast::rope(&q, self.rope_dims, false, self.rope_theta, 1.0, pos)?,
-                    fast::rope(&k, self.rope_dims, false, self.rope_theta, 1.0, pos)?,
+                    fast::rope(q, self.rope_dims, false, self.rope_theta, 1.0, pos)?,
+                    fast::rope(k, self.rope_dims, false, self.rope_theta, 1.0, pos)?,
                 )
             }
         };
-        let (keys, values) = cache.update(&k, &v)?;
-        let o = causal_attention(&q, &keys, &values, 1.0 / (self.hd as f32).sqrt())?;
-        let o = crate::kernels::fused::sigmoid_gate(&o.swapaxes(1, 2)?.reshape(&[b, t, self.hq * self.hd])?, &gate)?;
-        self.tap.see("o_proj", &o);
-        self.o_proj.forward(&o)
+        let (keys, values) = cache.update(&k, v)?;
+        causal_attention(&q, &keys, &values, 1.0 / (self.hd as f32).sqrt())
     }
 }

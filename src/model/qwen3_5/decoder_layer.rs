@@ -58,11 +58,23 @@ impl DecoderLayer {
     }
 
     pub fn forward(&self, h: &Array, cache: &mut LayerCache, rope: Option<&MRope>) -> Result<Array> {
+        self.forward_batch(h, &mut [cache], rope)
+    }
+
+    /// The layer over `h` `[B, T, D]` for B sequences, `caches[i]` holding row i's state.
+    pub fn forward_batch(&self, h: &Array, caches: &mut [&mut LayerCache], rope: Option<&MRope>) -> Result<Array> {
         let x = self.input_layernorm.forward(h)?;
-        let mixed = match (&self.mixer, cache) {
-            (Mixer::Attention(a), LayerCache::Kv(c)) => a.forward(&x, c, rope)?,
-            (Mixer::Linear(l), LayerCache::Linear(s)) => l.forward(&x, s)?,
-            _ => return Err(mlx::Error::Invalid("cache kind does not match the layer kind".into())),
+        let mismatch = || mlx::Error::Invalid("cache kind does not match the layer kind".into());
+        let mixed = match &self.mixer {
+            Mixer::Attention(a) => {
+                let mut kv = caches.iter_mut().map(|c| c.as_kv()).collect::<Option<Vec<_>>>().ok_or_else(mismatch)?;
+                a.forward(&x, &mut kv, rope)?
+            }
+            Mixer::Linear(l) => {
+                let mut st =
+                    caches.iter_mut().map(|c| c.as_linear()).collect::<Option<Vec<_>>>().ok_or_else(mismatch)?;
+                l.forward(&x, &mut st)?
+            }
         };
         let h = h.add(&mixed)?;
         let x = self.post_attention_layernorm.forward(&h)?;

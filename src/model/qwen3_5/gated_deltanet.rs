@@ -72,8 +72,14 @@ impl GatedDeltaNet {
         })
     }
 
-    pub(super) fn forward(&self, x: &Array, st: &mut LinearState) -> Result<Array> {
+    /// The mixer over `x` `[B, T, D]` for B sequences, each with its own state (`states[i]` is row
+    /// i's): conv windows and recurrent states are stacked along the batch axis for one pass and
+    /// handed back to each sequence after it.
+    pub(super) fn forward(&self, x: &Array, states: &mut [&mut LinearState]) -> Result<Array> {
         let (b, t) = (x.dim(0), x.dim(1));
+        if states.len() != b as usize {
+            return Err(mlx::Error::Invalid(format!("linear attention: {} states for {b} sequences", states.len())));
+        }
         self.tap.see_all(&["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"], x);
         let mut proj = self.in_proj.forward(x)?.into_iter();
         let mut next =
@@ -84,18 +90,15 @@ impl GatedDeltaNet {
 
         // Causal depthwise conv over [window ++ new rows]; the window keeps the last K-1 rows.
         let c = qkv.dim(2);
-        let prev = match st.conv.take() {
-            Some(p) => p,
-            None => Array::zeros(&[b, self.kernel - 1, c], qkv.dtype())?,
-        };
+        let prev = stacked(states, |st| st.conv.take(), || Array::zeros(&[1, self.kernel - 1, c], qkv.dtype()))?;
         let conv_input = concatenate(&[&prev, &qkv], 1)?;
         // In f32: q and k are L2-normalised next; rounding the conv output to bf16 first was the largest
         // bf16 drift found op by op against mlx-lm (it cost a third to a half of the layer's accuracy).
         let conv_f32 = conv_input.as_dtype(Dtype::F32)?;
         let conv = fused::silu(&mlx::ops::conv1d(&conv_f32, &self.conv_weight.as_dtype(Dtype::F32)?, 1, 0, 1, c)?)?;
-        st.conv = Some(conv_input.slice_axis(1, t, t + self.kernel - 1)?);
+        let window = conv_input.slice_axis(1, t, t + self.kernel - 1)?;
 
-        let (kd, _) = (self.hk * self.dk, 0);
+        let kd = self.hk * self.dk;
         let parts = conv.split_at(&[kd, 2 * kd], 2)?;
         let q = parts[0].reshape(&[b, t, self.hk, self.dk])?.as_dtype(Dtype::F32)?;
         let k = parts[1].reshape(&[b, t, self.hk, self.dk])?.as_dtype(Dtype::F32)?;
@@ -107,19 +110,33 @@ impl GatedDeltaNet {
         // The recurrence (docs/MODEL.md §3.2) with MLX's fused kernel; its state is [B, Hv, Dv, Dk] and
         // it maps value heads to key heads itself. A verify pass records what a rollback needs to
         // recompute the state of a shorter prefix (cache::Recording).
-        let initial = match st.ssm.take() {
-            Some(s) => s,
-            None => Array::zeros(&[b, self.hv, self.dv, self.dk], Dtype::F32)?,
-        };
+        let initial =
+            stacked(states, |st| st.ssm.take(), || Array::zeros(&[1, self.hv, self.dv, self.dk], Dtype::F32))?;
         // On CUDA at decode and verify widths a kernel that also returns every token's state
         // (kernels::gated_delta); MLX's op otherwise.
         let gated_delta::Update { y: o, state, steps } =
             gated_delta::gated_delta_update(&q, &k, &v, &decay, &beta, &initial)?;
-        if st.verifying() {
-            let final_state = state.clone();
-            st.record(Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state, steps });
+        if let [st] = states {
+            if st.verifying() {
+                let final_state = state.clone();
+                st.record(Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state, steps });
+            }
+            st.conv = Some(window);
+            st.ssm = Some(state);
+        } else {
+            for (i, st) in states.iter_mut().enumerate() {
+                let i = i as i32;
+                let row = |a: &Array| a.slice_axis(0, i, i + 1);
+                if st.verifying() {
+                    let inputs = [row(&q)?, row(&k)?, row(&v)?, row(&decay)?, row(&beta)?];
+                    let steps = steps.as_ref().map(|s| s.slice_axis(1, i, i + 1)).transpose()?;
+                    let (initial, final_state) = (row(&initial)?, row(&state)?);
+                    st.record(Recording { conv_input: row(&conv_input)?, inputs, initial, final_state, steps });
+                }
+                st.conv = Some(row(&window)?);
+                st.ssm = Some(row(&state)?);
+            }
         }
-        st.ssm = Some(state);
 
         // Gated RMSNorm per head, w * rmsnorm(o) * silu(z), in f32 from the recurrence's f32 output
         // [B,T,Hv,Dv] and rounded once. Rounding o and then w * rmsnorm(o) to bf16 first (transformers'
@@ -129,5 +146,19 @@ impl GatedDeltaNet {
         let gated = gated.reshape(&[b, t, self.hv * self.dv])?;
         self.tap.see("out_proj", &gated);
         self.out_proj.forward(&gated)
+    }
+}
+
+/// One array of every sequence's state part stacked along the batch axis (a fresh one for a
+/// sequence that has none yet); a single sequence's is used as it is.
+fn stacked(
+    states: &mut [&mut LinearState],
+    take: impl Fn(&mut LinearState) -> Option<Array>,
+    fresh: impl Fn() -> Result<Array>,
+) -> Result<Array> {
+    let parts = states.iter_mut().map(|st| take(st).map_or_else(&fresh, Ok)).collect::<Result<Vec<_>>>()?;
+    match parts.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => concatenate(&parts.iter().collect::<Vec<_>>(), 0),
     }
 }

@@ -7,7 +7,11 @@ export type LoadedModel = { id: string,
  */
 busy: boolean, 
 /**
- * Requests waiting behind the running one.
+ * Generations running now (decoded together, in one batch).
+ */
+running: number, 
+/**
+ * Requests waiting for a place in the batch.
  */
 queued: number, mtp_loaded: boolean, mtp_reason: string | null, 
 /**

@@ -24,9 +24,13 @@ generating: boolean,
  */
 model: string | null, 
 /**
- * The running generation's decode speed (0 when idle).
+ * Decode speed now: the sum over the running generations (0 when idle).
  */
 tok_s: number, 
+/**
+ * Generations running now, over all models.
+ */
+streams: number, 
 /**
  * Draft acceptance of the running (else the last) generation, 0..1; null without MTP.
  */
@@ -40,7 +44,7 @@ tok_per_cycle: number | null,
  */
 stats: Stats | null, loaded_models: Array<string>, models: Array<LoadedModel>, 
 /**
- * Generations running now, one per busy model.
+ * Generations running now (several per model when requests are batched).
  */
 running: Array<RunningGeneration>, last: LastGeneration | null, 
 /**

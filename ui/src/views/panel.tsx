@@ -102,12 +102,15 @@ export function LivePanelView({ state }: { state: LiveState }) {
     <aside class="live-panel" data-testid="live-panel" aria-label="Live statistics">
       <header class="panel-header">
         <span class={`dot ${state.generating ? 'dot-busy' : state.connected ? 'dot-ok' : 'dot-off'}`} />
-        <span data-testid="panel-status">{state.generating ? 'Generating' : 'Idle'}</span>
+        <span data-testid="panel-status">
+          {state.generating ? 'Generating' : 'Idle'}
+          {state.generating && state.streams > 1 ? ` · ${state.streams} streams` : ''}
+        </span>
         {state.model && <span class="panel-model dim" title={state.model}>{state.model}</span>}
       </header>
 
       <div class="figures">
-        <Figure label="tok / s" value={fmt.fixed(tokS, 1)} testid="panel-tok-s" hint="Decode throughput" />
+        <Figure label="tok / s" value={fmt.fixed(tokS, 1)} testid="panel-tok-s" hint={state.streams > 1 ? 'Decode throughput, all streams together' : 'Decode throughput'} />
         <Figure
           label="acceptance"
           value={mtpRunning ? fmt.percent(spec.acceptance) : '—'}

@@ -1,0 +1,192 @@
+//! Batched decoding: one forward over several sequences' next tokens, so the weights are read once
+//! for all of them (a decode step is bound by reading the weights). Each sequence keeps its own
+//! caches, sampler and decoder; the forward stacks what it needs along the batch axis
+//! (`Qwen35::forward_batch`), so no sequence sees another's state (docs/MODEL.md §4.7).
+//!
+//! A step of the batch: sequences whose next step is plain (plain decoders and parked MTP ones)
+//! share one forward of one token each; sequences drafting share one verify forward of `k + 1`
+//! tokens each, `k` the smallest depth their controllers chose, and each keeps its own accepted
+//! prefix (its own [`Verify`] transaction). A sequence that cannot share a forward this step (a
+//! pipelined step still to be taken, token-by-token verify) steps alone.
+
+use std::time::Instant;
+
+use mlx::{Array, Dtype};
+
+use super::decoder::Decoder;
+use super::error::Result;
+use super::mtp::{decide, ms, verify_input, Verified};
+use super::sequence::Sequence;
+use crate::cache::{LayerCache, Verify};
+
+/// How a sequence takes part in this step.
+enum Part {
+    Alone,
+    Plain,
+    Cycle(usize),
+}
+
+fn part(seq: &Sequence<'_>) -> Part {
+    if seq.decoder.running_ahead() {
+        return Part::Alone;
+    }
+    match &seq.decoder {
+        Decoder::Plain(_) => Part::Plain,
+        Decoder::Mtp(m) if m.verifies_exactly() => Part::Alone,
+        Decoder::Mtp(m) => m.cycle_depth(seq.remaining()).map_or(Part::Plain, Part::Cycle),
+    }
+}
+
+/// Steps every sequence once (none may be done); each one's new tokens wait for
+/// [`Sequence::report`]. An error fails the step for all of them.
+pub fn step_batch(seqs: &mut [&mut Sequence<'_>]) -> Result<()> {
+    let (mut plain, mut cycle, mut depth) = (Vec::new(), Vec::new(), usize::MAX);
+    for seq in seqs.iter_mut() {
+        match part(seq) {
+            Part::Alone => step_alone(seq)?,
+            Part::Plain => plain.push(&mut **seq),
+            Part::Cycle(k) => {
+                depth = depth.min(k);
+                cycle.push(&mut **seq);
+            }
+        }
+    }
+    match plain.as_mut_slice() {
+        [] => {}
+        [one] => step_alone(one)?,
+        group => plain_step(group)?,
+    }
+    match cycle.as_mut_slice() {
+        [] => {}
+        [one] => step_alone(one)?,
+        group => cycle_step(group, depth)?,
+    }
+    Ok(())
+}
+
+fn step_alone(seq: &mut Sequence<'_>) -> Result<()> {
+    let remaining = seq.remaining();
+    let new = seq.decoder.step(&mut seq.sampler, &mut seq.history, remaining, &mut seq.stats, false)?;
+    seq.produced(new);
+    Ok(())
+}
+
+/// The caches of each sequence, in order, for one batched forward.
+fn caches<'a>(group: &'a mut [&mut Sequence<'_>]) -> Vec<&'a mut [LayerCache]> {
+    group
+        .iter_mut()
+        .map(|s| match &mut s.decoder {
+            Decoder::Plain(p) => p.cache_mut(),
+            Decoder::Mtp(m) => m.cache_mut(),
+        })
+        .collect()
+}
+
+fn last(seq: &Sequence<'_>) -> u32 {
+    match &seq.decoder {
+        Decoder::Plain(p) => p.last(),
+        Decoder::Mtp(m) => m.last(),
+    }
+}
+
+/// One token each: every sequence's newest token fed, the next sampled with its own sampler.
+fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
+    let t0 = Instant::now();
+    let model = group[0].model;
+    let b = group.len() as i32;
+    let lasts: Vec<u32> = group.iter().map(|s| last(s)).collect();
+    let since: Vec<Instant> = group
+        .iter()
+        .map(|s| match &s.decoder {
+            Decoder::Mtp(m) => m.since(t0),
+            Decoder::Plain(_) => t0,
+        })
+        .collect();
+    let input = Array::from_slice(&lasts, &[b, 1])?;
+    let hidden = model.forward_batch(&input, &mut caches(group))?;
+    let logits = model.logits(&hidden)?;
+    let mut drawn = Vec::with_capacity(group.len());
+    for (i, (seq, &fed)) in group.iter_mut().zip(&lasts).enumerate() {
+        let i = i as i32;
+        seq.history.push(fed);
+        let row = logits.slice_axis(0, i, i + 1)?.reshape(&[-1])?.as_dtype(Dtype::F32)?;
+        let row = seq.sampler.penalize(&row, &seq.history)?;
+        drawn.push(seq.sampler.sample(&row)?);
+    }
+    mlx::device::eval(&drawn.iter().collect::<Vec<_>>())?;
+    for (i, (seq, token)) in group.iter_mut().zip(&drawn).enumerate() {
+        let next = token.item::<u32>()?;
+        let h = hidden.slice_axis(0, i as i32, i as i32 + 1)?;
+        let new = match &mut seq.decoder {
+            Decoder::Plain(p) => p.after_step(h, next),
+            Decoder::Mtp(m) => m.after_plain(h, next, since[i], &mut seq.stats),
+        };
+        seq.produced(new);
+    }
+    Ok(())
+}
+
+/// One speculative cycle of depth `k` each (all MTP decoders): drafts by each head, one verify
+/// forward over all of them, each sequence's acceptance and rollback its own.
+fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
+    let t0 = Instant::now();
+    let model = group[0].model;
+    let mut since = Vec::with_capacity(group.len());
+    let mut drafted = Vec::with_capacity(group.len());
+    let mut rows = Vec::with_capacity(group.len());
+    for seq in group.iter_mut() {
+        let Decoder::Mtp(m) = &mut seq.decoder else {
+            return Err(mlx::Error::Invalid("a batched cycle over a plain decoder".into()).into());
+        };
+        since.push(m.since(t0));
+        let d = m.draft(k)?;
+        rows.push(verify_input(m.last(), &d.drafts)?);
+        drafted.push(d);
+    }
+    let t1 = Instant::now();
+    let lasts: Vec<u32> = group.iter().map(|s| last(s)).collect();
+    let input = mlx::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?;
+    // Each sequence's caches, sampler and history, borrowed apart for the verify transactions.
+    let (mut caches, mut samplers, mut histories, mut stops) = (vec![], vec![], vec![], vec![]);
+    for seq in group.iter_mut() {
+        let Sequence { decoder, sampler, history, opts, .. } = &mut **seq;
+        caches.push(match decoder {
+            Decoder::Plain(p) => p.cache_mut(),
+            Decoder::Mtp(m) => m.cache_mut(),
+        });
+        samplers.push(sampler);
+        histories.push(history);
+        stops.push(&opts.stop_ids[..]);
+    }
+    let mut verifies: Vec<Verify<'_>> = caches.iter_mut().map(|c| Verify::begin(c, k + 1)).collect();
+    let hidden = {
+        let mut open: Vec<&mut [LayerCache]> = verifies.iter_mut().map(|v| v.cache()).collect();
+        model.forward_batch(&input, &mut open)?
+    };
+    let logits = model.logits(&hidden)?.as_dtype(Dtype::F32)?; // [B, k+1, V]
+    let mut wait: Vec<&Array> = vec![&logits];
+    wait.extend(drafted.iter().flat_map(|d| [&d.drafts, &d.head]));
+    mlx::device::eval(&wait)?;
+    let t2 = Instant::now();
+    let mut decided = Vec::with_capacity(lasts.len());
+    for (i, (sampler, history)) in samplers.iter_mut().zip(histories.iter_mut()).enumerate() {
+        let row = logits.slice_axis(0, i as i32, i as i32 + 1)?.squeeze(&[0])?;
+        decided.push(decide(sampler, history, lasts[i], &row, &drafted[i].drafts, stops[i])?);
+    }
+    let t3 = Instant::now();
+    for (verify, (_, accepted, _)) in verifies.into_iter().zip(&decided) {
+        verify.commit(accepted + 1)?;
+    }
+    let t4 = Instant::now();
+    for (i, (seq, (drafts, accepted, next))) in group.iter_mut().zip(decided).enumerate() {
+        let i = i as i32;
+        let h = hidden.slice_axis(0, i, i + 1)?.slice_axis(1, 0, accepted as i32 + 1)?;
+        let v = Verified { drafts, accepted, next, hidden: vec![h], ms: [ms(t1, t2), ms(t2, t3), ms(t3, t4)] };
+        let Decoder::Mtp(m) = &mut seq.decoder else {
+            return Err(mlx::Error::Invalid("a batched cycle over a plain decoder".into()).into());
+        };
+        let new = m.after_cycle(k, v, [since[i as usize], t0, t1], &mut seq.stats);
+        seq.produced(new);
+    }
+    Ok(())
+}

@@ -1,0 +1,236 @@
+//! Continuous batching (src/generate/batch.rs, the engine's worker): every sequence decoded in a
+//! batch gives what it gives alone — the same tokens and log-probabilities — plain and with MTP,
+//! with prompts of different lengths, sequences joining and leaving mid-stream, one stopped
+//! mid-cycle, and seeded sampling; a batched forward's rows are the single forwards' rows.
+
+use mlx::Array;
+use tandem::chat::Tokenizer;
+use tandem::generate::batch::step_batch;
+use tandem::generate::{
+    Control, GenerateOptions, MtpOptions, Output, Prompt, Resume, SamplingParams, Sequence, TokenLogprob,
+};
+use tandem::model::{self, LoadOptions, Qwen35};
+
+use crate::common::*;
+
+fn tiny() -> Qwen35 {
+    model::load(&tiny_model_dir(), &LoadOptions::default()).expect("load tandem-tiny")
+}
+
+/// `n` tokens of the probe text from token `offset` on.
+fn story(n: usize, offset: usize) -> Vec<u32> {
+    let tok = Tokenizer::from_dir(&tiny_model_dir()).unwrap();
+    let words = std::fs::read_to_string(repo().join("assets/probe/mtp-probe.txt")).unwrap();
+    tok.encode(&words, false).unwrap().into_iter().cycle().skip(offset).take(n).collect()
+}
+
+fn opts(n: usize, mtp: bool) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        mtp: MtpOptions { enabled: mtp, depth: 3, adaptive: false, exact_verify: false },
+        // The log-probabilities show a difference in any layer's state long before greedy text does.
+        logprobs: Some(2),
+        ..Default::default()
+    }
+}
+
+/// Alone, as `generate` runs it.
+fn alone(m: &Qwen35, prompt: &[u32], o: &GenerateOptions) -> Output {
+    let mut seq = Sequence::start(m, prompt, &[], o.clone(), Resume::default(), &mut |_| Control::Continue).unwrap();
+    while !seq.is_done() {
+        seq.step(true, &mut |_| Control::Continue).unwrap();
+    }
+    seq.finish()
+}
+
+/// The same tokens, and log-probabilities equal to rounding.
+fn same(batched: &Output, single: &Output, what: &str) {
+    assert_eq!(batched.tokens, single.tokens, "{what}: tokens");
+    assert_eq!(batched.logprobs.len(), single.logprobs.len(), "{what}: log-probabilities recorded");
+    let worst = batched
+        .logprobs
+        .iter()
+        .zip(&single.logprobs)
+        .map(|(a, b): (&TokenLogprob, &TokenLogprob)| (a.logprob - b.logprob).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst <= 1e-4, "{what}: log-probabilities differ by up to {worst}");
+}
+
+/// A batch run: sequence i starts before step `joins[i]` of the batch; all step together until
+/// each ends. `stop_after[i]`: its caller stops it after that many reported tokens.
+fn batched(
+    m: &Qwen35,
+    prompts: &[Vec<u32>],
+    o: &[GenerateOptions],
+    joins: &[usize],
+    stop_after: &[Option<usize>],
+) -> Vec<Output> {
+    let n = prompts.len();
+    let mut seqs: Vec<Option<Sequence<'_>>> = (0..n).map(|_| None).collect();
+    let mut seen = vec![0usize; n];
+    let mut outs: Vec<Option<Output>> = (0..n).map(|_| None).collect();
+    let mut stepped = 0;
+    while outs.iter().any(Option::is_none) {
+        for i in 0..n {
+            if seqs[i].is_none() && outs[i].is_none() && joins[i] <= stepped {
+                let (seen, stop) = (&mut seen[i], stop_after[i]);
+                let mut cb = |p: tandem::generate::Progress<'_>| {
+                    *seen += p.new_tokens.len();
+                    if stop.is_some_and(|s| *seen >= s) {
+                        Control::Stop
+                    } else {
+                        Control::Continue
+                    }
+                };
+                seqs[i] = Some(Sequence::start(m, &prompts[i], &[], o[i].clone(), Resume::default(), &mut cb).unwrap());
+            }
+        }
+        {
+            let mut running: Vec<&mut Sequence<'_>> = seqs.iter_mut().flatten().filter(|s| !s.is_done()).collect();
+            if !running.is_empty() {
+                step_batch(&mut running).unwrap();
+            }
+        }
+        stepped += 1;
+        for i in 0..n {
+            if let Some(seq) = seqs[i].as_mut() {
+                let (seen, stop) = (&mut seen[i], stop_after[i]);
+                seq.report(&mut |p| {
+                    *seen += p.new_tokens.len();
+                    if stop.is_some_and(|s| *seen >= s) {
+                        Control::Stop
+                    } else {
+                        Control::Continue
+                    }
+                });
+            }
+            if seqs[i].as_ref().is_some_and(|s| s.is_done()) {
+                outs[i] = seqs[i].take().map(Sequence::finish);
+            }
+        }
+        assert!(stepped < 10_000, "the batch never ended");
+    }
+    outs.into_iter().map(Option::unwrap).collect()
+}
+
+#[test]
+fn a_batched_forward_gives_each_row_its_single_forward() {
+    let m = tiny();
+    let prompts = [story(5, 0), story(17, 40), story(9, 200)];
+    let mut singles = Vec::new();
+    let mut caches = Vec::new();
+    for p in &prompts {
+        let ids: Vec<i32> = p.iter().map(|&t| t as i32).collect();
+        let mut c = m.make_cache();
+        m.forward(&Array::from_slice(&ids, &[1, ids.len() as i32]).unwrap(), &mut c).unwrap();
+        caches.push(c);
+    }
+    // One further step of two tokens per sequence (a verify's width), alone and batched.
+    let next: Vec<[i32; 2]> = vec![[11, 12], [300, 4], [7, 7]];
+    for (c, t) in caches.iter().zip(&next) {
+        let mut c = c.clone();
+        let h = m.forward(&Array::from_slice(t, &[1, 2]).unwrap(), &mut c).unwrap();
+        singles.push((h.to_f32_vec().unwrap(), c));
+    }
+    let flat: Vec<i32> = next.iter().flatten().copied().collect();
+    let mut batch: Vec<Vec<tandem::cache::LayerCache>> = caches.clone();
+    let h = {
+        let mut refs: Vec<&mut [tandem::cache::LayerCache]> = batch.iter_mut().map(|c| c.as_mut_slice()).collect();
+        m.forward_batch(&Array::from_slice(&flat, &[3, 2]).unwrap(), &mut refs).unwrap()
+    };
+    for (i, (single, cache)) in singles.iter().enumerate() {
+        let row = h.slice_axis(0, i as i32, i as i32 + 1).unwrap().to_f32_vec().unwrap();
+        assert!(max_abs(&row, single) <= 1e-5, "row {i}: hidden states differ by {}", max_abs(&row, single));
+        // Each sequence's caches are its own: what its single forward left.
+        for (l, (a, b)) in batch[i].iter().zip(cache).enumerate() {
+            for (x, y) in a.contents().unwrap().iter().zip(b.contents().unwrap()) {
+                assert_eq!(x.shape(), y.shape(), "row {i}, layer {l}");
+                let d = max_abs(&x.to_f32_vec().unwrap(), &y.to_f32_vec().unwrap());
+                assert!(d <= 1e-5, "row {i}, layer {l}: cache differs by {d}");
+            }
+        }
+    }
+    // A row count that does not match the caches is an error, not a panic.
+    let mut two: Vec<&mut [tandem::cache::LayerCache]> = batch.iter_mut().take(2).map(|c| c.as_mut_slice()).collect();
+    let err = m.forward_batch(&Array::from_slice(&flat, &[3, 2]).unwrap(), &mut two).unwrap_err();
+    assert!(err.to_string().contains("3 token rows for 2 sequences"), "{err}");
+}
+
+#[test]
+fn batched_sequences_decode_as_they_do_alone_plain_and_mtp() {
+    let m = tiny();
+    let prompts = vec![story(12, 0), story(48, 30), story(5, 400), story(30, 90)];
+    for mtp in [false, true] {
+        // Different lengths and limits: the second leaves early, the fourth joins mid-stream.
+        let o: Vec<GenerateOptions> = [40, 9, 33, 25].iter().map(|&n| opts(n, mtp)).collect();
+        let outs = batched(&m, &prompts, &o, &[0, 0, 0, 6], &[None; 4]);
+        for (i, out) in outs.iter().enumerate() {
+            let single = alone(&m, &prompts[i], &o[i]);
+            same(out, &single, &format!("mtp {mtp}, sequence {i}"));
+            if mtp {
+                let spec = out.stats.spec.as_ref().expect("spec stats");
+                assert!(spec.cycles > 0 && spec.accepted > 0, "sequence {i}: no accepted draft in the batch: {spec:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_mixed_batch_of_plain_mtp_and_adaptive_sequences_matches_alone() {
+    let m = tiny();
+    let prompts = vec![story(20, 10), story(7, 77), story(33, 150)];
+    let mut adaptive = opts(60, true);
+    adaptive.mtp.adaptive = true;
+    let o = vec![opts(30, false), opts(45, true), adaptive];
+    let outs = batched(&m, &prompts, &o, &[0, 2, 0], &[None; 3]);
+    for (i, out) in outs.iter().enumerate() {
+        same(out, &alone(&m, &prompts[i], &o[i]), &format!("sequence {i}"));
+    }
+}
+
+#[test]
+fn a_sequence_stopped_mid_cycle_leaves_its_neighbours_unchanged() {
+    let m = tiny();
+    let prompts = vec![story(16, 3), story(24, 60), story(10, 300)];
+    let o: Vec<GenerateOptions> = (0..3).map(|_| opts(36, true)).collect();
+    // The middle one is stopped by its caller after 7 tokens, inside a cycle's tokens.
+    let outs = batched(&m, &prompts, &o, &[0, 0, 0], &[None, Some(7), None]);
+    assert_eq!(outs[1].finish, tandem::generate::FinishReason::Cancelled);
+    let full = alone(&m, &prompts[1], &o[1]);
+    assert!(outs[1].tokens.len() >= 7 && full.tokens.starts_with(&outs[1].tokens), "the stopped one's tokens");
+    for i in [0, 2] {
+        same(&outs[i], &alone(&m, &prompts[i], &o[i]), &format!("neighbour {i}"));
+    }
+}
+
+#[test]
+fn seeded_sampling_in_a_batch_draws_what_it_draws_alone() {
+    // Draws are keyed by position, so a seeded sequence gives the same tokens with MTP or without
+    // (speculative sampling keeps the distribution, docs/MODEL.md §4.3): batched, too.
+    let m = tiny();
+    let prompts = vec![story(14, 5), story(28, 120)];
+    let sampled = |seed: u64, mtp: bool| GenerateOptions {
+        sampling: SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(seed), ..SamplingParams::default() },
+        ..opts(40, mtp)
+    };
+    let o = vec![sampled(11, true), sampled(12, true)];
+    let outs = batched(&m, &prompts, &o, &[0, 0], &[None; 2]);
+    for (i, out) in outs.iter().enumerate() {
+        let plain = alone(&m, &prompts[i], &sampled(11 + i as u64, false));
+        assert_eq!(out.tokens, plain.tokens, "sequence {i}: batched MTP sampling left plain sampling's tokens");
+    }
+}
+
+#[test]
+fn a_prompt_with_images_is_refused_by_a_text_model_in_the_batch_too() {
+    // Sanity of the batch's entry point for prompts (start_prompt): the usual error, not a panic.
+    let m = tiny();
+    let prompt = Prompt::text(story(6, 0));
+    let seq = Sequence::start_prompt(&m, &prompt, opts(4, false), Resume::default(), &mut |_| Control::Continue);
+    assert!(seq.is_ok());
+    let empty = Sequence::start_prompt(&m, &Prompt::text(vec![]), opts(4, false), Resume::default(), &mut |_| {
+        Control::Continue
+    });
+    assert!(empty.is_err(), "an empty prompt starts nothing");
+}
