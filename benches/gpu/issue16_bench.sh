@@ -6,12 +6,15 @@
 #   kernels  the gated-delta kernel's Python parity and timings (benches/gpu/gdn_kernel.py)
 #   rust     the Rust suite's kernels:: tests (.devcarry/it.xz: the integration-test binary built on the CPU
 #            machine, stripped), then the gated-delta selection test under TANDEM_KERNELS=off
+#   dmm      the dense matmul kernel's Python parity and timings (benches/gpu/dmm_kernel.py)
 #   convert  4-bit and 8-bit conversions of the slice by `tandem convert`
 #   q4 q8 bf16  per format, 512-token prompt and 512 generated, greedy: `tandem bench` with oracle
 #            acceptance 0.8 at depths 1 and 3 (depth 0 is plain decoding), the same without the
 #            gated-delta kernel (TANDEM_KERNELS=-gated_delta), oracle 0.0 at depth 3 fixed and adaptive,
 #            then mlx-lm on the same files
 #   repeat   plain decoding, Tandem and mlx-lm alternated, two more rounds per format
+#   dense    bf16 only, with and without the dense matmul kernel (TANDEM_KERNELS=-dense_matmul), alternated:
+#            oracle acceptance 0.8 at depths 1 and 3 and plain decoding, twice each (no mlx-lm)
 # Each call copies what it carries of .devcarry/ to /tmp/keep, so parts may come in earlier calls on the
 # same warm machine (the working tree is ~30 MB, so the MLX wheel travels in 25 MiB parts, `split -b 25M`, one
 # a call: `gen` carries partaa and tandem.xz, a bare copy call partab and the two wheels, `setup ...` partac;
@@ -58,17 +61,24 @@ for phase in $PHASES; do
     env_setup
     PYTHONUNBUFFERED=1 python3 benches/gpu/gdn_kernel.py 2>&1 | tee "$OUT/gdn_kernel.txt" | tee -a "$S"
     ;;
+  dmm)
+    env_setup
+    PYTHONUNBUFFERED=1 python3 benches/gpu/dmm_kernel.py 2>&1 > "$OUT/dmm_kernel.txt"
+    grep -E "^parity|^time|FAIL|passed|sum over" "$OUT/dmm_kernel.txt" | tee -a "$S"
+    ;;
   rust)
     env_setup
     if [ -e /tmp/keep/it.xz ]; then
       mkdir -p /tmp/itbin/deps && xz -dc /tmp/keep/it.xz > /tmp/itbin/deps/it && chmod +x /tmp/itbin/deps/it
       ln -sfn /tmp/site/mlx /tmp/itbin/mlx
-      # The binary finds the repository (tandem-tiny) at the path it was built in.
-      [ -e /work/main/assets ] || { mkdir -p /work && ln -sfn "$PWD" /work/main; }
+      # The binary finds the repository (tandem-tiny) at the path it was built in (the main checkout or a
+      # helper's worktree).
+      for d in /work/main /work/wt/gpu; do [ -e $d/assets ] || { mkdir -p "$(dirname $d)" && ln -sfn "$PWD" $d; }; done
       (/tmp/itbin/deps/it kernels:: --test-threads 1 --nocapture 2>&1; \
-       TANDEM_KERNELS=off /tmp/itbin/deps/it kernels::gated_delta_cuda_selected --nocapture 2>&1) \
+       TANDEM_KERNELS=off /tmp/itbin/deps/it kernels::gated_delta_cuda_selected --nocapture 2>&1; \
+       TANDEM_KERNELS=-dense_matmul /tmp/itbin/deps/it kernels::dmm_cuda_selected --nocapture 2>&1) \
         > "$OUT/rust_kernels.txt"
-      grep -E "parity|selected|SKIPPED|test result|panicked|FAILED|depth|compute capability" "$OUT/rust_kernels.txt" | tee -a "$S"
+      grep -E "parity|selected|SKIPPED|test result|panicked|FAILED|depth|compute capability|dmm" "$OUT/rust_kernels.txt" | tee -a "$S"
     fi
     ;;
   convert)
@@ -84,6 +94,14 @@ for phase in $PHASES; do
     ENVS=TANDEM_KERNELS=-gated_delta bench s27-$phase-oracle08-nogdn --depths 0,1,3 --oracle-acceptance 0.8
     ENVS= bench s27-$phase-oracle00 --depths 0,3 --oracle-acceptance 0.0 --adaptive
     mlx_lm s27-$phase-mlx-lm
+    ;;
+  dense)
+    env_setup
+    MODEL=$M
+    for round in 1 2; do
+      ENVS= bench s27-bf16-dmm-r$round --depths 0,1,3 --oracle-acceptance 0.8
+      ENVS=TANDEM_KERNELS=-dense_matmul bench s27-bf16-nodmm-r$round --depths 0,1,3 --oracle-acceptance 0.8
+    done
     ;;
   repeat)
     env_setup

@@ -3,14 +3,17 @@
 //! MLX's custom-kernel API on first use. A kernel is taken only on the backend and shapes its parity test
 //! covers, on machine classes where that test passed, after a small parity probe on this machine; every
 //! other call goes to the MLX op. `TANDEM_KERNELS=off` turns them all off; `TANDEM_KERNELS=-gated_delta`
-//! (a comma-separated list: a policy, and names with a `-` before them) turns off the named kernels only.
+//! (a comma-separated list: a policy, and names with a `-` before them) turns off the named kernels only
+//! (`gated_delta`, `dense_matmul`).
 //! `fused` holds the elementwise chains MLX's graph compiler fuses on every backend (`TANDEM_COMPILE=off`
 //! runs them op by op).
 
+pub mod dense_matmul;
 pub mod fused;
 pub mod gated_delta;
 pub mod quantized_matmul;
 
+pub use dense_matmul::dense_matmul;
 pub use quantized_matmul::quantized_matmul;
 
 use std::sync::OnceLock;

@@ -219,6 +219,159 @@ fn qmm_cuda_selected_on_tested_class() {
     }
 }
 
+fn dense_weights(n: i32, k: i32, dtype: Dtype, seed: u64) -> Array {
+    let w = random::normal(&[n, k], Dtype::F32, &random::key(seed).unwrap()).unwrap();
+    w.multiply(&Array::f32(0.02)).unwrap().as_dtype(dtype).unwrap()
+}
+
+/// The dense kernel's selection rule on any backend: which formats and shapes it computes, and never off CUDA
+/// (there `Linear`'s dense path is MLX's matmul, bit for bit).
+#[test]
+fn dmm_selection_rules() {
+    use tandem::kernels::dense_matmul as dmm;
+    let w = dense_weights(8, 5120, Dtype::BF16, 1);
+    let x = inputs(4, 5120, Dtype::BF16, 2).reshape(&[1, 4, 5120]).unwrap();
+    assert!(dmm::applicable(&x, &w), "verify-width bf16 x and w");
+    assert!(dmm::applicable(&inputs(1, 5120, Dtype::BF16, 2), &w), "decode width");
+    assert!(!dmm::applicable(&inputs(9, 5120, Dtype::BF16, 2), &w), "9 rows is past verify width");
+    assert!(!dmm::applicable(&x.as_dtype(Dtype::F32).unwrap(), &w.as_dtype(Dtype::F32).unwrap()), "f32");
+    assert!(!dmm::applicable(&x, &w.as_dtype(Dtype::F16).unwrap()), "x and w of different dtypes");
+    assert!(!dmm::applicable(&inputs(1, 96, Dtype::BF16, 2), &dense_weights(8, 96, Dtype::BF16, 1)), "K of 96");
+    assert!(!dmm::applicable(&inputs(1, 256, Dtype::BF16, 2), &w), "K of x and w differ");
+    assert!(dmm::applicable(&inputs(2, 64, Dtype::F16, 2), &dense_weights(3, 64, Dtype::F16, 1)), "f16, K = 64");
+    if backend() != Backend::Cuda {
+        assert!(!dmm::selected(&x, &w), "selected without CUDA");
+        let y = dmm::dense_matmul(&x, &w).unwrap();
+        assert_eq!(y.shape(), vec![1, 4, 8]);
+        assert_eq!(y.dtype(), Dtype::BF16);
+        assert_eq!(y.to_bytes().unwrap(), dmm::fallback(&x, &w).unwrap().to_bytes().unwrap());
+    }
+}
+
+/// The dense kernel against an fp32 reference (x and w upcast) and against MLX's matmul, bf16 and f16,
+/// M = 1..8, on edge shapes (partial tiles, K of one chunk, N below one block) and the 27B projection
+/// shapes: within half an ulp of the output dtype of the reference, and each row's bits the same whatever M
+/// (MLX's own op is not: it prints whether its M = 1 row matched). A misaligned view of x gives the aligned
+/// copy's bits, `[B, T, K]` inputs keep their leading axes, and 9 rows is an error.
+#[test]
+fn dmm_cuda_parity() {
+    use tandem::kernels::dense_matmul as dmm;
+    if !cuda_or_skip("dmm_cuda_parity") {
+        return;
+    }
+    let shapes =
+        [(40, 256), (1000, 128), (3, 64), (48, 5120), (4096, 5120), (6144, 5120), (17408, 5120), (5120, 17408)];
+    for dtype in [Dtype::BF16, Dtype::F16] {
+        for (i, &(n, k)) in shapes.iter().enumerate() {
+            let w = dense_weights(n, k, dtype, 50 + i as u64);
+            let x8 = inputs(8, k, dtype, 60 + i as u64);
+            let y8 = dmm::cuda(&x8, &w).unwrap();
+            let mlx8 = dmm::fallback(&x8, &w).unwrap();
+            let (mut worst, mut mlx_invariant) = ((0.0f64, 0.0f64, 0.0f64), true);
+            for m in 1..=8 {
+                let x = x8.slice_axis(0, 0, m).unwrap();
+                let y = dmm::cuda(&x, &w).unwrap();
+                assert_eq!(y.shape(), vec![m, n]);
+                let yv = y.to_f32_vec().unwrap();
+                let reference = dmm::reference(&x, &w).unwrap().to_f32_vec().unwrap();
+                let fallback = dmm::fallback(&x, &w).unwrap();
+                let fv = fallback.to_f32_vec().unwrap();
+                let (e_ref, e_mlx, e_fb) =
+                    (rel_error(&yv, &reference), rel_error(&fv, &reference), rel_error(&yv, &fv));
+                worst = (worst.0.max(e_ref), worst.1.max(e_mlx), worst.2.max(e_fb));
+                let case = format!("{dtype:?} N={n} K={k} M={m}");
+                assert!(e_ref <= half_ulp(dtype), "{case}: error {e_ref:.2e} against fp32 over the tolerance");
+                assert!(
+                    e_fb <= e_ref + e_mlx + half_ulp(dtype),
+                    "{case}: {e_fb:.2e} from MLX's op (kernel {e_ref:.2e}, MLX {e_mlx:.2e} from fp32)"
+                );
+                // Batch invariance: each row as it comes out of the 8-row call.
+                let rows8 = y8.slice_axis(0, 0, m).unwrap();
+                assert_eq!(y.to_bytes().unwrap(), rows8.to_bytes().unwrap(), "{case}: rows differ from M = 8");
+                mlx_invariant &= fallback.to_bytes().unwrap() == mlx8.slice_axis(0, 0, m).unwrap().to_bytes().unwrap();
+            }
+            println!(
+                "dmm parity {dtype:?} N={n} K={k}: kernel/fp32 {:.2e}, MLX op/fp32 {:.2e}, kernel/MLX op {:.2e} \
+                 (worst over M = 1..8; tolerance {:.2e}); kernel rows bit-identical across M; MLX op's rows {}",
+                worst.0,
+                worst.1,
+                worst.2,
+                half_ulp(dtype),
+                if mlx_invariant { "bit-identical too" } else { "NOT bit-identical across M" }
+            );
+        }
+    }
+    let (n, k) = (96, 512);
+    let w = dense_weights(n, k, Dtype::BF16, 5);
+    let x = inputs(3, k, Dtype::BF16, 6);
+    let y = dmm::cuda(&x, &w).unwrap();
+    // A view one element into its buffer: the kernel's element-wise load path, same bits.
+    let padded = mlx::concatenate(&[&Array::zeros(&[1], Dtype::BF16).unwrap(), &x.reshape(&[-1]).unwrap()], 0).unwrap();
+    let shifted = padded.slice_axis(0, 1, 1 + 3 * k).unwrap().reshape(&[3, k]).unwrap();
+    assert_eq!(dmm::cuda(&shifted, &w).unwrap().to_bytes().unwrap(), y.to_bytes().unwrap(), "misaligned x");
+    // A weight that is a view one row into its buffer (as a fused matmul's part could be): same bits.
+    let w_tail =
+        mlx::concatenate(&[&dense_weights(1, k, Dtype::BF16, 7), &w], 0).unwrap().slice_axis(0, 1, 1 + n).unwrap();
+    assert_eq!(dmm::cuda(&x, &w_tail).unwrap().to_bytes().unwrap(), y.to_bytes().unwrap(), "offset weight view");
+    let y3 = dmm::cuda(&x.reshape(&[1, 3, k]).unwrap(), &w).unwrap();
+    assert_eq!(y3.shape(), vec![1, 3, n]);
+    assert_eq!(y3.to_bytes().unwrap(), y.to_bytes().unwrap());
+    assert!(dmm::cuda(&inputs(9, k, Dtype::BF16, 7), &w).is_err(), "9 rows");
+    assert!(dmm::cuda(&inputs(2, 96, Dtype::BF16, 7), &dense_weights(8, 96, Dtype::BF16, 1)).is_err(), "K of 96");
+}
+
+/// On CUDA: the dense kernel is selected exactly on tested machine classes (not with `TANDEM_KERNELS=off`
+/// or `-dense_matmul`), its probe passes, and through the model (tandem-tiny in bf16, where it runs at every
+/// decode and verify projection) greedy MTP output equals plain greedy output at depths 1-3.
+#[test]
+fn dmm_cuda_selected_and_lossless() {
+    use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams};
+    use tandem::kernels::dense_matmul as dmm;
+    use tandem::model::{self, LoadOptions};
+    if !cuda_or_skip("dmm_cuda_selected_and_lossless") {
+        return;
+    }
+    let cc = cuda_compute_capability();
+    let tested = cc.is_some_and(|c| dmm::TESTED_CLASSES.contains(&c));
+    let off = tandem::kernels::policy() == tandem::kernels::Policy::Off || tandem::kernels::disabled(dmm::NAME);
+    println!("compute capability {cc:?}, tested class {tested}, dense_matmul kernel off {off}");
+    for dtype in [Dtype::BF16, Dtype::F16] {
+        let (w, x) = (dense_weights(256, 1024, dtype, 8), inputs(4, 1024, dtype, 9));
+        assert_eq!(dmm::selected(&x, &w), tested && !off, "{dtype:?}");
+        let err = dmm::probe(dtype).unwrap();
+        assert!(err <= tandem::kernels::quantized_matmul::tolerance(dtype), "{dtype:?}: probe error {err:.2e}");
+        if dmm::selected(&x, &w) {
+            let y = dmm::dense_matmul(&x, &w).unwrap();
+            assert_eq!(y.to_bytes().unwrap(), dmm::cuda(&x, &w).unwrap().to_bytes().unwrap());
+        }
+    }
+    let m = model::load(
+        &crate::common::tiny_model_dir(),
+        &LoadOptions { dtype: Some(Dtype::BF16), probe: false, ..Default::default() },
+    )
+    .unwrap();
+    let prompt: Vec<u32> = (0..24).map(|i| 20 + (i * 37) % 400).collect();
+    let run = |mtp: MtpOptions| {
+        let opts = GenerateOptions {
+            max_tokens: 48,
+            sampling: SamplingParams::greedy(),
+            stop_ids: vec![],
+            mtp,
+            ..Default::default()
+        };
+        generate(&m, &prompt, &opts, &mut |_| Control::Continue).unwrap()
+    };
+    let plain = run(MtpOptions { enabled: false, ..Default::default() }).tokens;
+    for depth in 1..=3 {
+        let out = run(MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false });
+        let s = out.stats.spec.expect("spec stats");
+        println!("tandem-tiny bf16 depth {depth}: {} cycles, acceptance {:.2}", s.cycles, s.acceptance);
+        if !off {
+            assert_eq!(out.tokens, plain, "depth {depth}: MTP output differs from plain greedy");
+        }
+    }
+}
+
 /// Every compiled elementwise chain (src/kernels/fused.rs) gives the values its op-by-op body gives,
 /// on every backend, in bf16 and f32, at decode, verify and prefill widths, and one compiled trace
 /// serves them all. Fused kernels keep each op's arithmetic; the bound allows for a reordered

@@ -1,0 +1,195 @@
+//! `y = x @ w^T` for dense bf16 or f16 weights: at verify widths (M = 1..8 rows of x) on CUDA, the kernel in
+//! kernels/cuda/dense_matmul.cu{,h}; everywhere else, MLX's matmul ([`fallback`]).
+//!
+//! MLX 0.32.4's CUDA matmul in bf16 gives a row of x different bits at M = 1 than inside M = 2..4 (its
+//! gemv and its gemm tile sum in different orders), so an MTP verify's logits were not plain decoding's
+//! and bf16 MTP left the plain continuation (docs/PERF.md). The kernel computes each row of x the same way
+//! whatever M is and whatever the other rows hold, so a verify's logits are decoding's own, bit for bit; it
+//! is taken for all M in 1..=8, M = 1 included, for that reason, and reads each weight byte once for all rows.
+//!
+//! Tolerance: against an fp32 reference (x and w upcast) the relative Frobenius error of its output is at
+//! most half an ulp of the output dtype (2^-8 bf16, 2^-11 f16), what rounding the exact result costs.
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use mlx::device::{backend, cuda_compute_capability, default_device, Backend, Device};
+use mlx::kernel::{Kernel, KernelBackend, Launch};
+use mlx::{random, Array, Dtype};
+
+use super::quantized_matmul::{relative_error, tolerance};
+use super::{disabled, policy, Policy};
+
+type Result<T> = std::result::Result<T, mlx::Error>;
+
+const HEADER: &str = include_str!("../../kernels/cuda/dense_matmul.cuh");
+const SOURCE: &str = include_str!("../../kernels/cuda/dense_matmul.cu");
+
+/// This kernel's name for `TANDEM_KERNELS=-dense_matmul` (every other kernel stays on).
+pub const NAME: &str = "dense_matmul";
+/// Rows of x the kernel takes (a verify of depth 7 at most).
+pub const MAX_ROWS: i32 = 8;
+/// K is consumed in chunks of this many elements (each lane loads two 16-byte pieces of a chunk).
+pub const CHUNK: i32 = 64;
+/// The range of K (x's last axis) and N (weight rows) the parity runs covered (benches/gpu/dmm_kernel.py,
+/// tests/it/kernels.rs: K from 64 to 17408, N from 40 to a 248320-row vocabulary).
+pub const K_RANGE: (i32, i32) = (64, 17408);
+pub const MAX_N: i32 = 262_144;
+/// Compute capabilities (major, minor) where the parity test passed: the H200 (kernels/README.md).
+pub const TESTED_CLASSES: &[(u32, u32)] = &[(9, 0)];
+
+/// Launch shape (R 16-row tiles per warp, KS warps per block splitting K, U chunks per load round), chosen
+/// on the H200 (benches/gpu/dmm_kernel.py). It depends on the weight's shape only, never on M: the rows'
+/// bits must not change with the number of rows.
+fn launch_shape(_n: i32, _k: i32) -> (i32, i32, i32) {
+    (2, 4, 2)
+}
+
+/// `x @ w^T`: the CUDA kernel where [`selected`], MLX's matmul otherwise.
+pub fn dense_matmul(x: &Array, w: &Array) -> Result<Array> {
+    if selected(x, w) {
+        return cuda(x, w);
+    }
+    fallback(x, w)
+}
+
+/// The MLX op the kernel replaces.
+pub fn fallback(x: &Array, w: &Array) -> Result<Array> {
+    x.matmul(&w.t()?)
+}
+
+/// Whether a call goes to the kernel: CUDA on the GPU, a format and shape inside [`applicable`], a machine
+/// class whose parity test passed (or `TANDEM_KERNELS=on`), not `-dense_matmul`, and this machine's probe
+/// passed.
+pub fn selected(x: &Array, w: &Array) -> bool {
+    if policy() == Policy::Off || disabled(NAME) || backend() != Backend::Cuda || default_device() != Device::Gpu {
+        return false;
+    }
+    if !applicable(x, w) {
+        return false;
+    }
+    if policy() == Policy::Auto && !tested_class() {
+        return false;
+    }
+    probe_passed(x.dtype())
+}
+
+/// The formats and shapes the kernel computes and its parity runs covered: x and w both bf16 or both f16,
+/// w `[N, K]`, x `[..., K]` with M = 1..=8 rows, K a multiple of 64 in range, N in range.
+pub fn applicable(x: &Array, w: &Array) -> bool {
+    let dt = x.dtype();
+    if !matches!(dt, Dtype::BF16 | Dtype::F16) || w.dtype() != dt || x.ndim() == 0 || w.ndim() != 2 {
+        return false;
+    }
+    let (k, n) = (x.dim(-1), w.dim(0));
+    if w.dim(1) != k || !(K_RANGE.0..=K_RANGE.1).contains(&k) || k % CHUNK != 0 || !(1..=MAX_N).contains(&n) {
+        return false;
+    }
+    (1..=MAX_ROWS as usize).contains(&(x.size() / k as usize))
+}
+
+fn tested_class() -> bool {
+    static TESTED: OnceLock<bool> = OnceLock::new();
+    *TESTED.get_or_init(|| cuda_compute_capability().is_some_and(|cc| TESTED_CLASSES.contains(&cc)))
+}
+
+/// Runs the kernel (CUDA only; elsewhere MLX reports an error when the result is evaluated). Checks only
+/// what would make the launch wrong; [`applicable`] is the selection's rule. The parity tests call this.
+pub fn cuda(x: &Array, w: &Array) -> Result<Array> {
+    let invalid = |what: &str| mlx::Error::Invalid(format!("dense_matmul kernel: {what}"));
+    let dt = x.dtype();
+    if !matches!(dt, Dtype::BF16 | Dtype::F16) || w.dtype() != dt || w.ndim() != 2 {
+        return Err(invalid(&format!("x {:?}, w {:?} of {} axes", dt, w.dtype(), w.ndim())));
+    }
+    let (k, n) = (x.dim(-1), w.dim(0));
+    if k <= 0 || k % CHUNK != 0 || w.dim(1) != k || n <= 0 {
+        return Err(invalid(&format!("K {k} (w {:?}), a multiple of {CHUNK} needed", w.shape())));
+    }
+    let m = (x.size() / k as usize) as i32;
+    if !(1..=MAX_ROWS).contains(&m) {
+        return Err(invalid(&format!("{m} rows of x, at most {MAX_ROWS}")));
+    }
+    let x2 = x.reshape(&[m, k])?;
+    let (r, ks, u) = launch_shape(n, k);
+    let blocks = (n + 16 * r - 1) / (16 * r);
+    let out_shape = [m, n];
+    let y = with_kernel(dt, |kernel| {
+        kernel.call(
+            &[&x2, w],
+            &Launch {
+                outputs: &[(&out_shape[..], dt)],
+                grid: [blocks * 32 * ks, 1, 1],
+                threadgroup: [32 * ks, 1, 1],
+                template: &[("R", r), ("KS", ks), ("U", u)],
+            },
+        )
+    })?
+    .into_iter()
+    .next()
+    .ok_or_else(|| invalid("no output"))?;
+    let mut shape = x.shape();
+    if let Some(last) = shape.last_mut() {
+        *last = n;
+    }
+    y.reshape(&shape)
+}
+
+/// The kernel object for `dtype`, made once per thread. MLX names a compiled kernel by its name and
+/// template integers only, so each input dtype gets its own name.
+fn with_kernel<R>(dtype: Dtype, f: impl FnOnce(&Kernel) -> Result<R>) -> Result<R> {
+    thread_local! {
+        static KERNELS: RefCell<Vec<(Dtype, Kernel)>> = const { RefCell::new(Vec::new()) };
+    }
+    KERNELS.with(|cell| {
+        let mut kernels = cell.borrow_mut();
+        if !kernels.iter().any(|(d, _)| *d == dtype) {
+            let name = match dtype {
+                Dtype::F16 => "tandem_dmm_f16",
+                _ => "tandem_dmm_bf16",
+            };
+            let kernel = Kernel::new(KernelBackend::Cuda, name, &["x", "w"], &["y"], SOURCE, HEADER)?;
+            kernels.push((dtype, kernel));
+        }
+        let kernel = kernels.iter().find(|(d, _)| *d == dtype).map(|(_, k)| k);
+        kernel.map_or_else(|| Err(mlx::Error::Invalid("kernel cache".into())), f)
+    })
+}
+
+/// The probe's verdict for `dtype`, run once per process: the kernel on a small random problem (3 rows, 40
+/// outputs, K = 256: partial tiles, one chunk per warp) against an fp32 reference. A kernel that fails to
+/// compile or to match is never selected; the reason is logged.
+fn probe_passed(dtype: Dtype) -> bool {
+    static PROBES: [OnceLock<bool>; 2] = [OnceLock::new(), OnceLock::new()];
+    let slot = &PROBES[usize::from(dtype == Dtype::F16)];
+    *slot.get_or_init(|| match probe(dtype) {
+        Ok(err) if err <= tolerance(dtype) => {
+            tracing::info!("dense_matmul kernel ({dtype:?}): probe error {err:.2e}, selected");
+            true
+        }
+        Ok(err) => {
+            tracing::warn!(
+                "dense_matmul kernel ({dtype:?}): probe error {err:.2e} over {:.2e}; using MLX's op",
+                tolerance(dtype)
+            );
+            false
+        }
+        Err(e) => {
+            tracing::warn!("dense_matmul kernel ({dtype:?}) failed its probe ({e}); using MLX's op");
+            false
+        }
+    })
+}
+
+/// Relative Frobenius error of the kernel on one small random problem against an fp32 reference.
+pub fn probe(dtype: Dtype) -> Result<f32> {
+    let keys = random::split(&random::key(0x646d_6d00)?, 2)?;
+    let w = random::normal(&[40, 256], Dtype::F32, &keys[0])?.multiply(&Array::f32(0.02))?.as_dtype(dtype)?;
+    let x = random::normal(&[3, 256], Dtype::F32, &keys[1])?.as_dtype(dtype)?;
+    let y = cuda(&x, &w)?;
+    relative_error(&y, &reference(&x, &w)?)
+}
+
+/// `x @ w^T` in fp32.
+pub fn reference(x: &Array, w: &Array) -> Result<Array> {
+    x.as_dtype(Dtype::F32)?.matmul(&w.as_dtype(Dtype::F32)?.t()?)
+}
