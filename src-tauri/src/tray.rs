@@ -265,6 +265,7 @@ mod tests {
             generating: false,
             model: None,
             tok_s: 0.0,
+            streams: 0,
             acceptance: None,
             tok_per_cycle: None,
             stats: None,
@@ -327,6 +328,7 @@ mod tests {
             models: vec![LoadedModel {
                 id: "grafted".into(),
                 busy: false,
+                running: 0,
                 queued: 0,
                 mtp_loaded: false,
                 mtp_reason: Some("the MTP head probes at best 0.012".into()),
