@@ -252,6 +252,35 @@ pub struct ModelEntry {
     /// The prefix cache's byte cap while the model is loaded (0: off); None: the engine's default.
     pub prefix_cache_bytes: Option<u64>,
     pub batch: BatchSettings,
+    /// The prefix cache's SSD tier; None: memory only.
+    pub prefix_cache_disk: Option<PrefixCacheDisk>,
+}
+
+/// models.toml's `prefix_cache_disk = { dir, cap_bytes, write_bytes_per_minute }` of a `[[model]]`:
+/// the prefix cache's SSD tier (src/engine/prefix_cache/disk.rs).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrefixCacheDisk {
+    /// The folder, `~` expanded, relative to models.toml's folder. Models may share one.
+    pub dir: PathBuf,
+    /// The folder's hard cap in bytes: every file in it counts, whichever model wrote it.
+    pub cap_bytes: u64,
+    /// Bytes the tier may write per minute (a budget refilled continuously).
+    pub write_bytes_per_minute: u64,
+}
+
+impl PrefixCacheDisk {
+    /// The write budget when none is set: 2 GiB per minute.
+    pub const DEFAULT_WRITE_BYTES_PER_MINUTE: u64 = 2 << 30;
+    /// The least cap accepted: a smaller one would hold no snapshot of a real model.
+    pub const MIN_CAP_BYTES: u64 = 1 << 20;
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DiskSpec {
+    dir: String,
+    cap_bytes: u64,
+    write_bytes_per_minute: Option<u64>,
 }
 
 impl ModelEntry {
@@ -264,6 +293,7 @@ impl ModelEntry {
             sampling: SamplingSettings::default(),
             prefix_cache_bytes: None,
             batch: BatchSettings::default(),
+            prefix_cache_disk: None,
         }
     }
 }
@@ -365,6 +395,7 @@ struct EntrySpec {
     prefix_cache_bytes: Option<u64>,
     #[serde(default)]
     batch: BatchSettings,
+    prefix_cache_disk: Option<DiskSpec>,
 }
 
 /// models.toml, loaded and validated, and the models folder it names.
@@ -575,6 +606,13 @@ impl Registry {
                 sampling: entry.sampling,
                 prefix_cache_bytes: entry.prefix_cache_bytes,
                 batch: entry.batch,
+                prefix_cache_disk: entry.prefix_cache_disk.as_ref().map(|d| PrefixCacheDisk {
+                    dir: base.join(expand_home(&d.dir)),
+                    cap_bytes: d.cap_bytes,
+                    write_bytes_per_minute: d
+                        .write_bytes_per_minute
+                        .unwrap_or(PrefixCacheDisk::DEFAULT_WRITE_BYTES_PER_MINUTE),
+                }),
             });
         }
         for e in &spec.catalog {
@@ -722,6 +760,27 @@ fn validate(entry: &EntrySpec) -> Result<(), (&'static str, Invalid)> {
     }
     if entry.path.trim().is_empty() {
         return Err(("path", Invalid::Message("the path is empty".into())));
+    }
+    if let Some(disk) = &entry.prefix_cache_disk {
+        if disk.dir.trim().is_empty() {
+            return Err(("prefix_cache_disk.dir", Invalid::Message("prefix_cache_disk.dir: the path is empty".into())));
+        }
+        if disk.cap_bytes < PrefixCacheDisk::MIN_CAP_BYTES {
+            let e = SettingError {
+                field: "prefix_cache_disk.cap_bytes",
+                value: disk.cap_bytes.to_string(),
+                expected: "at least 1048576 (1 MiB)",
+            };
+            return Err((e.field, Invalid::Range(e)));
+        }
+        if disk.write_bytes_per_minute == Some(0) {
+            let e = SettingError {
+                field: "prefix_cache_disk.write_bytes_per_minute",
+                value: "0".into(),
+                expected: "at least 1 (leave out prefix_cache_disk to turn the tier off)",
+            };
+            return Err((e.field, Invalid::Range(e)));
+        }
     }
     entry
         .mtp

@@ -20,6 +20,7 @@ use crate::cache::snapshot::{LayerSnapshot, Rows};
 use crate::cache::Snapshot;
 use crate::generate::{GenerateOptions, Kept, Prompt, Resume};
 use crate::model::Qwen35;
+use crate::registry::ModelEntry;
 
 /// Positions per KV block: small enough that a hit rarely ends far from a block, large enough
 /// that the per-block bookkeeping and a restore's concatenation stay cheap.
@@ -30,6 +31,10 @@ pub const DEFAULT_CAP: u64 = 2 << 30;
 
 /// `TANDEM_PREFIX_CACHE_BYTES` overrides the cap of every model (0 turns the cache off).
 pub const CAP_ENV: &str = "TANDEM_PREFIX_CACHE_BYTES";
+
+pub mod disk;
+
+pub use disk::{model_identity, Disk, DiskStats};
 
 /// What `/api/stats` shows of one model's prefix cache.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, TS)]
@@ -46,6 +51,8 @@ pub struct PrefixCacheStats {
     /// Prompt tokens restored instead of prefilled, over all hits.
     pub cached_tokens: u64,
     pub evictions: u64,
+    /// The SSD tier, when models.toml gives the model one.
+    pub disk: Option<DiskStats>,
 }
 
 type Key = [u8; 16];
@@ -83,10 +90,16 @@ pub struct PrefixCache {
     bytes: u64,
     tick: u64,
     stats: PrefixCacheStats,
+    disk: Option<Disk>,
 }
 
 impl PrefixCache {
     pub fn new(cap: u64) -> PrefixCache {
+        PrefixCache::with_disk(cap, None)
+    }
+
+    /// A cache of `cap` bytes in memory over the SSD tier `disk` (used while `cap` is not 0).
+    pub fn with_disk(cap: u64, disk: Option<Disk>) -> PrefixCache {
         PrefixCache {
             cap,
             blocks: HashMap::new(),
@@ -95,6 +108,7 @@ impl PrefixCache {
             bytes: 0,
             tick: 0,
             stats: PrefixCacheStats { cap_bytes: cap, ..Default::default() },
+            disk,
         }
     }
 
@@ -110,6 +124,7 @@ impl PrefixCache {
             entries: self.entries.len(),
             blocks: self.blocks.len(),
             hit_rate: if s.lookups > 0 { s.hits as f64 / s.lookups as f64 } else { 0.0 },
+            disk: self.disk.as_ref().map(Disk::stats),
             ..s.clone()
         }
     }
@@ -128,13 +143,30 @@ impl PrefixCache {
         (Some(ids), Resume { restored, keep: Some(BLOCK) })
     }
 
-    /// Keeps what a generation of the prompt of identities `ids` snapshotted.
+    /// Keeps what a generation of the prompt of identities `ids` snapshotted. The SSD tier writes
+    /// the last (longest) first: the next turn resumes from it, and the write budget may not cover
+    /// both.
     pub fn keep(&mut self, ids: &[u64], kept: Vec<Kept>) {
+        let mut to_disk = Vec::new();
         for k in kept {
             // The snapshots cover the prompt, then generated tokens (text).
             let p = ids.len().min(k.tokens.len());
             let covered: Vec<u64> = ids[..p].iter().copied().chain(k.tokens[p..].iter().map(|&t| t as u64)).collect();
-            self.insert(&covered, k.snapshot);
+            if self.disk.is_some() {
+                to_disk.push((covered.clone(), k.snapshot.clone()));
+            }
+            self.insert_memory(&covered, k.snapshot);
+        }
+        for (covered, snapshot) in to_disk.iter().rev() {
+            self.store(covered, snapshot);
+        }
+    }
+
+    /// Writes `snapshot`, the state after `ids`, to the SSD tier (what it lacks of it).
+    fn store(&mut self, ids: &[u64], snapshot: &Snapshot) -> u64 {
+        match &mut self.disk {
+            Some(disk) if self.cap > 0 => disk.store(ids, &chain(ids), snapshot),
+            _ => 0,
         }
     }
 
@@ -146,6 +178,26 @@ impl PrefixCache {
         }
         self.stats.lookups += 1;
         let chain = chain(ids);
+        let memory = self.lookup_memory(ids, &chain, mtp);
+        let beat = memory.as_ref().map_or(0, |s| s.len);
+        let from_disk = self.disk.as_mut().and_then(|d| d.lookup(ids, &chain, mtp, beat));
+        let found = match from_disk {
+            Some(snapshot) => {
+                // Promoted: the next turn finds it in memory.
+                self.insert_memory(&ids[..snapshot.len], snapshot.clone());
+                Some(snapshot)
+            }
+            None => memory,
+        };
+        if let Some(s) = &found {
+            self.stats.hits += 1;
+            self.stats.cached_tokens += s.len as u64;
+        }
+        found
+    }
+
+    /// The longest prefix of `ids` in memory, without counting the lookup.
+    fn lookup_memory(&mut self, ids: &[u64], chain: &[Key], mtp: bool) -> Option<Snapshot> {
         for b in (0..chain.len()).rev() {
             let Some(candidates) = self.by_blocks.get(&chain[b]) else { continue };
             let best = candidates
@@ -170,16 +222,20 @@ impl PrefixCache {
             if let Some(e) = self.entries.get_mut(&key) {
                 e.used = self.tick;
             }
-            self.stats.hits += 1;
-            self.stats.cached_tokens += snapshot.len as u64;
             return Some(snapshot);
         }
         None
     }
 
-    /// Keeps `snapshot`, the state after `ids`, evicting the least recently used entries while the
-    /// cache holds more than its cap. A snapshot larger than the cap alone is not kept.
+    /// Keeps `snapshot`, the state after `ids`, in memory and on the SSD tier.
     pub fn insert(&mut self, ids: &[u64], snapshot: Snapshot) {
+        self.store(ids, &snapshot);
+        self.insert_memory(ids, snapshot);
+    }
+
+    /// Keeps `snapshot` in memory, evicting the least recently used entries while the cache holds
+    /// more than its cap. A snapshot larger than the cap alone is not kept.
+    fn insert_memory(&mut self, ids: &[u64], snapshot: Snapshot) {
         if !self.enabled() || snapshot.block != BLOCK || ids.len() != snapshot.len || snapshot.len == 0 {
             return;
         }
@@ -432,6 +488,17 @@ pub fn cap(setting: Option<u64>) -> u64 {
         0 => DEFAULT_CAP,
         total => DEFAULT_CAP.min(total / 8),
     }
+}
+
+/// The prefix cache of the model of `entry`, loaded with `dtype`: the memory tier of [`cap`] bytes,
+/// over the SSD tier models.toml gives the model (`prefix_cache_disk`), which needs the memory tier on.
+pub fn for_model(entry: &ModelEntry, dtype: Option<mlx::Dtype>) -> PrefixCache {
+    let cap = cap(entry.prefix_cache_bytes);
+    let disk = match &entry.prefix_cache_disk {
+        Some(settings) if cap > 0 => Some(Disk::open(settings, model_identity(&entry.path, dtype))),
+        _ => None,
+    };
+    PrefixCache::with_disk(cap, disk)
 }
 
 #[cfg(test)]

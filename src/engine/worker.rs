@@ -173,10 +173,10 @@ impl Worker {
                     let limits = Limits {
                         max_batch: entry.batch.max_streams.max(1) as usize,
                         max_tokens: entry.batch.max_tokens as usize,
-                        prefix_cap: prefix_cache::cap(entry.prefix_cache_bytes),
                     };
                     let served = Served { name: &entry.name, model: &model, tokenizer: &tokenizer };
-                    serve(served, &jobs_rx, &shared, &engine, limits);
+                    let prefix = prefix_cache::for_model(&entry, load_options.dtype);
+                    serve(served, &jobs_rx, &shared, &engine, limits, prefix);
                     // Freeing MLX memory is MLX work too.
                     let _compute = super::compute_lock();
                     drop(model);
@@ -323,9 +323,15 @@ impl Worker {
 /// running generation by one plain token or one MTP cycle in shared forwards
 /// (`generate::batch`); a generation leaves as soon as it ends. Alone, a generation steps as it
 /// always did (pipelined plain steps).
-fn serve(served: Served<'_>, jobs: &std_mpsc::Receiver<Job>, shared: &Shared, engine: &WeakEngine, limits: Limits) {
+fn serve(
+    served: Served<'_>,
+    jobs: &std_mpsc::Receiver<Job>,
+    shared: &Shared,
+    engine: &WeakEngine,
+    limits: Limits,
+    mut prefix: PrefixCache,
+) {
     let name = served.name;
-    let mut prefix = PrefixCache::new(limits.prefix_cap);
     *lock(&shared.prefix) = prefix.stats();
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut active: Vec<Active<'_>> = Vec::new();
@@ -393,14 +399,13 @@ fn serve(served: Served<'_>, jobs: &std_mpsc::Receiver<Job>, shared: &Shared, en
     drop(prefix);
 }
 
-/// A model's batching limits and prefix cache cap.
+/// A model's batching limits.
 #[derive(Clone, Copy)]
 struct Limits {
     /// Generations decoded together at most.
     max_batch: usize,
     /// The batch's token budget: the sum of its generations' prompt and `max_tokens`.
     max_tokens: usize,
-    prefix_cap: u64,
 }
 
 /// One step of every running generation: alone, or batched.

@@ -296,7 +296,7 @@ fn bad_files_are_named() {
     let model = "[[model]]\nname = \"a\"\npath = \"a\"\n";
     let cases = [
             ("models_dirr = \"x\"\n".to_owned(), "models.toml:1: unknown field `models_dirr`, expected one of `models_dir`, `conversations_dir`, `default`, `model`, `catalog`"),
-            (format!("{model}colour = 1\n"), "models.toml:4: model[0]: unknown field `colour`, expected one of `name`, `path`, `mtp`, `sampling`, `prefix_cache_bytes`"),
+            (format!("{model}colour = 1\n"), "models.toml:4: model[0]: unknown field `colour`, expected one of `name`, `path`, `mtp`, `sampling`, `prefix_cache_bytes`, `batch`, `prefix_cache_disk`"),
             (format!("{model}mtp = {{ depht = 2 }}\n"), "models.toml:4: model[0].mtp: unknown field `depht`, expected one of `enabled`, `depth`, `adaptive`"),
             (format!("{model}mtp = {{ depth = \"3\" }}\n"), "models.toml:4: model[0].mtp.depth: invalid type: string \"3\", expected u32"),
             (format!("{model}mtp = {{ depth = -1 }}\n"), "models.toml:4: model[0].mtp.depth: invalid value: integer `-1`, expected u32"),

@@ -316,6 +316,18 @@ fn tool_block(message_id: &str, i: usize, call: &ToolCall) -> Value {
     json!({"type": "tool_use", "id": id, "name": call.name, "input": call.arguments})
 }
 
+/// Anthropic's usage: `input_tokens` counts the prompt tokens prefilled, `cache_read_input_tokens`
+/// those restored from the prefix cache (their sum is the prompt); Tandem writes no cache on request,
+/// so `cache_creation_input_tokens` is 0.
+fn usage(s: &crate::generate::Stats) -> Value {
+    json!({
+        "input_tokens": s.prompt_tokens.saturating_sub(s.cached_tokens),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": s.cached_tokens,
+        "output_tokens": s.completion_tokens,
+    })
+}
+
 fn stop_reason(c: &Completion) -> (&'static str, Value) {
     match (&c.finish, &c.stop) {
         (_, Some(s)) => ("stop_sequence", json!(s)),
@@ -407,7 +419,7 @@ pub async fn messages(State(state): State<Arc<AppState>>, bytes: Bytes) -> Resul
             "id": id, "type": "message", "role": "assistant", "model": model,
             "content": content,
             "stop_reason": reason, "stop_sequence": sequence,
-            "usage": {"input_tokens": c.stats.prompt_tokens, "output_tokens": c.stats.completion_tokens},
+            "usage": usage(&c.stats),
             "stats": c.stats,
         }))
         .into_response());
@@ -451,7 +463,7 @@ pub async fn messages(State(state): State<Arc<AppState>>, bytes: Bytes) -> Resul
                         let _ = tx.send(sse("content_block_stop", stop));
                     }
                     let delta = json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                        "usage": {"output_tokens": c.stats.completion_tokens}, "stats": c.stats});
+                        "usage": usage(&c.stats), "stats": c.stats});
                     let _ = tx.send(sse("message_delta", delta));
                     let _ = tx.send(sse("message_stop", json!({"type": "message_stop"})));
                     return;

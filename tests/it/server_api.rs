@@ -152,6 +152,66 @@ async fn ollama_python_client() {
     server.shutdown().await.unwrap();
 }
 
+/// The prefix cache's count in each API's usage: each chat sent twice, the second restores the
+/// first's prompt. OpenAI: `usage.prompt_tokens_details.cached_tokens`; Anthropic:
+/// `usage.cache_read_input_tokens`, `input_tokens` the rest (their sum the prompt), streamed in
+/// `message_delta`; Ollama has no such field: its last object's `stats.cached_tokens`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cached_tokens_in_every_api() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config(), 16).await;
+    let a = server.addr();
+    let content = "Tell me a story about a lighthouse keeper and the ships that pass by at night.";
+    let twice = |path: &'static str, body: Value| async move {
+        let first = post_json(a, path, &body).await;
+        assert_eq!(first.status, 200, "{path}: {}", first.text());
+        let second = post_json(a, path, &body).await;
+        assert_eq!(second.status, 200, "{path}: {}", second.text());
+        (first.json(), second.json())
+    };
+
+    let (cold, warm) = twice("/v1/chat/completions", chat_body(content, 4, false)).await;
+    let prompt = cold["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{cold}");
+    let cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached > 0 && cached <= prompt, "{warm}");
+
+    let body = json!({"model": MODEL, "max_tokens": 4, "system": "Be brief.",
+        "messages": [{"role": "user", "content": content}]});
+    let (cold, warm) = twice("/v1/messages", body.clone()).await;
+    let (c, w) = (&cold["usage"], &warm["usage"]);
+    assert_eq!(
+        (c["cache_read_input_tokens"].as_u64(), c["cache_creation_input_tokens"].as_u64()),
+        (Some(0), Some(0)),
+        "{c}"
+    );
+    let read = w["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(read > 0, "{w}");
+    assert_eq!(w["input_tokens"].as_u64().unwrap() + read, c["input_tokens"].as_u64().unwrap(), "{w} against {c}");
+    assert_eq!(warm["stats"]["cached_tokens"].as_u64(), Some(read));
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let r = post_json(a, "/v1/messages", &streamed).await;
+    let delta = r
+        .text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["type"] == "message_delta")
+        .unwrap_or_else(|| panic!("no message_delta in {}", r.text()));
+    assert!(delta["usage"]["cache_read_input_tokens"].as_u64().is_some_and(|n| n > 0), "{delta}");
+
+    // Another message: the OpenAI chat's entries would serve this one's first request.
+    let other = "Write a poem about the tide coming in over the sand.";
+    let body = json!({"model": MODEL, "stream": false, "messages": [{"role": "user", "content": other}],
+        "options": {"num_predict": 4}});
+    let (cold, warm) = twice("/api/chat", body).await;
+    assert_eq!(cold["stats"]["cached_tokens"], 0, "{cold}");
+    let cached = warm["stats"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached > 0 && cached <= warm["prompt_eval_count"].as_u64().unwrap(), "{warm}");
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_requests_get_json_errors() {
     let setup = Setup::new();

@@ -56,6 +56,7 @@ pub fn resolve(model: Option<&str>) -> Result<ModelEntry> {
             sampling: Default::default(),
             prefix_cache_bytes: None,
             batch: Default::default(),
+            prefix_cache_disk: None,
         }),
         (_, Err(e)) => Err(e),
     }

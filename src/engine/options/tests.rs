@@ -10,6 +10,7 @@ fn entry() -> ModelEntry {
         sampling: SamplingSettings { temperature: 0.5, max_tokens: 100, ..SamplingSettings::default() },
         prefix_cache_bytes: None,
         batch: Default::default(),
+        prefix_cache_disk: None,
     }
 }
 

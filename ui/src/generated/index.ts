@@ -26,6 +26,7 @@ export type { ConversationSummary } from './ConversationSummary';
 export type { ConvertOptions } from './ConvertOptions';
 export type { ConvertRequest } from './ConvertRequest';
 export type { DepthStats } from './DepthStats';
+export type { DiskStats } from './DiskStats';
 export type { DownloadEnd } from './DownloadEnd';
 export type { DownloadEvent } from './DownloadEvent';
 export type { DownloadList } from './DownloadList';
