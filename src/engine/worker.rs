@@ -1,4 +1,5 @@
-//! One loaded model: the thread that owns it, and the FIFO queue of its requests.
+//! One loaded model: the thread that owns it, its running batch of generations, and the queue of
+//! requests waiting for a place in it.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -368,21 +369,9 @@ fn serve(
             let run_ahead = alone && waiting.is_empty();
             catch_unwind(AssertUnwindSafe(|| step(served, &mut active, run_ahead, engine)))
         };
-        match outcome {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                let e = engine_error(e);
-                tracing::warn!(model = %name, streams = active.len(), "generation failed: {}", e.message());
-                for a in active.drain(..) {
-                    a.fail(e.clone(), name, shared, engine);
-                }
-            }
-            Err(panic) => {
-                let message = panic_message(&panic);
-                tracing::error!(model = %name, streams = active.len(), "generation panicked: {message}");
-                for a in active.drain(..) {
-                    a.fail(EngineError::Internal(format!("the generation panicked: {message}")), name, shared, engine);
-                }
+        if let Err(e) = settled(outcome, name, &format!("{} streams", active.len())) {
+            for a in active.drain(..) {
+                a.fail(e.clone(), name, shared, engine);
             }
         }
         let (done, running): (Vec<_>, Vec<_>) =
@@ -507,22 +496,32 @@ fn admit<'m>(
         }))
     };
     active.prepared.free_images();
-    match started {
-        Ok(Ok(seq)) => {
+    match settled(started, name, &format!("request {}", active.prepared.id)) {
+        Ok(seq) => {
             active.seq = Some(seq);
             Some(active)
         }
-        Ok(Err(e)) => {
-            let e = engine_error(e);
-            tracing::warn!(model = %name, request = active.prepared.id, "generation failed: {}", e.message());
+        Err(e) => {
             active.fail(e, name, shared, engine);
             None
         }
+    }
+}
+
+/// A generation's work as `catch_unwind` returned it, its failure (an error or a panic) logged
+/// and turned into what the caller hears; `who` says whose work it was.
+fn settled<T>(outcome: std::thread::Result<Result<T, GenerateError>>, model: &str, who: &str) -> Result<T> {
+    match outcome {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => {
+            let e = engine_error(e);
+            tracing::warn!(model = %model, "generation failed ({who}): {}", e.message());
+            Err(e)
+        }
         Err(panic) => {
             let message = panic_message(&panic);
-            tracing::error!(model = %name, request = active.prepared.id, "generation panicked: {message}");
-            active.fail(EngineError::Internal(format!("the generation panicked: {message}")), name, shared, engine);
-            None
+            tracing::error!(model = %model, "generation panicked ({who}): {message}");
+            Err(EngineError::Internal(format!("the generation panicked: {message}")))
         }
     }
 }

@@ -73,20 +73,7 @@ fn step_alone(seq: &mut Sequence<'_>) -> Result<()> {
 
 /// The caches of each sequence, in order, for one batched forward.
 fn caches<'a>(group: &'a mut [&mut Sequence<'_>]) -> Vec<&'a mut [LayerCache]> {
-    group
-        .iter_mut()
-        .map(|s| match &mut s.decoder {
-            Decoder::Plain(p) => p.cache_mut(),
-            Decoder::Mtp(m) => m.cache_mut(),
-        })
-        .collect()
-}
-
-fn last(seq: &Sequence<'_>) -> u32 {
-    match &seq.decoder {
-        Decoder::Plain(p) => p.last(),
-        Decoder::Mtp(m) => m.last(),
-    }
+    group.iter_mut().map(|s| s.decoder.cache_mut()).collect()
 }
 
 /// One token each: every sequence's newest token fed, the next sampled with its own sampler.
@@ -94,7 +81,7 @@ fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
     let t0 = Instant::now();
     let model = group[0].model;
     let b = group.len() as i32;
-    let lasts: Vec<u32> = group.iter().map(|s| last(s)).collect();
+    let lasts: Vec<u32> = group.iter().map(|s| s.decoder.last()).collect();
     let since: Vec<Instant> = group
         .iter()
         .map(|s| match &s.decoder {
@@ -144,16 +131,13 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
         drafted.push(d);
     }
     let t1 = Instant::now();
-    let lasts: Vec<u32> = group.iter().map(|s| last(s)).collect();
+    let lasts: Vec<u32> = group.iter().map(|s| s.decoder.last()).collect();
     let input = mlx::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?;
     // Each sequence's caches, sampler and history, borrowed apart for the verify transactions.
     let (mut caches, mut samplers, mut histories, mut stops) = (vec![], vec![], vec![], vec![]);
     for seq in group.iter_mut() {
         let Sequence { decoder, sampler, history, opts, .. } = &mut **seq;
-        caches.push(match decoder {
-            Decoder::Plain(p) => p.cache_mut(),
-            Decoder::Mtp(m) => m.cache_mut(),
-        });
+        caches.push(decoder.cache_mut());
         samplers.push(sampler);
         histories.push(history);
         stops.push(&opts.stop_ids[..]);

@@ -105,6 +105,22 @@ impl<'m> Decoder<'m> {
         }
     }
 
+    /// The sequence's caches (a batched forward's share).
+    pub(crate) fn cache_mut(&mut self) -> &mut [LayerCache] {
+        match self {
+            Decoder::Plain(p) => &mut p.cache,
+            Decoder::Mtp(m) => m.cache_mut(),
+        }
+    }
+
+    /// The newest sampled token, which the next forward feeds.
+    pub(crate) fn last(&self) -> u32 {
+        match self {
+            Decoder::Plain(p) => p.last,
+            Decoder::Mtp(m) => m.last(),
+        }
+    }
+
     /// Whether a plain step started by the previous one is still to be taken.
     pub fn running_ahead(&self) -> bool {
         match self {
@@ -133,15 +149,6 @@ impl Plain<'_> {
         let (hidden, next) =
             self.steps.step(self.model, &mut self.cache, sampler, history, self.last, run_ahead && remaining > 1)?;
         Ok(self.after_step(hidden, next))
-    }
-
-    /// The newest sampled token, which the next forward feeds.
-    pub(crate) fn last(&self) -> u32 {
-        self.last
-    }
-
-    pub(crate) fn cache_mut(&mut self) -> &mut [LayerCache] {
-        &mut self.cache
     }
 
     /// After a step that fed `last`: `hidden` at it, `next` sampled after it.
