@@ -1,6 +1,8 @@
-// The figures the live panel shows, computed from one Statistics object (docs/ARCHITECTURE.md §4.3).
+// The figures the live panel shows, computed from one Statistics object (docs/ARCHITECTURE.md §4.3), and from
+// the stats snapshot's running generations and loaded models' prefix caches.
 
-import type { Stats } from './generated';
+import { integer } from './format';
+import type { DiskStats, LoadedModel, PrefixCacheStats, RunningGeneration, Stats } from './generated';
 
 export const PHASES = ['draft', 'verify', 'sample', 'rollback'] as const;
 export type Phase = (typeof PHASES)[number];
@@ -133,4 +135,104 @@ export function mtpMostlyParked(stats: Stats | null | undefined): boolean {
   if (!s || s.fallback) return false;
   const steps = num(s.cycles) + num(s.parked_cycles);
   return steps >= 16 && num(s.parked_cycles) / steps > PARKED_MOSTLY;
+}
+
+/** One of the generations decoded together in a batch. */
+export interface StreamFigure {
+  /** The engine's request id. */
+  request: number;
+  /** Its model; null when every stream runs on the same one. */
+  model: string | null;
+  decodeTokS: number | null;
+  completionTokens: number;
+  /** Its MTP acceptance; null without MTP, with MTP off, or before anything was drafted. */
+  acceptance: number | null;
+}
+
+/** Each running stream's own figures, in the engine's order; null for fewer than two (the aggregate says it all). */
+export function streamFigures(running: readonly RunningGeneration[] | null | undefined): StreamFigure[] | null {
+  if (!running || running.length < 2) return null;
+  const oneModel = running.every((r) => r.model === running[0]!.model);
+  return running.map((r) => {
+    const f = figures(r.stats);
+    return {
+      request: r.request,
+      model: oneModel ? null : r.model,
+      decodeTokS: f.decodeTokS,
+      completionTokens: f.completionTokens,
+      acceptance: f.spec && !f.spec.fallback ? f.spec.acceptance : null,
+    };
+  });
+}
+
+/** Prompt tokens of a generation restored from the prefix cache; null when none were. */
+export function cachedPrompt(stats: Stats | null | undefined): { cached: number; prompt: number } | null {
+  const cached = num(stats?.cached_tokens);
+  if (!stats || cached <= 0) return null;
+  return { cached, prompt: num(stats.prompt_tokens) };
+}
+
+export interface DiskFigures {
+  /** Bytes in the folder (every model's files) against its cap. */
+  bytes: number;
+  capBytes: number;
+  entries: number;
+  hits: number;
+  bytesWritten: number;
+  lastWriteBytes: number;
+  /** What is wrong, for a warning line each: the tier is off (and why), corrupt files were ignored. */
+  warnings: string[];
+}
+
+export interface PrefixCacheFigures {
+  model: string;
+  /** The cap is 0: there is no cache. */
+  off: boolean;
+  bytes: number;
+  capBytes: number;
+  entries: number;
+  lookups: number;
+  /** hits / lookups; null before the first lookup. */
+  hitRate: number | null;
+  /** Prompt tokens restored instead of prefilled, over all hits. */
+  cachedTokens: number;
+  disk: DiskFigures | null;
+}
+
+function diskFigures(d: DiskStats): DiskFigures {
+  const warnings: string[] = [];
+  if (typeof d.off === 'string') warnings.push(`SSD tier off: ${d.off || 'no reason given'}`);
+  const rejected = num(d.rejected);
+  if (rejected > 0) warnings.push(`${integer(rejected)} corrupt ${rejected === 1 ? 'file' : 'files'} ignored`);
+  return {
+    bytes: num(d.bytes),
+    capBytes: num(d.cap_bytes),
+    entries: num(d.entries),
+    hits: num(d.hits),
+    bytesWritten: num(d.bytes_written),
+    lastWriteBytes: num(d.last_write_bytes),
+    warnings,
+  };
+}
+
+/** What the panel shows of one model's prefix cache. */
+export function prefixCacheFigures(model: string, c: PrefixCacheStats): PrefixCacheFigures {
+  const lookups = num(c.lookups);
+  return {
+    model,
+    off: num(c.cap_bytes) <= 0,
+    bytes: num(c.bytes),
+    capBytes: num(c.cap_bytes),
+    entries: num(c.entries),
+    lookups,
+    // From the counts when there are any: `hit_rate` is 0 both before the first lookup and after misses only.
+    hitRate: lookups > 0 ? num(c.hits) / lookups : null,
+    cachedTokens: num(c.cached_tokens),
+    disk: c.disk ? diskFigures(c.disk) : null,
+  };
+}
+
+/** Every loaded model's prefix cache, in the snapshot's order. */
+export function prefixCaches(models: readonly LoadedModel[] | null | undefined): PrefixCacheFigures[] {
+  return (models ?? []).filter((m) => m.prefix_cache).map((m) => prefixCacheFigures(m.id, m.prefix_cache));
 }

@@ -3,7 +3,7 @@
 
 import { useEffect, useState } from 'preact/hooks';
 import { Api, isAbort } from './api';
-import type { Memory, Stats, StatsSnapshot } from './generated';
+import type { LoadedModel, Memory, RunningGeneration, Stats, StatsSnapshot } from './generated';
 
 export interface TokPoint {
   /** Seconds since the Unix epoch. */
@@ -21,9 +21,13 @@ export interface LiveState {
   generating: boolean;
   /** Generations running now over all models (more than one when requests are batched). */
   streams: number;
+  /** The generations running now, each with its own statistics (from the stats stream only). */
+  running: RunningGeneration[];
   model: string | null;
   memory: Memory | null;
   loadedModels: string[];
+  /** The loaded models as the stats stream shows them, with their prefix caches. */
+  models: LoadedModel[];
   /** `/api/stats/stream` is connected. */
   connected: boolean;
 }
@@ -38,9 +42,11 @@ export class LiveFeed {
     series: [],
     generating: false,
     streams: 0,
+    running: [],
     model: null,
     memory: null,
     loadedModels: [],
+    models: [],
     connected: false,
   };
   private listeners = new Set<(s: LiveState) => void>();
@@ -121,7 +127,13 @@ export class LiveFeed {
 
   /** One snapshot from `/api/stats` or `/api/stats/stream`. */
   snapshot(s: StatsSnapshot): void {
-    const patch: Partial<LiveState> = { memory: s.memory, loadedModels: s.loaded_models, streams: s.streams };
+    const patch: Partial<LiveState> = {
+      memory: s.memory,
+      loadedModels: s.loaded_models,
+      models: s.models,
+      streams: s.streams,
+      running: s.running,
+    };
     // While this window streams a chat, its chunks are the fresher source of the generation's figures.
     if (!this.chatActive) {
       patch.generating = s.generating;

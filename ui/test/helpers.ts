@@ -1,6 +1,6 @@
 // Shared test fixtures: a fetch that answers from a script of routes, and SSE bodies.
 
-import type { ChatCompletionChunk, ModelStatus, Stats, StatsSnapshot } from '../src/generated';
+import type { ChatCompletionChunk, DiskStats, LoadedModel, ModelStatus, PrefixCacheStats, Stats, StatsSnapshot } from '../src/generated';
 
 export interface Call {
   url: string;
@@ -99,6 +99,56 @@ export function modelStatus(over: Partial<ModelStatus> = {}): ModelStatus {
     mtp: { available: true, enabled: true, depth: 3, reason: null, repaired: null, adaptive: true, probe: null },
     sampling: { temperature: 0.7, top_p: 0.95, top_k: 0, min_p: 0, repetition_penalty: 1, max_tokens: 512 },
     error: null,
+    ...over,
+  };
+}
+
+/** A model's prefix cache as `/api/stats` shows it: 1.2 of 4 GB, 3 hits in 4 lookups, no SSD tier. */
+export function prefixCache(over: Partial<PrefixCacheStats> = {}): PrefixCacheStats {
+  return {
+    cap_bytes: 4_000_000_000,
+    bytes: 1_200_000_000,
+    entries: 5,
+    blocks: 40,
+    lookups: 4,
+    hits: 3,
+    hit_rate: 0.75,
+    cached_tokens: 3_400,
+    evictions: 0,
+    disk: null,
+    ...over,
+  };
+}
+
+/** An SSD tier that works: 3.1 of 20 GB, nothing wrong. */
+export function diskStats(over: Partial<DiskStats> = {}): DiskStats {
+  return {
+    dir: '/tmp/tandem-cache',
+    cap_bytes: 20_000_000_000,
+    bytes: 3_100_000_000,
+    write_bytes_per_minute: 1_000_000_000,
+    entries: 12,
+    hits: 2,
+    bytes_written: 3_500_000_000,
+    last_write_bytes: 120_000_000,
+    skipped: 0,
+    rejected: 0,
+    evictions: 0,
+    off: null,
+    ...over,
+  };
+}
+
+/** A model as the stats snapshot lists it: the bundled model, idle, with its prefix cache. */
+export function loadedModel(over: Partial<LoadedModel> = {}): LoadedModel {
+  return {
+    id: 'tandem-tiny',
+    busy: false,
+    running: 0,
+    queued: 0,
+    mtp_loaded: true,
+    mtp_reason: null,
+    prefix_cache: prefixCache(),
     ...over,
   };
 }

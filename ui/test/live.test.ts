@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { LiveFeed } from '../src/live';
-import { SAMPLE_STATS, statsSnapshot } from './helpers';
+import { loadedModel, SAMPLE_STATS, statsSnapshot } from './helpers';
 
 describe('LiveFeed', () => {
   it("takes a chunk's stats and charts its decode rate", () => {
@@ -45,6 +45,24 @@ describe('LiveFeed', () => {
     expect(feed.state.model).toBe('other');
     expect(feed.state.tokS).toBe(5);
     expect(feed.state.stats).toBe(SAMPLE_STATS);
+  });
+});
+
+describe('LiveFeed streams and caches', () => {
+  it("takes the running streams and the loaded models' caches from every snapshot, even while this window chats", () => {
+    const feed = new LiveFeed(() => 0);
+    feed.generationStarted('tandem-tiny');
+    const running = [
+      { model: 'tandem-tiny', request: 1, stats: SAMPLE_STATS },
+      { model: 'tandem-tiny', request: 2, stats: { ...SAMPLE_STATS, decode_tok_s: 20 } },
+    ];
+    const models = [loadedModel()];
+    feed.snapshot(statsSnapshot({ generating: true, streams: 2, running, models, loaded_models: ['tandem-tiny'] }));
+    expect(feed.state.running).toEqual(running);
+    expect(feed.state.models).toEqual(models);
+    feed.generationEnded(SAMPLE_STATS);
+    feed.snapshot(statsSnapshot({ models }));
+    expect(feed.state.running).toEqual([]);
   });
 });
 

@@ -1,11 +1,11 @@
 import { render } from 'preact';
 import { act } from 'preact/test-utils';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { figures } from '../src/figures';
+import { cachedPrompt, figures, prefixCacheFigures, prefixCaches, streamFigures } from '../src/figures';
 import type { LiveState } from '../src/live';
-import type { Stats } from '../src/generated';
+import type { RunningGeneration, Stats } from '../src/generated';
 import { LivePanelView } from '../src/views/panel';
-import { SAMPLE_STATS, statsSnapshot } from './helpers';
+import { diskStats, loadedModel, prefixCache, SAMPLE_STATS, statsSnapshot } from './helpers';
 
 // The chart draws on a canvas, which jsdom lacks; its data flow is not what these tests check.
 vi.mock('../src/components/chart', () => ({ TokChart: () => <div data-testid="panel-chart" /> }));
@@ -16,11 +16,25 @@ const STATE: LiveState = {
   series: [{ t: 1, tokS: 60 }],
   generating: false,
   streams: 0,
+  running: [],
   model: 'tandem-tiny',
   memory: { ...statsSnapshot().memory, rss_bytes: 1_600_000_000, active_bytes: 1_250_000_000, peak_bytes: 2_000_000_000 },
   loadedModels: ['tandem-tiny'],
+  models: [loadedModel()],
   connected: true,
 };
+
+/** Three requests decoded together on one model, at different speeds; #9 drafts with MTP off. */
+const stream = (request: number, decode_tok_s: number, completion_tokens: number, spec: Stats['spec'] = SAMPLE_STATS.spec): RunningGeneration => ({
+  model: 'tandem-tiny',
+  request,
+  stats: { ...SAMPLE_STATS, decode_tok_s, completion_tokens, spec },
+});
+const THREE: RunningGeneration[] = [
+  stream(7, 41.5, 120),
+  stream(8, 22, 64, { ...SAMPLE_STATS.spec!, drafted: 20, accepted: 5 }),
+  stream(9, 12.25, 9, null),
+];
 
 let root: HTMLElement | null = null;
 function mount(state: LiveState): HTMLElement {
@@ -79,7 +93,145 @@ describe('figures', () => {
   });
 });
 
+describe('stream figures', () => {
+  it('lists nothing for one stream or none: the aggregate is that stream', () => {
+    expect(streamFigures([])).toBeNull();
+    expect(streamFigures([stream(7, 41.5, 120)])).toBeNull();
+    expect(streamFigures(undefined)).toBeNull();
+  });
+
+  it("gives each of three batched streams its own rate, tokens and acceptance, in the engine's order", () => {
+    expect(streamFigures(THREE)).toEqual([
+      { request: 7, model: null, decodeTokS: 41.5, completionTokens: 120, acceptance: 17 / 30 },
+      { request: 8, model: null, decodeTokS: 22, completionTokens: 64, acceptance: 5 / 20 },
+      { request: 9, model: null, decodeTokS: 12.25, completionTokens: 9, acceptance: null },
+    ]);
+  });
+
+  it('names the model only when the streams run on more than one, and shows no acceptance when MTP is off', () => {
+    const off = { ...SAMPLE_STATS.spec!, fallback: 'no MTP head' };
+    const s = streamFigures([stream(1, 10, 5), { ...stream(2, 0, 0, off), model: 'other' }])!;
+    expect(s.map((x) => x.model)).toEqual(['tandem-tiny', 'other']);
+    expect(s[1]!.acceptance).toBeNull();
+    // Still prefilling: no rate yet.
+    expect(s[1]!.decodeTokS).toBeNull();
+  });
+});
+
+describe('prefix cache figures', () => {
+  it('reports prompt tokens from the cache only when there were some', () => {
+    expect(cachedPrompt(SAMPLE_STATS)).toBeNull();
+    expect(cachedPrompt(null)).toBeNull();
+    expect(cachedPrompt({ ...SAMPLE_STATS, cached_tokens: 32 })).toEqual({ cached: 32, prompt: 42 });
+  });
+
+  it('computes the hit rate from the counts, and none before the first lookup', () => {
+    const c = prefixCacheFigures('m', prefixCache());
+    expect(c).toMatchObject({ off: false, bytes: 1_200_000_000, capBytes: 4_000_000_000, entries: 5, lookups: 4, hitRate: 0.75, cachedTokens: 3_400, disk: null });
+    expect(prefixCacheFigures('m', prefixCache({ lookups: 0, hits: 0, hit_rate: 0 })).hitRate).toBeNull();
+    // Misses only: a real 0%, not "no lookups".
+    expect(prefixCacheFigures('m', prefixCache({ lookups: 3, hits: 0, hit_rate: 0 })).hitRate).toBe(0);
+  });
+
+  it('says the cache is off when its cap is 0', () => {
+    expect(prefixCacheFigures('m', prefixCache({ cap_bytes: 0, bytes: 0, entries: 0 })).off).toBe(true);
+  });
+
+  it("carries the SSD tier's figures, and a warning when it is off or ignored corrupt files", () => {
+    const ok = prefixCacheFigures('m', prefixCache({ disk: diskStats() })).disk!;
+    expect(ok).toEqual({ bytes: 3_100_000_000, capBytes: 20_000_000_000, entries: 12, hits: 2, bytesWritten: 3_500_000_000, lastWriteBytes: 120_000_000, warnings: [] });
+    const off = prefixCacheFigures('m', prefixCache({ disk: diskStats({ off: 'read-only folder /Volumes/x' }) })).disk!;
+    expect(off.warnings).toEqual(['SSD tier off: read-only folder /Volumes/x']);
+    const bad = prefixCacheFigures('m', prefixCache({ disk: diskStats({ rejected: 1234 }) })).disk!;
+    expect(bad.warnings).toEqual(['1,234 corrupt files ignored']);
+    expect(prefixCacheFigures('m', prefixCache({ disk: diskStats({ rejected: 1 }) })).disk!.warnings).toEqual(['1 corrupt file ignored']);
+  });
+
+  it("lists every loaded model's cache in the snapshot's order", () => {
+    const models = [loadedModel({ id: 'b' }), loadedModel({ id: 'a', prefix_cache: prefixCache({ cap_bytes: 0 }) })];
+    expect(prefixCaches(models).map((c) => [c.model, c.off])).toEqual([
+      ['b', false],
+      ['a', true],
+    ]);
+    expect(prefixCaches([])).toEqual([]);
+  });
+});
+
 describe('LivePanelView', () => {
+  it('keeps the look of one stream: no list of streams', () => {
+    const el = mount({ ...STATE, generating: true, streams: 1, running: [stream(7, 63.4, 27)] });
+    expect(el.querySelector('[data-testid="panel-streams"]')).toBeNull();
+    expect(text(el, 'panel-tok-s')).toBe('63.4');
+  });
+
+  it('lists each batched stream under the aggregate tok/s, which is their sum', () => {
+    // This window's chunks said 41.5 (its own stream); the headline is all three together.
+    const el = mount({ ...STATE, generating: true, streams: 3, tokS: 41.5, running: THREE });
+    expect(text(el, 'panel-tok-s')).toBe('75.8');
+    const rows = [...el.querySelectorAll('[data-testid="panel-stream"]')];
+    expect(rows.map((r) => r.getAttribute('data-request'))).toEqual(['7', '8', '9']);
+    const cells = (r: Element) => [...r.children].map((c) => c.textContent!.trim());
+    expect(rows.map(cells)).toEqual([
+      ['#7', '41.5 tok/s', '120 tok', 'MTP 57%'],
+      ['#8', '22.0 tok/s', '64 tok', 'MTP 25%'],
+      ['#9', '12.3 tok/s', '9 tok', ''],
+    ]);
+  });
+
+  it('says how many prompt tokens came from the prefix cache, and nothing when none did', () => {
+    let el = mount({ ...STATE, stats: { ...SAMPLE_STATS, cached_tokens: 32 } });
+    expect(text(el, 'panel-cached')).toBe('32 of 42 prompt tokens from the prefix cache');
+    act(() => render(null, root!));
+    root!.remove();
+    el = mount(STATE);
+    expect(el.querySelector('[data-testid="panel-cached"]')).toBeNull();
+  });
+
+  it("shows the loaded model's prefix cache: size of cap, entries, hit rate, tokens restored", () => {
+    const el = mount(STATE);
+    const cache = el.querySelector('[data-testid="panel-prefix-cache"]') as HTMLElement;
+    expect(cache.getAttribute('data-model')).toBe('tandem-tiny');
+    expect(cache.querySelector('h3')!.textContent).toBe('Prefix cache1.2 GB / 4.0 GB');
+    expect(text(cache, 'panel-cache-entries')).toBe('5');
+    expect(text(cache, 'panel-cache-hit-rate')).toBe('hit rate 75%');
+    expect(text(cache, 'panel-cache-restored')).toBe('3,400');
+    expect(cache.querySelector('[data-testid="panel-cache-disk"]')).toBeNull();
+    expect(cache.querySelector('[data-testid="panel-cache-warning"]')).toBeNull();
+  });
+
+  it('says "no lookups yet" before the first lookup, and "off" when the cap is 0', () => {
+    let el = mount({ ...STATE, models: [loadedModel({ prefix_cache: prefixCache({ lookups: 0, hits: 0, hit_rate: 0 }) })] });
+    expect(text(el, 'panel-cache-hit-rate')).toBe('no lookups yet');
+    act(() => render(null, root!));
+    root!.remove();
+    el = mount({ ...STATE, models: [loadedModel({ prefix_cache: prefixCache({ cap_bytes: 0, bytes: 0, disk: diskStats({ off: 'x' }) }) })] });
+    expect(text(el, 'panel-cache-size')).toBe('off');
+    expect(el.querySelector('[data-testid="panel-cache-entries"]')).toBeNull();
+    expect(el.querySelector('[data-testid="panel-cache-disk"]')).toBeNull();
+    expect(el.querySelector('[data-testid="panel-cache-warning"]')).toBeNull();
+  });
+
+  it('shows the SSD tier, and warns when it is off and when it ignored corrupt files', () => {
+    let el = mount({ ...STATE, models: [loadedModel({ prefix_cache: prefixCache({ disk: diskStats() }) })] });
+    expect(text(el, 'panel-cache-disk')).toBe('SSD 3.1 GB / 20.0 GB12 entries2 hits3.5 GB written (last 120 MB)');
+    expect(el.querySelector('[data-testid="panel-cache-warning"]')).toBeNull();
+    act(() => render(null, root!));
+    root!.remove();
+    el = mount({ ...STATE, models: [loadedModel({ prefix_cache: prefixCache({ disk: diskStats({ off: 'folder is read-only', rejected: 2 }) }) })] });
+    const warnings = [...el.querySelectorAll('[data-testid="panel-cache-warning"]')].map((w) => w.textContent);
+    expect(warnings).toEqual(['SSD tier off: folder is read-only', '2 corrupt files ignored']);
+  });
+
+  it('names each model when several are loaded, and shows no cache when none is', () => {
+    let el = mount({ ...STATE, models: [loadedModel(), loadedModel({ id: 'qwen' })] });
+    const sections = [...el.querySelectorAll('[data-testid="panel-prefix-cache"]')];
+    expect(sections.map((s) => s.querySelector('h3 .cache-title')!.textContent)).toEqual(['Prefix cache · tandem-tiny', 'Prefix cache · qwen']);
+    act(() => render(null, root!));
+    root!.remove();
+    el = mount({ ...STATE, models: [] });
+    expect(el.querySelector('[data-testid="panel-prefix-cache"]')).toBeNull();
+  });
+
   it('says how many streams run together when requests are batched, and nothing for one', () => {
     expect(text(mount({ ...STATE, generating: true, streams: 3 }), 'panel-status')).toBe('Generating · 3 streams');
     act(() => render(null, root!));

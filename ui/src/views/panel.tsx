@@ -1,7 +1,17 @@
-// The live panel beside the chat: throughput, MTP acceptance and where each cycle's time goes.
+// The live panel beside the chat: throughput (each batched stream's too), MTP acceptance, where each cycle's
+// time goes, and the loaded models' prefix caches.
 
 import { TokChart } from '../components/chart';
-import { figures, type Figures, mtpMostlyParked } from '../figures';
+import {
+  cachedPrompt,
+  figures,
+  type Figures,
+  mtpMostlyParked,
+  type PrefixCacheFigures,
+  prefixCaches,
+  type StreamFigure,
+  streamFigures,
+} from '../figures';
 import * as fmt from '../format';
 import { useLive, type LiveState } from '../live';
 
@@ -93,10 +103,101 @@ function Phases({ f }: { f: NonNullable<Figures['spec']> }) {
   );
 }
 
+/** The generations decoded together, one row each, under the aggregate tok/s. */
+function Streams({ streams }: { streams: StreamFigure[] }) {
+  return (
+    <div class="streams" data-testid="panel-streams">
+      {streams.map((s) => (
+        <div
+          class="stream-row"
+          key={`${s.model ?? ''}#${s.request}`}
+          data-testid="panel-stream"
+          data-request={s.request}
+          title={`Request ${s.request}${s.model ? ` on ${s.model}` : ''}: its own decode rate, tokens so far and MTP acceptance`}
+        >
+          <span class="stream-label dim">
+            #{s.request}
+            {s.model && ` ${s.model}`}
+          </span>
+          <span class="stream-tok-s">
+            <b>{fmt.fixed(s.decodeTokS, 1)}</b> tok/s
+          </span>
+          <span class="stream-tokens dim">{fmt.integer(s.completionTokens)} tok</span>
+          <span class="stream-acceptance dim">{s.acceptance != null ? `MTP ${fmt.percent(s.acceptance)}` : ''}</span>
+        </div>
+      ))}
+    </div>
+  );
+}
+
+function PrefixCache({ c, named }: { c: PrefixCacheFigures; named: boolean }) {
+  const d = c.disk;
+  return (
+    <section class="panel-section" data-testid="panel-prefix-cache" data-model={c.model}>
+      <h3>
+        <span class="cache-title">
+          Prefix cache
+          {named && <span class="dim" title={c.model}> · {c.model}</span>}
+        </span>
+        <span class="dim cache-size" data-testid="panel-cache-size" title={c.off ? 'The cap is 0: the prefix cache is off' : 'Memory used by cached prompts, of the cap'}>
+          {c.off ? 'off' : `${fmt.bytes(c.bytes)} / ${fmt.bytes(c.capBytes)}`}
+        </span>
+      </h3>
+      {!c.off && (
+        <div class="facts">
+          <span>
+            <b data-testid="panel-cache-entries">{fmt.integer(c.entries)}</b> entries
+          </span>
+          <span data-testid="panel-cache-hit-rate" title="Lookups that found a cached prefix">
+            {c.hitRate == null ? (
+              'no lookups yet'
+            ) : (
+              <>
+                hit rate <b>{fmt.percent(c.hitRate)}</b>
+              </>
+            )}
+          </span>
+          <span title="Prompt tokens restored instead of prefilled, over all hits">
+            <b data-testid="panel-cache-restored">{fmt.integer(c.cachedTokens)}</b> tokens restored
+          </span>
+        </div>
+      )}
+      {!c.off && d && (
+        <div class="facts cache-disk" data-testid="panel-cache-disk">
+          <span title="The SSD tier: bytes in its folder (every model's files), of its cap">
+            SSD <b data-testid="panel-cache-disk-size">{fmt.bytes(d.bytes)}</b> / {fmt.bytes(d.capBytes)}
+          </span>
+          <span>
+            <b data-testid="panel-cache-disk-entries">{fmt.integer(d.entries)}</b> entries
+          </span>
+          <span title="Lookups served from the disk">
+            <b data-testid="panel-cache-disk-hits">{fmt.integer(d.hits)}</b> hits
+          </span>
+          <span data-testid="panel-cache-disk-written" title="Bytes written in all, and by the last stored snapshot">
+            <b>{fmt.bytes(d.bytesWritten)}</b> written
+            {d.lastWriteBytes > 0 && <span> (last {fmt.bytes(d.lastWriteBytes)})</span>}
+          </span>
+        </div>
+      )}
+      {!c.off &&
+        d?.warnings.map((w) => (
+          <div class="notice notice-warn small cache-warning" key={w} data-testid="panel-cache-warning">
+            {w}
+          </div>
+        ))}
+    </section>
+  );
+}
+
 export function LivePanelView({ state }: { state: LiveState }) {
   const f = state.stats ? figures(state.stats) : null;
   const spec = f?.spec ?? null;
-  const tokS = state.tokS ?? f?.decodeTokS ?? null;
+  const streams = streamFigures(state.running);
+  // With several streams the headline is their sum, as the engine's `tok_s` is (this window's chunks carry
+  // only its own stream's rate).
+  const tokS = streams ? streams.reduce((a, s) => a + (s.decodeTokS ?? 0), 0) : (state.tokS ?? f?.decodeTokS ?? null);
+  const cached = cachedPrompt(state.stats);
+  const caches = prefixCaches(state.models);
   const mtpRunning = !!spec && !spec.fallback;
   return (
     <aside class="live-panel" data-testid="live-panel" aria-label="Live statistics">
@@ -125,6 +226,8 @@ export function LivePanelView({ state }: { state: LiveState }) {
         />
       </div>
 
+      {streams && <Streams streams={streams} />}
+
       <TokChart series={state.series} />
 
       {f && (
@@ -139,6 +242,12 @@ export function LivePanelView({ state }: { state: LiveState }) {
             <b data-testid="panel-tokens">{fmt.integer(f.promptTokens)}</b> in ·{' '}
             <b>{fmt.integer(f.completionTokens)}</b> out
           </span>
+          {cached && (
+            <span data-testid="panel-cached">
+              <b>{fmt.integer(cached.cached)}</b> of <b>{fmt.integer(cached.prompt)}</b> prompt tokens from the prefix
+              cache
+            </span>
+          )}
         </div>
       )}
 
@@ -180,6 +289,10 @@ export function LivePanelView({ state }: { state: LiveState }) {
       )}
 
       {!f && <p class="dim panel-empty">Statistics appear here while a model generates.</p>}
+
+      {caches.map((c) => (
+        <PrefixCache key={c.model} c={c} named={caches.length > 1} />
+      ))}
 
       <footer class="panel-footer">
         {/* The process's resident memory first, as the tray says it; MLX's own counters after it. */}
