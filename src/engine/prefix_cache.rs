@@ -26,6 +26,12 @@ use crate::registry::ModelEntry;
 /// that the per-block bookkeeping and a restore's concatenation stay cheap.
 pub const BLOCK: usize = 64;
 
+/// A long prompt is also snapshotted inside its prefill every this many tokens (a multiple of
+/// [`BLOCK`]), so that a prompt sharing only its start with it (an edited message, a new question
+/// after the same documents) resumes from the last boundary before they differ. Each such snapshot
+/// adds its own linear-attention state (KV blocks are shared), so boundaries are far apart.
+pub const SNAPSHOT_EVERY: usize = 32 * BLOCK;
+
 /// The cap when none is set: 2 GiB, or an eighth of the machine's memory when that is less.
 pub const DEFAULT_CAP: u64 = 2 << 30;
 
@@ -91,6 +97,8 @@ pub struct PrefixCache {
     tick: u64,
     stats: PrefixCacheStats,
     disk: Option<Disk>,
+    /// Snapshots inside a prompt every this many tokens (0: only at the ends).
+    every: usize,
 }
 
 impl PrefixCache {
@@ -109,7 +117,15 @@ impl PrefixCache {
             tick: 0,
             stats: PrefixCacheStats { cap_bytes: cap, ..Default::default() },
             disk,
+            every: SNAPSHOT_EVERY,
         }
+    }
+
+    /// Snapshots inside a prompt every `tokens` (rounded down to whole blocks; 0: only at the
+    /// end of prefill and of the generation).
+    pub fn snapshot_every(mut self, tokens: usize) -> PrefixCache {
+        self.every = tokens / BLOCK * BLOCK;
+        self
     }
 
     pub fn enabled(&self) -> bool {
@@ -140,7 +156,8 @@ impl PrefixCache {
             return (None, Resume::default());
         };
         let restored = self.lookup(&ids, opts.runs_mtp(model));
-        (Some(ids), Resume { restored, keep: Some(BLOCK) })
+        let every = (self.every > 0).then_some(self.every);
+        (Some(ids), Resume { restored, keep: Some(BLOCK), every })
     }
 
     /// Keeps what a generation of the prompt of identities `ids` snapshotted. The SSD tier writes

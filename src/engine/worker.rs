@@ -22,7 +22,7 @@ use crate::chat::Tokenizer;
 use crate::generate::batch::step_batch;
 use crate::generate::{
     Constraint, Control, FinishReason, GenerateError, GenerateOptions, GrammarSpec, Grammars, Output, Progress, Prompt,
-    Sequence, TokenLogprob,
+    Sequence, Starting, TokenLogprob,
 };
 use crate::model::{LoadOptions, Qwen35};
 use crate::registry::ModelEntry;
@@ -335,9 +335,11 @@ fn serve(
     let name = served.name;
     *lock(&shared.prefix) = prefix.stats();
     let mut waiting: VecDeque<Job> = VecDeque::new();
+    // Admitted, prefilling (oldest first), then decoding.
+    let mut starting: VecDeque<Active<'_>> = VecDeque::new();
     let mut active: Vec<Active<'_>> = Vec::new();
     loop {
-        if active.is_empty() && waiting.is_empty() {
+        if active.is_empty() && starting.is_empty() && waiting.is_empty() {
             match jobs.recv() {
                 Ok(job) => waiting.push_back(job),
                 Err(_) => break,
@@ -348,30 +350,40 @@ fn serve(
         }
         while let Some(job) = waiting.front() {
             let tokens = job.prepared.budget();
-            let in_flight: usize = active.iter().map(|a| a.budget).sum();
-            let room =
-                active.len() < limits.max_batch && (active.is_empty() || in_flight + tokens <= limits.max_tokens);
+            let admitted = active.len() + starting.len();
+            let in_flight: usize = active.iter().chain(&starting).map(|a| a.budget).sum();
+            let room = admitted < limits.max_batch && (admitted == 0 || in_flight + tokens <= limits.max_tokens);
             if !room {
                 break;
             }
             let Some(job) = waiting.pop_front() else { break };
-            if let Some(started) = admit(served, job, shared, engine, &mut prefix) {
-                active.push(started);
+            if let Some(admitted) = admit(served, job, shared, engine, &mut prefix) {
+                starting.push_back(admitted);
             }
         }
-        if active.is_empty() {
-            continue;
+        // The oldest newcomer's prefill: one chunk while others decode (they step in between, so
+        // a long prompt never stalls them), all of it when nothing else runs.
+        if let Some(mut a) = starting.pop_front() {
+            let whole = active.is_empty();
+            match prefill_step(served, &mut a, whole, engine) {
+                Ok(Prefilled::Started) => active.push(a),
+                Ok(Prefilled::More) => starting.push_front(a),
+                Ok(Prefilled::Cancelled) => a.cancel(name, shared, engine),
+                Err(e) => a.fail(e, name, shared, engine),
+            }
         }
-        let outcome = {
-            let _compute = super::compute_lock();
-            let alone = active.len() == 1;
-            // A step may run ahead only when nothing could join before the next one.
-            let run_ahead = alone && waiting.is_empty();
-            catch_unwind(AssertUnwindSafe(|| step(served, &mut active, run_ahead, engine)))
-        };
-        if let Err(e) = settled(outcome, name, &format!("{} streams", active.len())) {
-            for a in active.drain(..) {
-                a.fail(e.clone(), name, shared, engine);
+        if !active.is_empty() && active.iter().any(|a| a.seq.as_ref().is_some_and(|s| !s.is_done())) {
+            let outcome = {
+                let _compute = super::compute_lock();
+                let alone = active.len() == 1;
+                // A step may run ahead only when nothing could join before the next one.
+                let run_ahead = alone && waiting.is_empty() && starting.is_empty();
+                catch_unwind(AssertUnwindSafe(|| step(served, &mut active, run_ahead, engine)))
+            };
+            if let Err(e) = settled(outcome, name, &format!("{} streams", active.len())) {
+                for a in active.drain(..) {
+                    a.fail(e.clone(), name, shared, engine);
+                }
             }
         }
         let (done, running): (Vec<_>, Vec<_>) =
@@ -382,6 +394,10 @@ fn serve(
             a.retire(served, shared, engine, &mut prefix);
         }
         *lock(&shared.prefix) = prefix.stats();
+    }
+    // Requests still prefilling when the worker stops (unload) hear why.
+    for a in starting {
+        a.fail(EngineError::Unloaded(name.to_owned()), name, shared, engine);
     }
     // Freeing the cache's arrays is MLX work too.
     let _compute = super::compute_lock();
@@ -406,13 +422,14 @@ fn step(
 ) -> Result<(), GenerateError> {
     if let [one] = active {
         let Active { seq, stream, .. } = one;
-        if let Some(seq) = seq.as_mut() {
+        if let Some(seq) = seq.as_mut().filter(|s| !s.is_done()) {
             seq.step(run_ahead, &mut |p| stream.progress(served.name, p, engine))?;
         }
         return Ok(());
     }
     {
-        let mut seqs: Vec<&mut Sequence<'_>> = active.iter_mut().filter_map(|a| a.seq.as_mut()).collect();
+        let mut seqs: Vec<&mut Sequence<'_>> =
+            active.iter_mut().filter_map(|a| a.seq.as_mut()).filter(|s| !s.is_done()).collect();
         step_batch(&mut seqs)?;
     }
     for a in active.iter_mut() {
@@ -456,16 +473,7 @@ fn admit<'m>(
     if cancel.is_cancelled() {
         prepared.free_images();
         drop(slot);
-        let stats = crate::generate::Stats { prompt_tokens: prepared.prompt.ids.len(), ..Default::default() };
-        let done = Completion {
-            text: String::new(),
-            tokens: Vec::new(),
-            stats,
-            finish: FinishReason::Cancelled,
-            stop: None,
-            logprobs: Vec::new(),
-        };
-        let _ = events.send(Event::Done(done));
+        let _ = events.send(Event::Done(cancelled(&prepared)));
         return None;
     }
     shared.running.fetch_add(1, Ordering::SeqCst);
@@ -478,8 +486,8 @@ fn admit<'m>(
     };
     let stream = Stream::new(tokenizer, &prepared, events, cancel, table);
     let budget = prepared.budget();
-    let mut active = Active { prepared, stream, seq: None, cached_ids: None, slot, budget };
-    let started = {
+    let mut active = Active { prepared, stream, starting: None, seq: None, cached_ids: None, slot, budget };
+    let begun = {
         let _compute = super::compute_lock();
         let a = &mut active;
         catch_unwind(AssertUnwindSafe(|| {
@@ -490,20 +498,75 @@ fn admit<'m>(
                 tracing::debug!(model = %name, request = a.prepared.id, cached = s.len, prompt = a.prepared.prompt.ids.len(), "prefix cache hit");
             }
             a.cached_ids = ids;
-            let stream = &mut a.stream;
-            let opts = a.prepared.opts.clone();
-            Sequence::start_prompt(model, &a.prepared.prompt, opts, resume, &mut |p| stream.progress(name, p, engine))
+            Sequence::begin_prompt(model, &a.prepared.prompt, a.prepared.opts.clone(), resume)
         }))
     };
+    // The images are in the prefill's arrays now.
     active.prepared.free_images();
-    match settled(started, name, &format!("request {}", active.prepared.id)) {
-        Ok(seq) => {
-            active.seq = Some(seq);
+    match settled(begun, name, &format!("request {}", active.prepared.id)) {
+        Ok(starting) => {
+            active.starting = Some(starting);
             Some(active)
         }
         Err(e) => {
             active.fail(e, name, shared, engine);
             None
+        }
+    }
+}
+
+/// The completion of a request cancelled before its first token.
+fn cancelled(prepared: &Prepared) -> Completion {
+    let stats = crate::generate::Stats { prompt_tokens: prepared.prompt.ids.len(), ..Default::default() };
+    Completion {
+        text: String::new(),
+        tokens: Vec::new(),
+        stats,
+        finish: FinishReason::Cancelled,
+        stop: None,
+        logprobs: Vec::new(),
+    }
+}
+
+/// Where a newcomer's prefill stands after [`prefill_step`].
+enum Prefilled {
+    /// Its first token is out: it decodes from now on.
+    Started,
+    More,
+    /// Cancelled, or its caller left, before its first token.
+    Cancelled,
+}
+
+/// Prefills one chunk of a newcomer's prompt, or all of it (`whole`); once nothing is left,
+/// samples and reports its first token. A request cancelled (or whose caller left) while it
+/// prefills stops between chunks.
+fn prefill_step(served: Served<'_>, a: &mut Active<'_>, whole: bool, engine: &WeakEngine) -> Result<Prefilled> {
+    let Served { name, .. } = served;
+    let Some(mut starting) = a.starting.take() else { return Ok(Prefilled::Started) };
+    if a.stream.cancel.is_cancelled() || a.stream.events.is_closed() {
+        return Ok(Prefilled::Cancelled);
+    }
+    let outcome = {
+        let _compute = super::compute_lock();
+        let stream = &mut a.stream;
+        catch_unwind(AssertUnwindSafe(|| {
+            if !whole {
+                starting.advance()?;
+                if starting.left() > 0 {
+                    return Ok(Err(starting));
+                }
+            }
+            starting.start(&mut |p| stream.progress(name, p, engine)).map(Ok)
+        }))
+    };
+    match settled(outcome, name, &format!("request {}", a.prepared.id))? {
+        Ok(seq) => {
+            a.seq = Some(seq);
+            Ok(Prefilled::Started)
+        }
+        Err(starting) => {
+            a.starting = Some(starting);
+            Ok(Prefilled::More)
         }
     }
 }
@@ -530,7 +593,9 @@ fn settled<T>(outcome: std::thread::Result<Result<T, GenerateError>>, model: &st
 struct Active<'m> {
     prepared: Prepared,
     stream: Stream<'m>,
-    /// None only while it starts.
+    /// Its prompt's prefill, until the first token.
+    starting: Option<Starting<'m>>,
+    /// From the first token on.
     seq: Option<Sequence<'m>>,
     /// The tokens the prefix cache keys this generation's snapshots by.
     cached_ids: Option<Vec<u64>>,
@@ -547,6 +612,16 @@ impl Active<'_> {
         engine.with(|en| en.inner.live.abandoned(model, prepared.id));
         drop(slot);
         let _ = stream.events.send(Event::Failed(e));
+        engine.with(|e| e.publish());
+    }
+
+    /// Ends it before its first token, cancelled.
+    fn cancel(self, model: &str, shared: &Shared, engine: &WeakEngine) {
+        let Active { prepared, stream, slot, .. } = self;
+        stream.leave(prepared.id, shared);
+        engine.with(|en| en.inner.live.abandoned(model, prepared.id));
+        drop(slot);
+        let _ = stream.events.send(Event::Done(cancelled(&prepared)));
         engine.with(|e| e.publish());
     }
 

@@ -41,7 +41,9 @@ fn part(seq: &Sequence<'_>) -> Part {
 /// [`Sequence::report`]. An error fails the step for all of them.
 pub fn step_batch(seqs: &mut [&mut Sequence<'_>]) -> Result<()> {
     let (mut plain, mut cycle, mut depth) = (Vec::new(), Vec::new(), usize::MAX);
+    let batch = seqs.len();
     for seq in seqs.iter_mut() {
+        seq.decoder.set_batch(batch);
         match part(seq) {
             Part::Alone => step_alone(seq)?,
             Part::Plain => plain.push(&mut **seq),

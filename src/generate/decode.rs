@@ -54,6 +54,11 @@ pub struct Resume {
     /// Take snapshots at the end of prefill and at the end of the generation (the prompt and the
     /// reply, which the next turn of a chat resends), KV cut in blocks of this many tokens.
     pub keep: Option<usize>,
+    /// With `keep`, also snapshot a text prompt inside its prefill every this many tokens (a
+    /// multiple of `keep`): a later prompt that shares only part of this one (an edited message,
+    /// another question after the same documents) resumes from the last such boundary before
+    /// they differ, where the linear-attention state cannot be cut back.
+    pub every: Option<usize>,
 }
 
 /// A snapshot taken during a generation, and the tokens it covers (the prompt's first).

@@ -10,7 +10,7 @@ use super::options::GenerateOptions;
 use super::sampler::Sampler;
 use super::stats::{SpecStats, Stats};
 use super::step::Pipeline;
-use crate::cache::{KvCache, LayerCache, Snapshot};
+use crate::cache::{LayerCache, Snapshot};
 use crate::model::Qwen35;
 
 pub enum Decoder<'m> {
@@ -19,16 +19,14 @@ pub enum Decoder<'m> {
     Mtp(Box<MtpDecoder<'m>>),
 }
 
-/// Where decoding starts: the caches after prefill, and what the MTP head has not seen yet.
+/// Where decoding starts: the caches after prefill, and the MTP head's drafter.
 pub struct Start {
     pub cache: Vec<LayerCache>,
-    /// Post-norm hidden states `[1, T, D]` of the positions the MTP head has not run on: the whole
-    /// prompt, or after a restored prefix its last position and the rest of the prompt.
-    pub hidden: Array,
-    /// The T tokens that follow those positions (the last is `first`).
-    pub next_tokens: Vec<u32>,
-    /// The head's cache of a restored prefix (one entry per pair before `hidden`).
-    pub head: Option<KvCache>,
+    /// The post-norm hidden state `[1, 1, D]` at the prompt's last position.
+    pub last_hidden: Array,
+    /// The MTP head's drafter, holding (run or pending) every pair of the prompt but the last,
+    /// which pairs `last_hidden` with `first` (see [`Start::drafter`]).
+    pub drafter: Drafter,
     /// The token sampled after the prompt.
     pub first: u32,
 }
@@ -48,11 +46,10 @@ impl<'m> Decoder<'m> {
     /// Starts from a prefilled cache. MTP runs when asked for and the model has a head
     /// ([`GenerateOptions::runs_mtp`]); when asked for and impossible, the statistics say why.
     pub fn new(model: &'m Qwen35, opts: &GenerateOptions, start: Start, stats: &mut Stats) -> Result<Decoder<'m>> {
-        let Start { cache, hidden, next_tokens, head, first } = start;
+        let Start { cache, last_hidden, mut drafter, first } = start;
         if opts.runs_mtp(model) {
             stats.spec = Some(SpecStats::new(opts.mtp.depth));
-            let head = head.or_else(|| model.make_mtp_cache()).unwrap_or_default();
-            let drafter = Drafter::resume(head, &hidden, next_tokens);
+            drafter.queue([last_hidden], &[first]);
             let mut mtp = MtpDecoder::new(model, &opts.mtp, cache, drafter, first, &opts.stop_ids);
             if let Some(oracle) = &opts.oracle {
                 mtp = mtp.with_oracle(oracle);
@@ -63,8 +60,7 @@ impl<'m> Decoder<'m> {
             let why = model.mtp_status.reason.clone().unwrap_or_else(|| "the model has no MTP head".into());
             stats.spec = Some(SpecStats::fallback(opts.mtp.depth, why));
         }
-        let t = hidden.dim(1);
-        let hidden = hidden.slice_axis(1, t - 1, t)?;
+        let hidden = last_hidden;
         Ok(Decoder::Plain(Plain { model, cache, last: first, hidden, steps: Pipeline::default() }))
     }
 
@@ -118,6 +114,14 @@ impl<'m> Decoder<'m> {
         match self {
             Decoder::Plain(p) => p.last,
             Decoder::Mtp(m) => m.last(),
+        }
+    }
+
+    /// How many sequences the next steps are decoded with (1: alone); MTP's controller keeps its
+    /// costs per batch size.
+    pub(crate) fn set_batch(&mut self, batch: usize) {
+        if let Decoder::Mtp(m) = self {
+            m.set_batch(batch);
         }
     }
 

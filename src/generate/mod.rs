@@ -24,5 +24,5 @@ pub use mtp::oracle::Oracle;
 pub use options::{GenerateOptions, MtpOptions, MTP_DEPTHS, MTP_DEPTHS_TEXT};
 pub use prefill::{prefill, prefill_images};
 pub use sampler::{Sampler, SamplingParams, TokenLogprob};
-pub use sequence::Sequence;
+pub use sequence::{Sequence, Starting};
 pub use stats::{SpecStats, Stats};

@@ -1,16 +1,20 @@
 //! One generation as a value: started (prefill, first token), then stepped, alone or in a batch
 //! with others ([`super::batch`]), until it ends. [`super::generate`] is a sequence stepped alone.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use mlx::Array;
 
 use super::decode::{keep, Control, FinishReason, Kept, Output, Progress, Prompt, Resume};
 use super::decoder::{Decoder, Start};
 use super::error::{GenerateError, Result};
+use super::mtp::drafter::Drafter;
 use super::options::GenerateOptions;
-use super::prefill::{prefill, prefill_images};
+use super::prefill::Prefilling;
 use super::sampler::{Sampler, TokenLogprob};
 use super::stats::Stats;
 use super::step::sample_last;
+use crate::cache::{LayerCache, Snapshot};
 use crate::model::vision_input::ImageInput;
 use crate::model::Qwen35;
 
@@ -33,7 +37,199 @@ pub struct Sequence<'m> {
     pending: Option<(Vec<u32>, Vec<TokenLogprob>)>,
 }
 
+/// A sequence whose prompt is part way through prefill ([`Sequence::begin`]): [`Starting::advance`]
+/// feeds one chunk, so a running batch can decode between a newcomer's chunks; [`Starting::start`]
+/// feeds the rest and samples the first token.
+pub struct Starting<'m> {
+    model: &'m Qwen35,
+    opts: GenerateOptions,
+    sampler: Sampler,
+    prompt: Vec<u32>,
+    /// Tokens the caches held before prefill (a restored prefix).
+    start: usize,
+    cache: Vec<LayerCache>,
+    prefill: Option<Prefilling>,
+    /// The MTP head's pairs, queued as prefill produces them (run only for a snapshot).
+    drafter: Drafter,
+    /// The restored prefix's last hidden state, when nothing is left to prefill.
+    restored_hidden: Option<Array>,
+    keep: Option<usize>,
+    every: Option<usize>,
+    kept: Vec<Kept>,
+    t0: Instant,
+    /// Time spent prefilling (the prefill speed leaves out the batch's steps in between).
+    busy: Duration,
+}
+
+impl<'m> Starting<'m> {
+    /// Prompt tokens still to prefill.
+    pub fn left(&self) -> usize {
+        self.prefill.as_ref().map_or(0, Prefilling::left)
+    }
+
+    /// Prefills the next chunk (at most the options' `prefill_chunk` tokens, and never past a
+    /// snapshot boundary); a no-op once nothing is left.
+    pub fn advance(&mut self) -> Result<()> {
+        let t = Instant::now();
+        let Some(p) = self.prefill.as_mut() else { return Ok(()) };
+        if p.left() == 0 {
+            return Ok(());
+        }
+        let from = self.start + p.fed();
+        let mut chunk = self.opts.prefill_chunk.max(1);
+        let every = self.every.filter(|_| self.keep.is_some() && p.is_text()).unwrap_or(0);
+        if every > 0 {
+            chunk = chunk.min(every - from % every);
+        }
+        let hidden = p.advance(self.model, &mut self.cache, chunk)?;
+        let to = self.start + p.fed();
+        // Pairs (h_i, x_{i+1}) for the head; the prompt's last position waits for the first token.
+        let pairs = (to.min(self.prompt.len() - 1)).saturating_sub(from);
+        if pairs > 0 {
+            let h = if pairs == to - from { hidden } else { hidden.slice_axis(1, 0, pairs as i32)? };
+            self.drafter.queue([h], &self.prompt[from + 1..from + 1 + pairs]);
+        }
+        if every > 0 && to % every == 0 && to < self.prompt.len() {
+            let n = hidden_last(&self.prefill)?;
+            self.snapshot_at(to, n)?;
+        }
+        self.busy += t.elapsed();
+        Ok(())
+    }
+
+    /// Keeps a snapshot after the prompt's first `at` tokens, whose last hidden state is `last`
+    /// (the prefix cache takes it at the end). With MTP the head first runs the pairs before it.
+    fn snapshot_at(&mut self, at: usize, last: Array) -> Result<()> {
+        let Some(block) = self.keep else { return Ok(()) };
+        let head = if self.opts.runs_mtp(self.model) {
+            self.drafter.settle(self.model, true)?;
+            Some(self.drafter.cache())
+        } else {
+            None
+        };
+        match Snapshot::take(&self.cache, head, &last, at, block) {
+            Ok(snapshot) => self.kept.push(Kept { tokens: self.prompt[..at].to_vec(), snapshot }),
+            Err(e) => tracing::warn!("prefix cache: no snapshot after {at} prompt tokens: {e}"),
+        }
+        Ok(())
+    }
+
+    /// Prefills what is left, samples the first token and reports it.
+    pub fn start(mut self, on_progress: &mut dyn FnMut(Progress<'_>) -> Control) -> Result<Sequence<'m>> {
+        while self.left() > 0 {
+            self.advance()?;
+        }
+        let t = Instant::now();
+        let model = self.model;
+        let last_hidden = match (self.prefill.take(), self.restored_hidden.take()) {
+            (Some(p), _) => p.finish_last(&mut self.cache)?,
+            (None, Some(h)) => h,
+            (None, None) => return Err(GenerateError::EmptyPrompt),
+        };
+        let history = self.prompt;
+        let first = sample_last(model, &mut self.sampler, &last_hidden, &history)?;
+        let ttft = self.t0.elapsed().as_secs_f64();
+        let prefill_s = (self.busy + t.elapsed()).as_secs_f64();
+        let start = self.start;
+        let mut stats = Stats {
+            prompt_tokens: history.len(),
+            cached_tokens: start,
+            ttft_ms: ttft * 1e3,
+            prefill_tok_s: (history.len() - start) as f64 / prefill_s.max(1e-9),
+            ..Default::default()
+        };
+        let start_state = Start { cache: self.cache, last_hidden, drafter: self.drafter, first };
+        let mut decoder = Decoder::new(model, &self.opts, start_state, &mut stats)?;
+        let mut kept = self.kept;
+        if let Some(block) = self.keep.filter(|_| start < history.len()) {
+            keep(&mut decoder, &history, block, &mut kept);
+        }
+        let mut seq = Sequence {
+            model,
+            opts: self.opts,
+            sampler: self.sampler,
+            history,
+            decoder,
+            stats,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            finish: None,
+            kept,
+            keep_block: self.keep,
+            t_decode: Instant::now(),
+            pending: None,
+        };
+        let logprobs = seq.sampler.take_logprobs();
+        seq.emit(&[first], logprobs, on_progress);
+        Ok(seq)
+    }
+}
+
+/// The hidden state `[1, 1, D]` at the last position prefilled so far.
+fn hidden_last(prefill: &Option<Prefilling>) -> Result<Array> {
+    prefill
+        .as_ref()
+        .and_then(Prefilling::last_hidden)
+        .ok_or_else(|| mlx::Error::Invalid("no prompt position has been prefilled".into()).into())
+}
+
 impl<'m> Sequence<'m> {
+    /// Readies `prompt` (its images' pads already expanded) for prefill from the state `resume`
+    /// restores; nothing is computed yet ([`Starting::advance`], [`Starting::start`]).
+    pub fn begin(
+        model: &'m Qwen35,
+        prompt: &[u32],
+        images: &[ImageInput],
+        opts: GenerateOptions,
+        resume: Resume,
+    ) -> Result<Starting<'m>> {
+        opts.check(model, prompt)?;
+        let sampler = Sampler::new(opts.sampling.clone())?
+            .with_prompt_len(prompt.len())
+            .with_constraint(opts.constraint.clone())
+            .with_logprobs(opts.logprobs);
+        let t0 = Instant::now();
+        let restored = resume
+            .restored
+            .filter(|s| (1..=prompt.len()).contains(&s.len) && !super::decode::inside_image(model, prompt, s.len));
+        let start = restored.as_ref().map_or(0, |s| s.len);
+        let (cache, head) = match &restored {
+            Some(s) => s.restore()?,
+            None => (model.make_cache(), None),
+        };
+        let mut drafter = Drafter::primed(head.or_else(|| model.make_mtp_cache()).unwrap_or_default());
+        let prefill = if start == prompt.len() {
+            None
+        } else if images.is_empty() {
+            Some(Prefilling::text(&prompt[start..]))
+        } else {
+            Some(Prefilling::images(model, prompt, start, images)?)
+        };
+        let mut restored_hidden = restored.map(|s| s.last_hidden);
+        if prefill.is_some() {
+            // The restored prefix's last position pairs with the rest's first token.
+            if let Some(h) = restored_hidden.take() {
+                drafter.queue([h], &prompt[start..start + 1]);
+            }
+        }
+        Ok(Starting {
+            model,
+            opts,
+            sampler,
+            prompt: prompt.to_vec(),
+            start,
+            cache,
+            prefill,
+            drafter,
+            restored_hidden,
+            keep: resume.keep,
+            every: resume.every,
+            kept: Vec::new(),
+            t0,
+            busy: Duration::ZERO,
+        })
+    }
+
     /// Prefills `prompt` (its images' pads already expanded) from the state `resume` restores,
     /// samples the first token and reports it.
     pub fn start(
@@ -44,71 +240,18 @@ impl<'m> Sequence<'m> {
         resume: Resume,
         on_progress: &mut dyn FnMut(Progress<'_>) -> Control,
     ) -> Result<Sequence<'m>> {
-        opts.check(model, prompt)?;
-        let mut sampler = Sampler::new(opts.sampling.clone())?
-            .with_prompt_len(prompt.len())
-            .with_constraint(opts.constraint.clone())
-            .with_logprobs(opts.logprobs);
-        let t0 = Instant::now();
-        let restored = resume
-            .restored
-            .filter(|s| (1..=prompt.len()).contains(&s.len) && !super::decode::inside_image(model, prompt, s.len));
-        let start = restored.as_ref().map_or(0, |s| s.len);
-        let (mut cache, head) = match &restored {
-            Some(s) => s.restore()?,
-            None => (model.make_cache(), None),
-        };
-        let rest = if start == prompt.len() {
-            None
-        } else if images.is_empty() {
-            Some(prefill(model, &prompt[start..], &mut cache, opts.prefill_chunk)?)
-        } else {
-            Some(prefill_images(model, prompt, start, images, &mut cache, opts.prefill_chunk)?)
-        };
-        // The hidden states from the restored prefix's last position on: it samples the first token
-        // when the whole prompt was cached, and pairs with the rest's first token for the MTP head.
-        let hidden = match (restored.as_ref().map(|s| &s.last_hidden), rest) {
-            (Some(h), Some(r)) => mlx::concatenate(&[h, &r], 1)?,
-            (Some(h), None) => h.clone(),
-            (None, Some(r)) => r,
-            (None, None) => return Err(GenerateError::EmptyPrompt),
-        };
-        let history: Vec<u32> = prompt.to_vec();
-        let first = sample_last(model, &mut sampler, &hidden, &history)?;
-        let ttft = t0.elapsed().as_secs_f64();
-        let mut stats = Stats {
-            prompt_tokens: prompt.len(),
-            cached_tokens: start,
-            ttft_ms: ttft * 1e3,
-            prefill_tok_s: (prompt.len() - start) as f64 / ttft.max(1e-9),
-            ..Default::default()
-        };
-        let mut next_tokens = prompt[start.max(1)..].to_vec();
-        next_tokens.push(first);
-        let start_state = Start { cache, hidden, next_tokens, head, first };
-        let mut decoder = Decoder::new(model, &opts, start_state, &mut stats)?;
-        let mut kept = Vec::new();
-        if let Some(block) = resume.keep.filter(|_| start < prompt.len()) {
-            keep(&mut decoder, &history, block, &mut kept);
-        }
-        let mut seq = Sequence {
-            model,
-            opts,
-            sampler,
-            history,
-            decoder,
-            stats,
-            tokens: Vec::new(),
-            logprobs: Vec::new(),
-            finish: None,
-            kept,
-            keep_block: resume.keep,
-            t_decode: Instant::now(),
-            pending: None,
-        };
-        let logprobs = seq.sampler.take_logprobs();
-        seq.emit(&[first], logprobs, on_progress);
-        Ok(seq)
+        Sequence::begin(model, prompt, images, opts, resume)?.start(on_progress)
+    }
+
+    /// [`Sequence::begin`] for a prompt that may hold images (as [`super::generate_resumed`] takes it).
+    pub fn begin_prompt(
+        model: &'m Qwen35,
+        prompt: &Prompt,
+        opts: GenerateOptions,
+        resume: Resume,
+    ) -> Result<Starting<'m>> {
+        let (ids, resume) = super::decode::expanded(model, prompt, resume)?;
+        Sequence::begin(model, &ids, &prompt.images, opts, resume)
     }
 
     /// [`Sequence::start`] for a prompt that may hold images (as [`super::generate_resumed`] takes it).
@@ -119,8 +262,7 @@ impl<'m> Sequence<'m> {
         resume: Resume,
         on_progress: &mut dyn FnMut(Progress<'_>) -> Control,
     ) -> Result<Sequence<'m>> {
-        let (ids, resume) = super::decode::expanded(model, prompt, resume)?;
-        Sequence::start(model, &ids, &prompt.images, opts, resume, on_progress)
+        Sequence::begin_prompt(model, prompt, opts, resume)?.start(on_progress)
     }
 
     /// Whether the sequence has ended (a stop token, the length limit, or its caller stopped it).
@@ -142,6 +284,7 @@ impl<'m> Sequence<'m> {
     /// started now, to overlap with the host's work (pass false when the next step may be batched).
     pub fn step(&mut self, run_ahead: bool, on_progress: &mut dyn FnMut(Progress<'_>) -> Control) -> Result<()> {
         let remaining = self.remaining();
+        self.decoder.set_batch(1);
         let new = self.decoder.step(&mut self.sampler, &mut self.history, remaining, &mut self.stats, run_ahead)?;
         let logprobs = self.sampler.take_logprobs();
         self.emit(&new, logprobs, on_progress);

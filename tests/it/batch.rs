@@ -234,3 +234,120 @@ fn a_prompt_with_images_is_refused_by_a_text_model_in_the_batch_too() {
     });
     assert!(empty.is_err(), "an empty prompt starts nothing");
 }
+
+/// A newcomer's prompt prefilled a chunk at a time between a running sequence's steps (as the
+/// worker interleaves them) changes neither: both give what they give alone, plain and MTP, and
+/// the running one really stepped while the newcomer was part way through its prompt.
+#[test]
+fn a_newcomer_prefilled_in_chunks_between_steps_decodes_as_alone() {
+    let m = tiny();
+    for mtp in [false, true] {
+        let (pa, pb) = (story(20, 7), story(1300, 50));
+        let (oa, ob) = (opts(40, mtp), opts(24, mtp));
+        let mut a = Sequence::start(&m, &pa, &[], oa.clone(), Resume::default(), &mut |_| Control::Continue).unwrap();
+        let mut b = Sequence::begin(&m, &pb, &[], ob.clone(), Resume::default()).unwrap();
+        let mut steps_during = 0;
+        while b.left() > 0 {
+            b.advance().unwrap();
+            if !a.is_done() {
+                a.step(false, &mut |_| Control::Continue).unwrap();
+                steps_during += 1;
+            }
+        }
+        assert!(steps_during >= 2, "the running sequence stepped {steps_during} times during a 1300-token prefill");
+        let b = b.start(&mut |_| Control::Continue).unwrap();
+        let mut seqs = [a, b];
+        loop {
+            let mut live: Vec<&mut Sequence<'_>> = seqs.iter_mut().filter(|s| !s.is_done()).collect();
+            if live.is_empty() {
+                break;
+            }
+            step_batch(&mut live).unwrap();
+            for s in live {
+                s.report(&mut |_| Control::Continue);
+            }
+        }
+        let [a, b] = seqs;
+        same(&a.finish(), &alone(&m, &pa, &oa), &format!("mtp {mtp}: the running sequence"));
+        same(&b.finish(), &alone(&m, &pb, &ob), &format!("mtp {mtp}: the newcomer"));
+    }
+}
+
+/// Through the engine's worker: while a newcomer's long prompt prefills, a running generation
+/// keeps streaming (its prefill is cut into chunks with the batch's steps in between), and both
+/// answers are what each gives alone. Before chunked prefill the running one got no token from
+/// the newcomer's admission to its first token.
+#[test]
+fn the_worker_keeps_decoding_while_a_newcomer_prefills() {
+    use std::time::{Duration, Instant};
+    use tandem::engine::{Engine, EngineConfig, Event, Input, Request};
+    use tandem::registry::Registry;
+    let tmp = tempdir();
+    let toml = tmp.path().join("models.toml");
+    let tiny = tiny_model_dir();
+    std::fs::write(
+        &toml,
+        format!("models_dir = \"models\"\n[[model]]\nname = \"t\"\npath = {tiny:?}\nprefix_cache_bytes = 0\nbatch = {{ max_streams = 2 }}\n"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(tmp.path().join("models")).unwrap();
+    let e = Engine::new(Registry::load(&toml).unwrap(), EngineConfig::default());
+    let request = |ids: Vec<u32>, n: usize| {
+        let mut r = Request::new("t", Input::Tokens(ids));
+        r.max_tokens = Some(n);
+        r.ignore_eos = true;
+        r.sampling.temperature = Some(0.0);
+        r
+    };
+    let (pa, pb) = (story(16, 3), story(1600, 11));
+    let alone_a = e.chat_blocking(request(pa.clone(), 400)).and_then(|g| g.blocking_collect()).unwrap();
+    let alone_b = e.chat_blocking(request(pb.clone(), 8)).and_then(|g| g.blocking_collect()).unwrap();
+
+    let mut ga = e.submit(request(pa, 400)).unwrap();
+    // Wait for the running one's first tokens before the newcomer arrives.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut a_tokens = Vec::new();
+    while a_tokens.is_empty() {
+        assert!(Instant::now() < deadline, "no token from the first request");
+        if let Ok(Event::Delta { tokens, .. }) = ga.events.try_recv() {
+            a_tokens.extend(tokens);
+        }
+    }
+    let mut gb = e.submit(request(pb, 8)).unwrap();
+    let (mut b_started, mut b_first, mut a_during) = (false, false, 0);
+    let (mut a_done, mut b_done) = (None, None);
+    while a_done.is_none() || b_done.is_none() {
+        assert!(Instant::now() < deadline, "the requests did not end");
+        let mut idle = true;
+        while let Ok(ev) = ga.events.try_recv() {
+            idle = false;
+            match ev {
+                Event::Delta { tokens, .. } => {
+                    if b_started && !b_first && !tokens.is_empty() {
+                        a_during += 1;
+                    }
+                    a_tokens.extend(tokens);
+                }
+                Event::Done(c) => a_done = Some(c),
+                Event::Failed(err) => panic!("the first request failed: {err:?}"),
+                Event::Started => {}
+            }
+        }
+        while let Ok(ev) = gb.events.try_recv() {
+            idle = false;
+            match ev {
+                Event::Started => b_started = true,
+                Event::Delta { tokens, .. } if !tokens.is_empty() => b_first = true,
+                Event::Done(c) => b_done = Some(c),
+                Event::Failed(err) => panic!("the newcomer failed: {err:?}"),
+                Event::Delta { .. } => {}
+            }
+        }
+        if idle {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    assert!(a_during >= 2, "the running request got {a_during} deltas while a 1600-token prompt prefilled");
+    assert_eq!(a_done.unwrap().tokens, alone_a.tokens, "the running request beside the newcomer");
+    assert_eq!(b_done.unwrap().tokens, alone_b.tokens, "the newcomer, prefilled in chunks");
+}

@@ -115,6 +115,40 @@ fn a_hit_that_ends_mid_block_matches_a_cold_run() {
     same(&warm, &cold, "mid block");
 }
 
+/// A long prompt is snapshotted inside its prefill every `every` tokens: another prompt that shares
+/// only its first 3 blocks and a bit (an edited message) resumes from the boundary before they
+/// differ (not from scratch, where only the prompt's end was kept), plain and with MTP (the head's
+/// state is in the boundary snapshot too), and gives the cold run's tokens and log-probabilities.
+#[test]
+fn a_prompt_edited_inside_resumes_from_the_boundary_before_the_edit() {
+    let m = tiny();
+    let tok = Tokenizer::from_dir(&tiny_model_dir()).unwrap();
+    let every = 2 * BLOCK;
+    for mtp in [false, true] {
+        let mut cache = PrefixCache::new(1 << 30).snapshot_every(every);
+        let long = story(&tok, 5 * BLOCK + 9, 11);
+        let first = run(&m, Some(&mut cache), &Prompt::text(long.clone()), &opts(4, mtp));
+        assert_eq!(first.stats.cached_tokens, 0);
+        // Boundaries at 2 and 4 blocks, the end of prefill, the end of the generation.
+        assert!(cache.stats().entries >= 4, "mtp {mtp}: {:?}", cache.stats());
+        let edited = Prompt::text(join(&[&long[..3 * BLOCK + 5], &text(&tok, " But the letter said otherwise:")]));
+        let cold = run(&m, None, &edited, &scored(20, mtp));
+        let warm = run(&m, Some(&mut cache), &edited, &scored(20, mtp));
+        assert_eq!(warm.stats.cached_tokens, every, "mtp {mtp}: restored from the boundary at {every}");
+        same(&warm, &cold, &format!("edited inside, mtp {mtp}"));
+        if mtp {
+            let (w, c) = (warm.stats.spec.unwrap(), cold.stats.spec.unwrap());
+            assert!(w.accepted + 2 >= c.accepted, "the head lost its history: {w:?} against {c:?}");
+        }
+    }
+    // Off: only the ends are kept, and the edited prompt finds nothing to resume.
+    let mut cache = PrefixCache::new(1 << 30).snapshot_every(0);
+    let long = story(&tok, 5 * BLOCK + 9, 11);
+    run(&m, Some(&mut cache), &Prompt::text(long.clone()), &opts(4, false));
+    let edited = Prompt::text(join(&[&long[..3 * BLOCK + 5], &text(&tok, " But the letter said otherwise:")]));
+    assert_eq!(run(&m, Some(&mut cache), &edited, &opts(4, false)).stats.cached_tokens, 0);
+}
+
 /// Three turns, then turn 2's message edited: only the common prefix (turn 1 and its reply) is
 /// restored, and the output is the cold run's.
 #[test]

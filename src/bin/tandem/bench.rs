@@ -1,11 +1,13 @@
 //! `tandem bench`: prefill and decode speed, and MTP at several depths, on one model and prompt.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, Oracle, SamplingParams, Stats};
 
 use crate::model_arg;
+
+mod streams;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -34,6 +36,16 @@ pub struct BenchArgs {
     /// prefix cache, at each depth of `--depths`.
     #[arg(long)]
     prefix_cache: bool,
+    /// With `--prefix-cache`: turn 1's snapshots go to an SSD tier in this folder (emptied first),
+    /// and turn 2 restores through a fresh memory tier over it, as after a restart: the restore
+    /// from disk, and the bytes each turn writes.
+    #[arg(long, value_name = "DIR", requires = "prefix_cache")]
+    prefix_disk: Option<std::path::PathBuf>,
+    /// Decode this many streams together (the engine's continuous batching), e.g. `1,2,4,8`: each
+    /// size's aggregate tok/s beside one stream's, and each stream's own, at every depth of
+    /// `--depths` (plain first; `--oracle-acceptance` drafts from the plain batch's tokens).
+    #[arg(long, value_delimiter = ',')]
+    streams: Vec<usize>,
     /// Print one JSON object with every run's statistics instead of the table.
     #[arg(long)]
     json: bool,
@@ -65,6 +77,9 @@ struct Report {
     /// Whether the elementwise chains ran compiled (`TANDEM_COMPILE`).
     compiled: bool,
     runs: Vec<Run>,
+    /// `--streams`: sequences decoded together.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    streams: Vec<streams::StreamRun>,
 }
 
 #[derive(Serialize)]
@@ -103,6 +118,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     ids.truncate(a.prompt_tokens);
     if a.prefix_cache {
         return prefix_turns(&a, &l, &ids);
+    }
+    if !a.streams.is_empty() {
+        return batched(&a, &l, &ids);
     }
     let opts_for = |depth: usize, adaptive: bool| GenerateOptions {
         max_tokens: a.gen_tokens,
@@ -188,6 +206,41 @@ pub fn run(a: BenchArgs) -> Result<()> {
             graph_ops,
             compiled: tandem::kernels::fused::enabled(),
             runs,
+            streams: Vec::new(),
+        };
+        crate::out::line(serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}
+
+/// `--streams`: the prompts (each stream its own: the text from another word on), the runs, the report.
+fn batched(a: &BenchArgs, l: &crate::model_arg::Loaded, ids: &[u32]) -> Result<()> {
+    let most = a.streams.iter().copied().max().unwrap_or(1).max(1);
+    let text = l.tokenizer.encode(TEXT, false)?;
+    let prompts: Vec<Vec<u32>> = (0..most)
+        .map(|i| text.iter().cycle().skip(i * 7 % text.len().max(1)).take(ids.len()).copied().collect())
+        .collect();
+    let opts_for = |depth: usize| GenerateOptions {
+        max_tokens: a.gen_tokens,
+        sampling: SamplingParams::greedy(),
+        stop_ids: vec![],
+        mtp: MtpOptions { enabled: depth > 0, depth: depth.max(1), adaptive: a.adaptive, exact_verify: false },
+        ..Default::default()
+    };
+    let runs = streams::run(a, &l.model, &prompts, &opts_for)?;
+    if a.json {
+        let report = Report {
+            model: l.entry.name.clone(),
+            device: format!("{:?}", mlx::device::default_device()),
+            backend: format!("{:?}", mlx::device::backend()),
+            mlx: mlx::device::version(),
+            prompt_tokens: ids.len(),
+            gen_tokens: a.gen_tokens,
+            oracle_acceptance: a.oracle_acceptance,
+            graph_ops: Vec::new(),
+            compiled: tandem::kernels::fused::enabled(),
+            runs: Vec::new(),
+            streams: runs,
         };
         crate::out::line(serde_json::to_string_pretty(&report)?);
     }
@@ -241,6 +294,38 @@ struct TurnRun {
     ttft_ms_cached: f64,
     speedup: f64,
     same_tokens: bool,
+    /// `--prefix-disk`: bytes turn 1 wrote (the whole conversation so far), and turn 2 (its new
+    /// tokens' state only: blocks already on disk are not written again).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_bytes_turn1: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_bytes_turn2: Option<u64>,
+}
+
+/// A prefix cache for one repetition: memory only, or over an emptied `--prefix-disk` folder.
+fn fresh_cache(a: &BenchArgs, l: &crate::model_arg::Loaded) -> Result<tandem::engine::prefix_cache::PrefixCache> {
+    if let Some(dir) = &a.prefix_disk {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).with_context(|| format!("cannot empty {}", dir.display()))?;
+        }
+    }
+    reopen_cache(a, l)
+}
+
+/// A fresh memory tier over the `--prefix-disk` folder as it is (memory only without one).
+fn reopen_cache(a: &BenchArgs, l: &crate::model_arg::Loaded) -> Result<tandem::engine::prefix_cache::PrefixCache> {
+    use tandem::engine::prefix_cache::{model_identity, Disk, PrefixCache};
+    let Some(dir) = &a.prefix_disk else { return Ok(PrefixCache::new(u64::MAX)) };
+    let settings = tandem::registry::PrefixCacheDisk {
+        dir: dir.clone(),
+        cap_bytes: u64::MAX / 4,
+        write_bytes_per_minute: u64::MAX / 4,
+    };
+    let disk = Disk::open(&settings, model_identity(&l.entry.path, None));
+    if let Some(off) = disk.stats().off {
+        bail!("--prefix-disk {}: {off}", dir.display());
+    }
+    Ok(PrefixCache::with_disk(u64::MAX, Some(disk)))
 }
 
 /// `--prefix-cache`: turn 2 of a conversation, cold and from the prefix cache (a fresh cache per
@@ -269,13 +354,21 @@ fn prefix_turns(a: &BenchArgs, l: &crate::model_arg::Loaded, turn1: &[u32]) -> R
         };
         let (mut cold, mut cached) = (Vec::new(), Vec::new());
         let (mut same, mut turn2_tokens, mut cached_tokens) = (true, 0, 0);
+        let (mut written1, mut written2) = (None, None);
         for _ in 0..REPEATS {
-            let mut cache = PrefixCache::new(u64::MAX);
+            let mut cache = fresh_cache(a, l)?;
             let reply = generate_in(&mut cache, &Prompt::text(turn1.to_vec()), a.gen_tokens)?.tokens;
+            written1 = cache.stats().disk.map(|d| d.bytes_written);
+            if a.prefix_disk.is_some() {
+                // As after a restart: nothing in memory, the folder as turn 1 left it.
+                drop(cache);
+                cache = reopen_cache(a, l)?;
+            }
             let turn2 = Prompt::text([turn1, &reply, &question].concat());
             turn2_tokens = turn2.ids.len();
             let c = generate_resumed(&l.model, &turn2, &opts(8), Resume::default(), &mut |_| Control::Continue)?;
             let w = generate_in(&mut cache, &turn2, 8)?;
+            written2 = cache.stats().disk.map(|d| d.bytes_written);
             same &= c.tokens == w.tokens;
             cached_tokens = w.stats.cached_tokens;
             cold.push(c.stats.ttft_ms);
@@ -294,6 +387,8 @@ fn prefix_turns(a: &BenchArgs, l: &crate::model_arg::Loaded, turn1: &[u32]) -> R
             ttft_ms_cached,
             speedup: ttft_ms_cold / ttft_ms_cached.max(1e-9),
             same_tokens: same,
+            disk_bytes_turn1: written1,
+            disk_bytes_turn2: written2,
         };
         if !a.json {
             eprintln!(
@@ -305,6 +400,13 @@ fn prefix_turns(a: &BenchArgs, l: &crate::model_arg::Loaded, turn1: &[u32]) -> R
                 run.speedup,
                 if run.same_tokens { "" } else { "  TOKENS DIFFER" }
             );
+            if let (Some(w1), Some(w2)) = (written1, written2) {
+                eprintln!(
+                    "  from the SSD tier (a fresh memory tier over turn 1's files); written: turn 1 {:.1} MB, turn 2 {:.1} MB",
+                    w1 as f64 / 1e6,
+                    w2 as f64 / 1e6
+                );
+            }
         }
         runs.push(run);
     }

@@ -18,9 +18,10 @@ pub struct Controller {
     max_depth: usize,
     /// The depth cycles run at now (1..=max_depth).
     depth: usize,
-    plain: Window,
-    /// Per depth k (index k - 1): recent cycles' `(ms, tokens)`.
-    cycles: Vec<Window>,
+    /// Costs at each batch size (index: size - 1), measured when the sequence ran in a batch of it.
+    costs: Vec<Costs>,
+    /// The batch size the next steps run in (1: alone).
+    batch: usize,
     /// Per draft position j (index j - 1): whether the first j drafts were accepted, in recent
     /// cycles that drafted position j.
     reached: Vec<VecDeque<bool>>,
@@ -32,6 +33,22 @@ pub struct Controller {
     /// not pay spends ever less time probing; back to `PARK` once drafting wins.
     next_park: usize,
     pub reason: Option<String>,
+}
+
+/// What steps cost at one batch size.
+struct Costs {
+    plain: Window,
+    /// Per depth k (index k - 1): recent cycles' `(ms, tokens)`.
+    cycles: Vec<Window>,
+    /// Drafting lost at this size when last judged (parked there).
+    lost: bool,
+}
+
+impl Costs {
+    fn new(max_depth: usize) -> Costs {
+        let cycles = (0..max_depth).map(|_| Window::new(Controller::WINDOW)).collect();
+        Costs { plain: Window::new(16), cycles, lost: false }
+    }
 }
 
 /// The most recent `(ms, tokens)` pairs, up to a capacity.
@@ -86,8 +103,8 @@ impl Controller {
             adaptive,
             max_depth,
             depth: max_depth,
-            plain: Window::new(16),
-            cycles: (0..max_depth).map(|_| Window::new(Self::WINDOW)).collect(),
+            costs: vec![Costs::new(max_depth)],
+            batch: 1,
             reached: vec![VecDeque::new(); max_depth],
             parked_left: if adaptive { Self::PROBE } else { 0 },
             cycles_since_probe: 0,
@@ -111,15 +128,55 @@ impl Controller {
         self.parked_left > 1
     }
 
+    /// The batch size the following steps run in. At a size whose plain step is unknown, plain
+    /// decoding is measured first (as at the start); at one with measured cycles the depth is
+    /// judged again on that size's costs (which may park drafting, or resume it).
+    pub fn set_batch(&mut self, batch: usize) {
+        let batch = batch.max(1);
+        if batch == self.batch {
+            return;
+        }
+        self.batch = batch;
+        if self.costs.len() < batch {
+            self.costs.resize_with(batch, || Costs::new(self.max_depth));
+        }
+        if !self.adaptive {
+            return;
+        }
+        let Some(plain) = self.now().plain.ms_per_token() else {
+            self.parked_left = self.parked_left.max(Self::PROBE);
+            return;
+        };
+        // Cycles measured at this size: judge on them now, parked or not. Drafting that lost here
+        // (a park cleared its cycles) stays parked until the next probe.
+        if self.now().cycles.iter().any(|w| !w.items.is_empty()) {
+            self.parked_left = 0;
+            self.judge(plain);
+        } else if self.now().lost {
+            self.parked_left = self.parked_left.max(Self::PARK);
+        } else {
+            self.parked_left = 0;
+        }
+    }
+
+    /// The costs at the current batch size.
+    fn now(&self) -> &Costs {
+        &self.costs[self.batch - 1]
+    }
+
+    fn now_mut(&mut self) -> &mut Costs {
+        &mut self.costs[self.batch - 1]
+    }
+
     pub fn after_plain(&mut self, ms: f64) {
-        self.plain.push(ms, 1);
+        self.now_mut().plain.push(ms, 1);
         self.parked_left = self.parked_left.saturating_sub(1);
     }
 
     /// Records a cycle that drafted `drafted` tokens, accepted `accepted` of them and took `ms`.
     pub fn after_spec(&mut self, ms: f64, drafted: usize, accepted: usize) {
         if (1..=self.max_depth).contains(&drafted) {
-            self.cycles[drafted - 1].push(ms, accepted + 1);
+            self.now_mut().cycles[drafted - 1].push(ms, accepted + 1);
         }
         for (j, seen) in self.reached.iter_mut().enumerate().take(drafted) {
             if seen.len() == Self::ACCEPT_WINDOW {
@@ -133,7 +190,7 @@ impl Controller {
             return;
         }
         if self.cycles_at_depth >= Self::JUDGE_AFTER {
-            if let Some(plain) = self.plain.ms_per_token() {
+            if let Some(plain) = self.now().plain.ms_per_token() {
                 self.judge(plain);
                 if self.parked() {
                     return;
@@ -171,14 +228,16 @@ impl Controller {
             tracing::debug!("{}", self.reason.as_deref().unwrap_or(""));
             self.parked_left = self.next_park;
             self.next_park = (self.next_park * 2).min(Self::MAX_PARK);
+            self.now_mut().lost = true;
             self.cycles_since_probe = 0;
-            for w in &mut self.cycles {
+            for w in &mut self.now_mut().cycles {
                 w.items.clear();
             }
             self.cycles_at_depth = 0;
             return;
         }
         self.next_park = Self::PARK;
+        self.now_mut().lost = false;
         let current = self.ms_per_token(self.depth, plain).unwrap_or(f64::INFINITY);
         if best_ms * (1.0 + Self::MARGIN) < current {
             self.set_depth(best);
@@ -208,11 +267,12 @@ impl Controller {
 
     /// The cost of a cycle at depth `k`: measured, or on a line through the measured depths.
     fn cycle_ms(&self, k: usize, plain: f64) -> Option<f64> {
-        if let Some(ms) = self.cycles[k - 1].ms_per_item() {
+        let cycles = &self.now().cycles;
+        if let Some(ms) = cycles[k - 1].ms_per_item() {
             return Some(ms);
         }
         let known: Vec<(f64, f64)> =
-            (1..=self.max_depth).filter_map(|d| self.cycles[d - 1].ms_per_item().map(|ms| (d as f64, ms))).collect();
+            (1..=self.max_depth).filter_map(|d| cycles[d - 1].ms_per_item().map(|ms| (d as f64, ms))).collect();
         let x = k as f64;
         match known.as_slice() {
             [] => return None,

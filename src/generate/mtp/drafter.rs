@@ -39,10 +39,17 @@ impl Drafter {
     /// Starts from a head cache that already holds the pairs before the first of `hidden`
     /// (`[1, T, D]`), which pair with the T `next_tokens` (a restored prefix: see `cache::Snapshot`).
     pub fn resume(cache: KvCache, hidden: &Array, next_tokens: Vec<u32>) -> Drafter {
+        let mut drafter = Drafter::primed(cache);
+        drafter.queue([hidden.clone()], &next_tokens);
+        drafter
+    }
+
+    /// Starts from a head cache with no pair pending yet: prefill queues them ([`Drafter::queue`]).
+    pub fn primed(cache: KvCache) -> Drafter {
         Drafter {
             cache,
-            pending_hidden: vec![hidden.clone()],
-            pending_tokens: next_tokens,
+            pending_hidden: Vec::new(),
+            pending_tokens: Vec::new(),
             catch_up_ms: 0.0,
             chunk: queries_per_varying_pass().unwrap_or(usize::MAX),
         }

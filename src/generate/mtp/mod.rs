@@ -157,6 +157,11 @@ impl<'m> MtpDecoder<'m> {
         (k > 0 && !self.ctl.parked() && !self.steps.is_running()).then_some(k)
     }
 
+    /// The batch size the next steps run in (the controller's costs are per size).
+    pub(crate) fn set_batch(&mut self, batch: usize) {
+        self.ctl.set_batch(batch);
+    }
+
     /// Whether drafts are verified token by token (then a cycle cannot share a batched forward).
     pub(crate) fn verifies_exactly(&self) -> bool {
         self.opts.exact_verify

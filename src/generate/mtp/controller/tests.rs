@@ -123,3 +123,42 @@ fn controller_keeps_the_deepest_depth_when_it_pays_most() {
     let r = simulate(&mut c, 3000, 10.0, |k| 12.0 + 2.0 * k as f64, chain(0.95, 3));
     assert!(r.by_depth[2] * 10 > 3000 * 8, "{:?}", r.by_depth);
 }
+
+/// Costs are per batch size: alone, depth 3 pays (a cycle 12 + 2k ms against a 10 ms step, 95%
+/// right); in a batch of 8 on a compute-bound machine a step of all eight costs 40 ms and each
+/// draft position 60 ms more, so no depth pays there (depth 1: 100 ms for 1.95 tokens). The
+/// controller parks in the batch, drafts at depth 3 at once when alone again (its costs there are
+/// remembered), and stays parked on returning to the batch.
+#[test]
+fn controller_decides_per_batch_size() {
+    let mut c = Controller::new(true, 3);
+    let alone = simulate(&mut c, 1000, 10.0, |k| 12.0 + 2.0 * k as f64, chain(0.95, 4));
+    assert!(alone.by_depth[2] * 10 > 1000 * 8, "alone: {:?}", alone.by_depth);
+    c.set_batch(8);
+    let batched = simulate(&mut c, 3000, 40.0, |k| 40.0 + 60.0 * k as f64, chain(0.95, 5));
+    let drafted: usize = batched.by_depth.iter().sum();
+    assert!(drafted * 10 < 3000, "in a batch of 8, {drafted} of 3000 tokens came from losing cycles");
+    assert!(batched.ms < 3000.0 * 40.0 * 1.1, "{:.0} ms against {:.0} plain", batched.ms, 3000.0 * 40.0);
+    c.set_batch(1);
+    assert!(!c.parked(), "alone again, drafting resumes without probing plain decoding");
+    assert_eq!(c.depth(), 3);
+    let again = simulate(&mut c, 500, 10.0, |k| 12.0 + 2.0 * k as f64, chain(0.95, 6));
+    assert!(again.by_depth[2] * 10 > 500 * 8, "alone again: {:?}", again.by_depth);
+    c.set_batch(8);
+    assert!(c.parked(), "back in the batch of 8, where drafting lost");
+}
+
+/// A batch size met for the first time measures plain decoding there before drafting.
+#[test]
+fn a_new_batch_size_measures_plain_decoding_first() {
+    let mut c = Controller::new(true, 2);
+    simulate(&mut c, 200, 10.0, |k| 11.0 + k as f64, chain(0.9, 7));
+    assert!(!c.parked());
+    c.set_batch(3);
+    assert!(c.parked(), "plain decoding at 3 streams is not known yet");
+    // The fixed-depth controller ignores batch sizes.
+    let mut fixed = Controller::new(false, 2);
+    fixed.set_batch(4);
+    assert!(!fixed.parked());
+    assert_eq!(fixed.depth(), 2);
+}
