@@ -812,7 +812,7 @@ pub fn seed_user_config(defaults: &Path, user: &Path) -> Result<()> {
         std::fs::read_to_string(defaults).map_err(|error| RegistryError::Io { path: defaults.to_owned(), error })?;
     Registry::parse(defaults, &text)?;
     let mut doc: DocumentMut = text.parse().map_err(|e| parse_error(defaults, &text, e))?;
-    let base = defaults.parent().unwrap_or(Path::new("")).canonicalize().unwrap_or_default();
+    let base = folder_of(defaults);
     let absolute = |v: &str| -> Option<String> {
         let p = Path::new(v);
         (!v.starts_with('~') && p.is_relative()).then(|| base.join(p).to_string_lossy().into_owned())
@@ -856,6 +856,15 @@ pub fn seed_user_config(defaults: &Path, user: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|error| RegistryError::Write { path: dir.to_owned(), error })?;
     }
     write_atomic(user, &text)
+}
+
+/// The absolute folder holding `file`, for a bare file name too ("models.toml", whose parent is
+/// the empty path: the current folder). Relative paths written into a seeded user config are
+/// resolved against it.
+fn folder_of(file: &Path) -> PathBuf {
+    let absolute = std::path::absolute(file).unwrap_or_else(|_| file.to_owned());
+    let folder = absolute.parent().map(Path::to_owned).unwrap_or_default();
+    folder.canonicalize().unwrap_or(folder)
 }
 
 /// `~` and `~/...` name the home folder, as in a shell.

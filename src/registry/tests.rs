@@ -456,3 +456,19 @@ fn the_user_config_is_seeded_from_the_defaults_and_changes_never_reach_them() {
     let other = user_config_path(&dir.path().join("home2"));
     assert!(seed_user_config(&bad, &other).is_err() && !other.exists());
 }
+
+/// `tandem` run in the checkout finds the defaults as the bare name "models.toml" (its parent is
+/// the empty path): the seeded user file must still hold absolute paths into the checkout, not
+/// paths that would now be read relative to ~/.tandem (every later command then said "model
+/// folder not found").
+#[test]
+fn seeding_from_a_bare_file_name_writes_absolute_paths() {
+    let home = tempfile::tempdir().unwrap();
+    let user = user_config_path(home.path());
+    // Unit tests run in the package's folder, which holds the checkout's models.toml.
+    seed_user_config(Path::new("models.toml"), &user).unwrap();
+    let r = Registry::load(&user).unwrap();
+    let tiny = r.get("tandem-tiny").expect("the bundled model's entry");
+    assert!(tiny.path.is_absolute(), "{}", tiny.path.display());
+    assert!(tiny.path.join("config.json").is_file(), "{} is not the bundled model", tiny.path.display());
+}
