@@ -15,6 +15,12 @@
 #   repeat   plain decoding, Tandem and mlx-lm alternated, two more rounds per format
 #   dense    bf16 only, with and without the dense matmul kernel (TANDEM_KERNELS=-dense_matmul), alternated:
 #            oracle acceptance 0.8 at depths 1 and 3 and plain decoding, twice each (no mlx-lm)
+#   streams  issue 22: the 4-bit and bf16 slices, 512-token prompts, 256 generated per stream: `tandem bench
+#            --streams 1,2,4,8` plain and at depth 3 with oracle acceptance 0.8 (drafts from the plain batch's
+#            tokens), then depth 3 adaptive at oracle 0.0
+#   prefix   issue 21: the 4-bit slice, a 32,000-token turn 1 and a 64-token reply: turn 2's time to first
+#            token cold and restored from the SSD tier (`--prefix-cache --prefix-disk`, a fresh memory tier over
+#            turn 1's files), and the bytes each turn wrote
 # Each call copies what it carries of .devcarry/ to /tmp/keep, so parts may come in earlier calls on the
 # same warm machine (the working tree is ~30 MB, so the MLX wheel travels in 25 MiB parts, `split -b 25M`, one
 # a call: `gen` carries partaa and tandem.xz, a bare copy call partab and the two wheels, `setup ...` partac;
@@ -83,7 +89,7 @@ for phase in $PHASES; do
     ;;
   convert)
     env_setup
-    for bits in 4 8; do
+    for bits in ${BITS:-4 8}; do
       [ -d $M-${bits}bit ] || { time $B convert $M --out $M-${bits}bit --bits $bits --group-size 64 > /dev/null; }
     done
     ;;
@@ -102,6 +108,23 @@ for phase in $PHASES; do
       ENVS= bench s27-bf16-dmm-r$round --depths 0,1,3 --oracle-acceptance 0.8
       ENVS=TANDEM_KERNELS=-dense_matmul bench s27-bf16-nodmm-r$round --depths 0,1,3 --oracle-acceptance 0.8
     done
+    ;;
+  streams)
+    env_setup
+    for f in ${FORMATS:-q4 bf16}; do
+      case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+      ARGS="--prompt-tokens 512 --gen-tokens 256"
+      ENVS= bench s27-$f-streams-oracle08 --streams 1,2,4,8 --depths 0,3 --oracle-acceptance 0.8
+      ENVS= bench s27-$f-streams-oracle00-adaptive --streams 1,2,4,8 --depths 0,3 --oracle-acceptance 0.0 --adaptive
+    done
+    ARGS="--prompt-tokens 512 --gen-tokens 512"
+    ;;
+  prefix)
+    env_setup
+    MODEL=$M-4bit
+    ARGS="--prompt-tokens 32000 --gen-tokens 64"
+    ENVS= bench s27-q4-prefix-ssd --prefix-cache --prefix-disk /tmp/prefix-ssd --depths 0
+    ARGS="--prompt-tokens 512 --gen-tokens 512"
     ;;
   repeat)
     env_setup

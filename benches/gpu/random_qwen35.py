@@ -53,6 +53,8 @@ cfg.update(
     linear_num_value_heads=a.linear_v_heads,
     linear_key_head_dim=128,
     linear_value_head_dim=128,
+    # Qwen3.5's own context, so long-prefix benchmarks (a 32k-token prefix cache restore) fit.
+    max_position_embeddings=262144,
 )
 cfg["rope_parameters"] = dict(cfg["rope_parameters"], mrope_section=[11, 11, 10])
 torch.manual_seed(0)

@@ -83,16 +83,35 @@ impl Snapshot {
         len: usize,
         block: usize,
     ) -> Result<Snapshot> {
+        Snapshot::take_after(None, cache, mtp, last_hidden, len, block)
+    }
+
+    /// [`Snapshot::take`] that shares `prev`'s whole KV segments (the same sequence, shorter,
+    /// taken by this call too: prefill never rewrites rows it has written) and copies only the rows
+    /// after them, so snapshots along one prompt cost its KV once, not once per snapshot.
+    pub fn take_after(
+        prev: Option<&Snapshot>,
+        cache: &[LayerCache],
+        mtp: Option<&KvCache>,
+        last_hidden: &Array,
+        len: usize,
+        block: usize,
+    ) -> Result<Snapshot> {
+        let prev = prev.filter(|p| p.block == block.max(1) && p.len <= len && p.layers.len() == cache.len());
         let block = block.max(1);
         let invalid = |what: String| mlx::Error::Invalid(format!("prefix snapshot at {len} tokens: {what}"));
         let mut layers = Vec::with_capacity(cache.len());
-        for c in cache {
+        for (i, c) in cache.iter().enumerate() {
             layers.push(match c {
                 LayerCache::Kv(kv) => {
                     if kv.offset as usize != len {
                         return Err(invalid(format!("an attention layer holds {} positions", kv.offset)));
                     }
-                    LayerSnapshot::Kv(cut(kv, &bounds(len, block, 0))?)
+                    let before = prev.and_then(|p| match &p.layers[i] {
+                        LayerSnapshot::Kv(rows) => Some(rows),
+                        LayerSnapshot::Linear { .. } => None,
+                    });
+                    LayerSnapshot::Kv(cut_after(kv, &bounds(len, block, 0), before)?)
                 }
                 LayerCache::Linear(s) => {
                     let (Some(conv), Some(ssm)) = (&s.conv, &s.ssm) else {
@@ -103,7 +122,9 @@ impl Snapshot {
             });
         }
         let mtp = match mtp {
-            Some(head) if head.offset as usize + 1 == len => Some(cut(head, &bounds(len - 1, block, 1))?),
+            Some(head) if head.offset as usize + 1 == len => {
+                Some(cut_after(head, &bounds(len - 1, block, 1), prev.and_then(|p| p.mtp.as_ref()))?)
+            }
             Some(head) => return Err(invalid(format!("the MTP head holds {} entries", head.offset))),
             None => None,
         };
@@ -198,6 +219,22 @@ fn cut(kv: &KvCache, bounds: &[usize]) -> Result<Rows> {
             values.push(detach(&v.slice_axis(2, a, b)?)?);
         }
     }
+    Ok(Rows { keys, values, rope_delta: kv.rope_delta })
+}
+
+/// [`cut`], sharing the segments of `prev` (rows of the same cache, cut along the same `bounds`
+/// up to its length) and copying only the rows after them; all of it when `prev`'s length is not
+/// one of `bounds`.
+fn cut_after(kv: &KvCache, bounds: &[usize], prev: Option<&Rows>) -> Result<Rows> {
+    let Some((p, at)) = prev.and_then(|p| bounds.iter().position(|&b| b == p.len()).map(|at| (p, at))) else {
+        return cut(kv, bounds);
+    };
+    if p.keys.len() != at {
+        return cut(kv, bounds);
+    }
+    let rest = cut(kv, &bounds[at..])?;
+    let keys = p.keys.iter().cloned().chain(rest.keys).collect();
+    let values = p.values.iter().cloned().chain(rest.values).collect();
     Ok(Rows { keys, values, rope_delta: kv.rope_delta })
 }
 

@@ -172,7 +172,7 @@ impl PrefixCache {
             if self.disk.is_some() {
                 to_disk.push((covered.clone(), k.snapshot.clone()));
             }
-            self.insert_memory(&covered, k.snapshot);
+            self.insert_memory(&covered, k.snapshot, k.inside);
         }
         for (covered, snapshot) in to_disk.iter().rev() {
             self.store(covered, snapshot);
@@ -201,7 +201,7 @@ impl PrefixCache {
         let found = match from_disk {
             Some(snapshot) => {
                 // Promoted: the next turn finds it in memory.
-                self.insert_memory(&ids[..snapshot.len], snapshot.clone());
+                self.insert_memory(&ids[..snapshot.len], snapshot.clone(), false);
                 Some(snapshot)
             }
             None => memory,
@@ -247,12 +247,14 @@ impl PrefixCache {
     /// Keeps `snapshot`, the state after `ids`, in memory and on the SSD tier.
     pub fn insert(&mut self, ids: &[u64], snapshot: Snapshot) {
         self.store(ids, &snapshot);
-        self.insert_memory(ids, snapshot);
+        self.insert_memory(ids, snapshot, false);
     }
 
     /// Keeps `snapshot` in memory, evicting the least recently used entries while the cache holds
-    /// more than its cap. A snapshot larger than the cap alone is not kept.
-    fn insert_memory(&mut self, ids: &[u64], snapshot: Snapshot) {
+    /// more than its cap. A snapshot larger than the cap alone is not kept. One taken `inside` a
+    /// prompt's prefill counts as the least recently used of all until a lookup uses it, and makes
+    /// room only by evicting other such snapshots: it never pushes out a turn's end.
+    fn insert_memory(&mut self, ids: &[u64], snapshot: Snapshot, inside: bool) {
         if !self.enabled() || snapshot.block != BLOCK || ids.len() != snapshot.len || snapshot.len == 0 {
             return;
         }
@@ -261,7 +263,9 @@ impl PrefixCache {
         let key = entry_key(&chain[whole], &ids[whole * BLOCK..]);
         self.tick += 1;
         if let Some(e) = self.entries.get_mut(&key) {
-            e.used = self.tick;
+            if !inside {
+                e.used = self.tick;
+            }
             if e.own.has_mtp() || !snapshot.has_mtp() {
                 return;
             }
@@ -316,14 +320,25 @@ impl PrefixCache {
         let own = without_blocks(snapshot, whole);
         let tail = ids[whole * BLOCK..].to_vec();
         self.bytes += own_bytes as u64;
-        let entry = Entry { blocks: chain[1..=whole].to_vec(), tail, own, used: self.tick, bytes: own_bytes };
+        let used = if inside { 0 } else { self.tick };
+        let entry = Entry { blocks: chain[1..=whole].to_vec(), tail, own, used, bytes: own_bytes };
         self.entries.insert(key, entry);
         self.by_blocks.entry(chain[whole]).or_default().push(key);
         while self.bytes > self.cap {
-            let Some(oldest) = self.entries.iter().filter(|(k, _)| **k != key).min_by_key(|(_, e)| e.used) else {
+            let oldest = self
+                .entries
+                .iter()
+                .filter(|(k, e)| **k != key && (!inside || e.used == 0))
+                .min_by_key(|(_, e)| e.used)
+                .map(|(k, _)| *k);
+            let Some(oldest) = oldest else {
+                if inside {
+                    // No room without pushing out what turns kept: this one goes.
+                    self.remove(&key);
+                    self.stats.evictions += 1;
+                }
                 break;
             };
-            let oldest = *oldest.0;
             self.remove(&oldest);
             self.stats.evictions += 1;
         }

@@ -53,6 +53,15 @@ pub fn step_batch(seqs: &mut [&mut Sequence<'_>]) -> Result<()> {
             }
         }
     }
+    // The verify's rows must stay where matmul rows are bit-identical to a plain step's (the
+    // verify-width kernels on CUDA): fewer drafts each, or a plain step for all, rather than drafts
+    // scored with other bits than plain decoding would score them (docs/MODEL.md §4.7).
+    if let (Some(width), n @ 2..) = (crate::kernels::row_invariant_width(), cycle.len()) {
+        depth = depth.min((width / n).saturating_sub(1));
+        if depth == 0 {
+            plain.append(&mut cycle);
+        }
+    }
     match plain.as_mut_slice() {
         [] => {}
         [one] => step_alone(one)?,

@@ -66,6 +66,9 @@ pub struct Resume {
 pub struct Kept {
     pub tokens: Vec<u32>,
     pub snapshot: Snapshot,
+    /// Taken inside a prompt's prefill ([`Resume::every`]): worth keeping only while there is room,
+    /// so a cache evicts it before any turn's end.
+    pub inside: bool,
 }
 
 /// A prompt that may hold images.
@@ -165,7 +168,7 @@ pub(super) fn inside_image(model: &Qwen35, prompt: &[u32], at: usize) -> bool {
 /// generation.
 pub(super) fn keep(decoder: &mut Decoder<'_>, history: &[u32], block: usize, kept: &mut Vec<Kept>) {
     match decoder.snapshot(history, block) {
-        Ok((tokens, snapshot)) => kept.push(Kept { tokens, snapshot }),
+        Ok((tokens, snapshot)) => kept.push(Kept { tokens, snapshot, inside: false }),
         Err(e) => tracing::warn!("prefix cache: no snapshot after {} tokens: {e}", history.len()),
     }
 }

@@ -107,8 +107,10 @@ impl<'m> Starting<'m> {
         } else {
             None
         };
-        match Snapshot::take(&self.cache, head, &last, at, block) {
-            Ok(snapshot) => self.kept.push(Kept { tokens: self.prompt[..at].to_vec(), snapshot }),
+        // The previous boundary's KV segments are shared, not copied again.
+        let prev = self.kept.last().map(|k| &k.snapshot);
+        match Snapshot::take_after(prev, &self.cache, head, &last, at, block) {
+            Ok(snapshot) => self.kept.push(Kept { tokens: self.prompt[..at].to_vec(), snapshot, inside: true }),
             Err(e) => tracing::warn!("prefix cache: no snapshot after {at} prompt tokens: {e}"),
         }
         Ok(())

@@ -70,6 +70,15 @@ pub fn disabled(name: &str) -> bool {
     EXCLUDED.get_or_init(|| exclusions(std::env::var("TANDEM_KERNELS").ok().as_deref())).iter().any(|n| n == name)
 }
 
+/// Rows up to which a matmul's output rows are the same bits whatever the number of rows (the
+/// verify-width kernels, M = 1..=8), where those kernels run; None where every path already is (the
+/// CPU). A batched verify wider than this would score drafts with other bits than plain decoding
+/// does, so MTP would no longer give plain decoding's tokens (`generate::batch` keeps under it).
+pub fn row_invariant_width() -> Option<usize> {
+    use mlx::device::{backend, default_device, Backend, Device};
+    (backend() == Backend::Cuda && default_device() == Device::Gpu).then_some(8)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{exclusions, Policy};

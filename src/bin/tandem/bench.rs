@@ -36,9 +36,9 @@ pub struct BenchArgs {
     /// prefix cache, at each depth of `--depths`.
     #[arg(long)]
     prefix_cache: bool,
-    /// With `--prefix-cache`: turn 1's snapshots go to an SSD tier in this folder (emptied first),
-    /// and turn 2 restores through a fresh memory tier over it, as after a restart: the restore
-    /// from disk, and the bytes each turn writes.
+    /// With `--prefix-cache`: turn 1's snapshots go to an SSD tier in a new folder inside DIR
+    /// (removed afterwards), and turn 2 restores through a fresh memory tier over it, as after a
+    /// restart: the restore from disk, and the bytes each turn writes.
     #[arg(long, value_name = "DIR", requires = "prefix_cache")]
     prefix_disk: Option<std::path::PathBuf>,
     /// Decode this many streams together (the engine's continuous batching), e.g. `1,2,4,8`: each
@@ -302,28 +302,33 @@ struct TurnRun {
     disk_bytes_turn2: Option<u64>,
 }
 
-/// A prefix cache for one repetition: memory only, or over an emptied `--prefix-disk` folder.
-fn fresh_cache(a: &BenchArgs, l: &crate::model_arg::Loaded) -> Result<tandem::engine::prefix_cache::PrefixCache> {
-    if let Some(dir) = &a.prefix_disk {
-        if dir.exists() {
-            std::fs::remove_dir_all(dir).with_context(|| format!("cannot empty {}", dir.display()))?;
-        }
-    }
-    reopen_cache(a, l)
+/// A fresh folder for one repetition's SSD tier inside `--prefix-disk` (removed when dropped:
+/// nothing already in the folder is touched).
+fn scratch(a: &BenchArgs) -> Result<Option<tempfile::TempDir>> {
+    let Some(dir) = &a.prefix_disk else { return Ok(None) };
+    std::fs::create_dir_all(dir).with_context(|| format!("--prefix-disk: cannot create {}", dir.display()))?;
+    let t = tempfile::Builder::new()
+        .prefix("tandem-bench-prefix-")
+        .tempdir_in(dir)
+        .with_context(|| format!("--prefix-disk: cannot write in {}", dir.display()))?;
+    Ok(Some(t))
 }
 
-/// A fresh memory tier over the `--prefix-disk` folder as it is (memory only without one).
-fn reopen_cache(a: &BenchArgs, l: &crate::model_arg::Loaded) -> Result<tandem::engine::prefix_cache::PrefixCache> {
+/// A fresh memory tier, over the SSD tier in `dir` when there is one.
+fn cache_over(
+    dir: Option<&tempfile::TempDir>,
+    l: &crate::model_arg::Loaded,
+) -> Result<tandem::engine::prefix_cache::PrefixCache> {
     use tandem::engine::prefix_cache::{model_identity, Disk, PrefixCache};
-    let Some(dir) = &a.prefix_disk else { return Ok(PrefixCache::new(u64::MAX)) };
+    let Some(dir) = dir else { return Ok(PrefixCache::new(u64::MAX)) };
     let settings = tandem::registry::PrefixCacheDisk {
-        dir: dir.clone(),
+        dir: dir.path().to_owned(),
         cap_bytes: u64::MAX / 4,
         write_bytes_per_minute: u64::MAX / 4,
     };
     let disk = Disk::open(&settings, model_identity(&l.entry.path, None));
     if let Some(off) = disk.stats().off {
-        bail!("--prefix-disk {}: {off}", dir.display());
+        bail!("--prefix-disk {}: {off}", dir.path().display());
     }
     Ok(PrefixCache::with_disk(u64::MAX, Some(disk)))
 }
@@ -356,13 +361,14 @@ fn prefix_turns(a: &BenchArgs, l: &crate::model_arg::Loaded, turn1: &[u32]) -> R
         let (mut same, mut turn2_tokens, mut cached_tokens) = (true, 0, 0);
         let (mut written1, mut written2) = (None, None);
         for _ in 0..REPEATS {
-            let mut cache = fresh_cache(a, l)?;
+            let folder = scratch(a)?;
+            let mut cache = cache_over(folder.as_ref(), l)?;
             let reply = generate_in(&mut cache, &Prompt::text(turn1.to_vec()), a.gen_tokens)?.tokens;
             written1 = cache.stats().disk.map(|d| d.bytes_written);
-            if a.prefix_disk.is_some() {
+            if folder.is_some() {
                 // As after a restart: nothing in memory, the folder as turn 1 left it.
                 drop(cache);
-                cache = reopen_cache(a, l)?;
+                cache = cache_over(folder.as_ref(), l)?;
             }
             let turn2 = Prompt::text([turn1, &reply, &question].concat());
             turn2_tokens = turn2.ids.len();

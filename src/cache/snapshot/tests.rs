@@ -67,3 +67,32 @@ fn a_snapshot_at_the_wrong_length_is_refused() {
     let err = Snapshot::take(&[LayerCache::Kv(kv)], None, &rows(2, 1), 6, 4).unwrap_err();
     assert!(err.to_string().contains("holds 5 positions"), "{err}");
 }
+
+/// A snapshot taken after another along the same sequence (sharing its whole segments, copying only
+/// the rows after them) holds the same rows, cut the same way, as one taken alone.
+#[test]
+fn a_later_snapshot_shares_the_earlier_ones_segments() {
+    let mut kv = KvCache::default();
+    let first = rows(1, 8);
+    kv.update(&first, &first).unwrap();
+    let mut head = KvCache::default();
+    head.update(&rows(4, 7), &rows(5, 7)).unwrap();
+    let hidden = rows(6, 1);
+    let cache = vec![LayerCache::Kv(kv.clone())];
+    let at8 = Snapshot::take(&cache, Some(&head), &hidden, 8, 4).unwrap();
+    let more = rows(2, 5);
+    kv.update(&more, &more).unwrap();
+    head.update(&rows(7, 5), &rows(8, 5)).unwrap();
+    let cache = vec![LayerCache::Kv(kv)];
+    let alone = Snapshot::take(&cache, Some(&head), &hidden, 13, 4).unwrap();
+    let after = Snapshot::take_after(Some(&at8), &cache, Some(&head), &hidden, 13, 4).unwrap();
+    let segments = |s: &Snapshot| -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+        let LayerSnapshot::Kv(body) = &s.layers[0] else { panic!("layer 0 is attention") };
+        (body.keys.iter().map(values).collect(), s.mtp.as_ref().unwrap().keys.iter().map(values).collect())
+    };
+    assert_eq!(segments(&after), segments(&alone), "the same rows, cut the same way");
+    // The earlier snapshot is unchanged by the later one.
+    let (LayerSnapshot::Kv(a), LayerSnapshot::Kv(b)) = (&after.layers[0], &at8.layers[0]) else { panic!() };
+    assert_eq!((a.keys.len(), b.keys.len()), (4, 2));
+    assert_eq!(values(&b.keys[1]), values(&a.keys[1]));
+}

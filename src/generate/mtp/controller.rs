@@ -153,7 +153,10 @@ impl Controller {
             self.parked_left = 0;
             self.judge(plain);
         } else if self.now().lost {
-            self.parked_left = self.parked_left.max(Self::PARK);
+            // A park already counting down goes on (switching sizes must never put off the probe).
+            if !self.parked() {
+                self.parked_left = Self::PARK;
+            }
         } else {
             self.parked_left = 0;
         }
