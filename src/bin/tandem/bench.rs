@@ -122,13 +122,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !a.streams.is_empty() {
         return batched(&a, &l, &ids);
     }
-    let opts_for = |depth: usize, adaptive: bool| GenerateOptions {
-        max_tokens: a.gen_tokens,
-        sampling: SamplingParams::greedy(),
-        stop_ids: vec![], // always generate gen_tokens
-        mtp: MtpOptions { enabled: depth > 0, depth: depth.max(1), adaptive, exact_verify: false },
-        ..Default::default()
-    };
+    let opts_for = |depth: usize, adaptive: bool| options(&a, depth, adaptive);
     let mut plan: Vec<(usize, bool)> = a.depths.iter().map(|&d| (d, false)).collect();
     // The oracle drafts from the plain continuation: decode plainly first.
     if a.oracle_acceptance.is_some() {
@@ -195,22 +189,40 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     if a.json {
-        let report = Report {
+        let report = Report { graph_ops, runs, ..Report::new(&a, &l, ids.len()) };
+        crate::out::line(serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}
+
+/// Greedy decoding of exactly `--gen-tokens` (no stop token), plain at depth 0, MTP otherwise.
+fn options(a: &BenchArgs, depth: usize, adaptive: bool) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens: a.gen_tokens,
+        sampling: SamplingParams::greedy(),
+        stop_ids: vec![], // always generate gen_tokens
+        mtp: MtpOptions { enabled: depth > 0, depth: depth.max(1), adaptive, exact_verify: false },
+        ..Default::default()
+    }
+}
+
+impl Report {
+    /// The machine and the run's settings, with no figures yet.
+    fn new(a: &BenchArgs, l: &crate::model_arg::Loaded, prompt_tokens: usize) -> Report {
+        Report {
             model: l.entry.name.clone(),
             device: format!("{:?}", mlx::device::default_device()),
             backend: format!("{:?}", mlx::device::backend()),
             mlx: mlx::device::version(),
-            prompt_tokens: ids.len(),
+            prompt_tokens,
             gen_tokens: a.gen_tokens,
             oracle_acceptance: a.oracle_acceptance,
-            graph_ops,
+            graph_ops: Vec::new(),
             compiled: tandem::kernels::fused::enabled(),
-            runs,
+            runs: Vec::new(),
             streams: Vec::new(),
-        };
-        crate::out::line(serde_json::to_string_pretty(&report)?);
+        }
     }
-    Ok(())
 }
 
 /// `--streams`: the prompts (each stream its own: the text from another word on), the runs, the report.
@@ -220,28 +232,10 @@ fn batched(a: &BenchArgs, l: &crate::model_arg::Loaded, ids: &[u32]) -> Result<(
     let prompts: Vec<Vec<u32>> = (0..most)
         .map(|i| text.iter().cycle().skip(i * 7 % text.len().max(1)).take(ids.len()).copied().collect())
         .collect();
-    let opts_for = |depth: usize| GenerateOptions {
-        max_tokens: a.gen_tokens,
-        sampling: SamplingParams::greedy(),
-        stop_ids: vec![],
-        mtp: MtpOptions { enabled: depth > 0, depth: depth.max(1), adaptive: a.adaptive, exact_verify: false },
-        ..Default::default()
-    };
+    let opts_for = |depth: usize| options(a, depth, a.adaptive);
     let runs = streams::run(a, &l.model, &prompts, &opts_for)?;
     if a.json {
-        let report = Report {
-            model: l.entry.name.clone(),
-            device: format!("{:?}", mlx::device::default_device()),
-            backend: format!("{:?}", mlx::device::backend()),
-            mlx: mlx::device::version(),
-            prompt_tokens: ids.len(),
-            gen_tokens: a.gen_tokens,
-            oracle_acceptance: a.oracle_acceptance,
-            graph_ops: Vec::new(),
-            compiled: tandem::kernels::fused::enabled(),
-            runs: Vec::new(),
-            streams: runs,
-        };
+        let report = Report { streams: runs, ..Report::new(a, l, ids.len()) };
         crate::out::line(serde_json::to_string_pretty(&report)?);
     }
     Ok(())
