@@ -395,10 +395,6 @@ fn serve(
         }
         *lock(&shared.prefix) = prefix.stats();
     }
-    // Requests still prefilling when the worker stops (unload) hear why.
-    for a in starting {
-        a.fail(EngineError::Unloaded(name.to_owned()), name, shared, engine);
-    }
     // Freeing the cache's arrays is MLX work too.
     let _compute = super::compute_lock();
     drop(prefix);
