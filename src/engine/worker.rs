@@ -361,15 +361,25 @@ fn serve(
                 starting.push_back(admitted);
             }
         }
-        // The oldest newcomer's prefill: one chunk while others decode (they step in between, so
-        // a long prompt never stalls them), all of it when nothing else runs.
+        // The oldest newcomer's prefill, one chunk per turn: the others decode in between (a long
+        // prompt never stalls them), and a cancel or an unload is heard between chunks.
         if let Some(mut a) = starting.pop_front() {
-            let whole = active.is_empty();
-            match prefill_step(served, &mut a, whole, engine) {
-                Ok(Prefilled::Started) => active.push(a),
+            match prefill_step(served, &mut a, engine) {
+                Ok(Prefilled::Started) => {
+                    a.prepared.free_images();
+                    active.push(a);
+                }
                 Ok(Prefilled::More) => starting.push_front(a),
+                // Unloading stopped it before its first token: it never ran, like those queued.
+                Ok(Prefilled::Cancelled) if shared.closing.load(Ordering::SeqCst) => {
+                    a.fail(EngineError::Unloaded(name.to_owned()), name, shared, engine)
+                }
                 Ok(Prefilled::Cancelled) => a.cancel(name, shared, engine),
                 Err(e) => a.fail(e, name, shared, engine),
+            }
+            // That chunk's time is not the running generations' step cost.
+            for seq in active.iter_mut().filter_map(|a| a.seq.as_mut()) {
+                seq.interrupted();
             }
         }
         if !active.is_empty() && active.iter().any(|a| a.seq.as_ref().is_some_and(|s| !s.is_done())) {
@@ -497,8 +507,6 @@ fn admit<'m>(
             Sequence::begin_prompt(model, &a.prepared.prompt, a.prepared.opts.clone(), resume)
         }))
     };
-    // The images are in the prefill's arrays now.
-    active.prepared.free_images();
     match settled(begun, name, &format!("request {}", active.prepared.id)) {
         Ok(starting) => {
             active.starting = Some(starting);
@@ -533,24 +541,23 @@ enum Prefilled {
     Cancelled,
 }
 
-/// Prefills one chunk of a newcomer's prompt, or all of it (`whole`); once nothing is left,
-/// samples and reports its first token. A request cancelled (or whose caller left) while it
-/// prefills stops between chunks.
-fn prefill_step(served: Served<'_>, a: &mut Active<'_>, whole: bool, engine: &WeakEngine) -> Result<Prefilled> {
+/// Prefills the next chunk of a newcomer's prompt; once nothing is left, samples and reports its
+/// first token. A request cancelled (or whose caller left) while it prefills stops between chunks.
+fn prefill_step(served: Served<'_>, a: &mut Active<'_>, engine: &WeakEngine) -> Result<Prefilled> {
     let Served { name, .. } = served;
     let Some(mut starting) = a.starting.take() else { return Ok(Prefilled::Started) };
+    let _compute = super::compute_lock();
     if a.stream.cancel.is_cancelled() || a.stream.events.is_closed() {
+        // Its arrays are freed here, under the compute lock.
+        drop(starting);
         return Ok(Prefilled::Cancelled);
     }
     let outcome = {
-        let _compute = super::compute_lock();
         let stream = &mut a.stream;
         catch_unwind(AssertUnwindSafe(|| {
-            if !whole {
-                starting.advance()?;
-                if starting.left() > 0 {
-                    return Ok(Err(starting));
-                }
+            starting.advance()?;
+            if starting.left() > 0 {
+                return Ok(Err(starting));
             }
             starting.start(&mut |p| stream.progress(name, p, engine)).map(Ok)
         }))
@@ -585,6 +592,14 @@ fn settled<T>(outcome: std::thread::Result<Result<T, GenerateError>>, model: &st
     }
 }
 
+/// Frees a generation's arrays under the compute lock (freeing is MLX work).
+fn release(starting: Option<Starting<'_>>, seq: Option<Sequence<'_>>) {
+    if starting.is_some() || seq.is_some() {
+        let _compute = super::compute_lock();
+        drop((starting, seq));
+    }
+}
+
 /// A running generation: its request, what streams its text, and its sequence.
 struct Active<'m> {
     prepared: Prepared,
@@ -603,7 +618,8 @@ struct Active<'m> {
 impl Active<'_> {
     /// Ends it with an error (it leaves the batch).
     fn fail(self, e: EngineError, model: &str, shared: &Shared, engine: &WeakEngine) {
-        let Active { prepared, stream, slot, .. } = self;
+        let Active { prepared, stream, slot, starting, seq, .. } = self;
+        release(starting, seq);
         stream.leave(prepared.id, shared);
         engine.with(|en| en.inner.live.abandoned(model, prepared.id));
         drop(slot);
@@ -613,7 +629,8 @@ impl Active<'_> {
 
     /// Ends it before its first token, cancelled.
     fn cancel(self, model: &str, shared: &Shared, engine: &WeakEngine) {
-        let Active { prepared, stream, slot, .. } = self;
+        let Active { prepared, stream, slot, starting, seq, .. } = self;
+        release(starting, seq);
         stream.leave(prepared.id, shared);
         engine.with(|en| en.inner.live.abandoned(model, prepared.id));
         drop(slot);

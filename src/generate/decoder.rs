@@ -125,6 +125,13 @@ impl<'m> Decoder<'m> {
         }
     }
 
+    /// Other work ran on the device since its previous step (see [`MtpDecoder::interrupted`]).
+    pub(crate) fn interrupted(&mut self) {
+        if let Decoder::Mtp(m) = self {
+            m.interrupted();
+        }
+    }
+
     /// Whether a plain step started by the previous one is still to be taken.
     pub fn running_ahead(&self) -> bool {
         match self {

@@ -293,6 +293,12 @@ impl<'m> Sequence<'m> {
         Ok(())
     }
 
+    /// Other work (another request's prefill chunk) ran since its previous step: that time is
+    /// not this sequence's step cost.
+    pub fn interrupted(&mut self) {
+        self.decoder.interrupted();
+    }
+
     /// Keeps what a batched step produced, for [`Sequence::report`].
     pub(super) fn produced(&mut self, new: Vec<u32>) {
         let logprobs = self.sampler.take_logprobs();

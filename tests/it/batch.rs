@@ -280,25 +280,8 @@ fn a_newcomer_prefilled_in_chunks_between_steps_decodes_as_alone() {
 #[test]
 fn the_worker_keeps_decoding_while_a_newcomer_prefills() {
     use std::time::{Duration, Instant};
-    use tandem::engine::{Engine, EngineConfig, Event, Input, Request};
-    use tandem::registry::Registry;
-    let tmp = tempdir();
-    let toml = tmp.path().join("models.toml");
-    let tiny = tiny_model_dir();
-    std::fs::write(
-        &toml,
-        format!("models_dir = \"models\"\n[[model]]\nname = \"t\"\npath = {tiny:?}\nprefix_cache_bytes = 0\nbatch = {{ max_streams = 2 }}\n"),
-    )
-    .unwrap();
-    std::fs::create_dir_all(tmp.path().join("models")).unwrap();
-    let e = Engine::new(Registry::load(&toml).unwrap(), EngineConfig::default());
-    let request = |ids: Vec<u32>, n: usize| {
-        let mut r = Request::new("t", Input::Tokens(ids));
-        r.max_tokens = Some(n);
-        r.ignore_eos = true;
-        r.sampling.temperature = Some(0.0);
-        r
-    };
+    use tandem::engine::Event;
+    let (_tmp, e) = batch_engine();
     let (pa, pb) = (story(16, 3), story(1600, 11));
     let alone_a = e.chat_blocking(request(pa.clone(), 400)).and_then(|g| g.blocking_collect()).unwrap();
     let alone_b = e.chat_blocking(request(pb.clone(), 8)).and_then(|g| g.blocking_collect()).unwrap();
@@ -350,4 +333,78 @@ fn the_worker_keeps_decoding_while_a_newcomer_prefills() {
     assert!(a_during >= 2, "the running request got {a_during} deltas while a 1600-token prompt prefilled");
     assert_eq!(a_done.unwrap().tokens, alone_a.tokens, "the running request beside the newcomer");
     assert_eq!(b_done.unwrap().tokens, alone_b.tokens, "the newcomer, prefilled in chunks");
+}
+
+/// An engine serving tandem-tiny (no prefix cache) two streams at a time, in a temporary folder.
+fn batch_engine() -> (tempfile::TempDir, tandem::engine::Engine) {
+    use tandem::engine::{Engine, EngineConfig};
+    use tandem::registry::Registry;
+    let tmp = tempdir();
+    let toml = tmp.path().join("models.toml");
+    let tiny = tiny_model_dir();
+    std::fs::write(
+        &toml,
+        format!("models_dir = \"models\"\n[[model]]\nname = \"t\"\npath = {tiny:?}\nprefix_cache_bytes = 0\nbatch = {{ max_streams = 2 }}\n"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(tmp.path().join("models")).unwrap();
+    let e = Engine::new(Registry::load(&toml).unwrap(), EngineConfig::default());
+    (tmp, e)
+}
+
+/// A greedy request of tandem-tiny for `n` tokens that never stops early.
+fn request(ids: Vec<u32>, n: usize) -> tandem::engine::Request {
+    let mut r = tandem::engine::Request::new("t", tandem::engine::Input::Tokens(ids));
+    r.max_tokens = Some(n);
+    r.ignore_eos = true;
+    r.sampling.temperature = Some(0.0);
+    r
+}
+
+/// Waits for a generation's `Started` (sent when the worker admits it, before its prefill).
+fn wait_started(g: &mut tandem::engine::Generation) {
+    loop {
+        match g.events.blocking_recv() {
+            Some(tandem::engine::Event::Started) => return,
+            other => panic!("expected Started, got {other:?}"),
+        }
+    }
+}
+
+/// A lone request is prefilled chunk by chunk too: a cancel while its 2000-token prompt prefills
+/// ends it before its first token (before, its whole prompt was prefilled at once and the cancel
+/// was heard only after a token had been sampled).
+#[test]
+fn a_cancel_stops_a_lone_prefill_between_chunks() {
+    let (_tmp, e) = batch_engine();
+    e.load_blocking("t").unwrap();
+    let mut g = e.submit(request(story(2000, 5), 4)).unwrap();
+    wait_started(&mut g);
+    // Let its first chunk begin (a cancel before it is heard at admission, in both designs); its
+    // whole prefill takes seconds on the CI's CPU.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    g.cancel_handle().cancel();
+    let done = g.blocking_collect().unwrap();
+    assert_eq!(done.finish, tandem::generate::FinishReason::Cancelled);
+    assert!(done.tokens.is_empty(), "cancelled while prefilling, it still sampled {:?}", done.tokens);
+}
+
+/// Unloading a model fails a request still prefilling as `Unloaded` (it never ran, like those
+/// still queued), and cancels the one decoding beside it.
+#[test]
+fn an_unload_fails_a_request_still_prefilling() {
+    use tandem::engine::{EngineError, Event};
+    let (_tmp, e) = batch_engine();
+    e.load_blocking("t").unwrap();
+    let mut running = e.submit(request(story(16, 3), 3000)).unwrap();
+    while !matches!(running.events.blocking_recv(), Some(Event::Delta { .. })) {}
+    let mut newcomer = e.submit(request(story(2000, 7), 4)).unwrap();
+    wait_started(&mut newcomer);
+    assert!(e.unload_blocking("t"));
+    match newcomer.blocking_collect() {
+        Err(EngineError::Unloaded(model)) => assert_eq!(model, "t"),
+        other => panic!("the prefilling request: expected Unloaded, got {other:?}"),
+    }
+    let done = running.blocking_collect().unwrap();
+    assert_eq!(done.finish, tandem::generate::FinishReason::Cancelled);
 }

@@ -695,7 +695,7 @@ async fn concurrent_clients_with_cancellations() {
 /// a dropped receiver, and the queue count back to zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_queue_and_cancel() {
-    let setup = Setup::new();
+    let setup = Setup::new().one_at_a_time();
     let engine = setup.engine(8);
     engine.load(MODEL).await.unwrap();
     let request = |n: usize| {

@@ -157,6 +157,12 @@ impl<'m> MtpDecoder<'m> {
         (k > 0 && !self.ctl.parked() && !self.steps.is_running()).then_some(k)
     }
 
+    /// Other work ran since the previous step returned (a newcomer's prefill chunk): the next
+    /// step's cost is timed from its own start, so the controller does not charge that work to it.
+    pub(crate) fn interrupted(&mut self) {
+        self.returned = None;
+    }
+
     /// The batch size the next steps run in (the controller's costs are per size).
     pub(crate) fn set_batch(&mut self, batch: usize) {
         self.ctl.set_batch(batch);
