@@ -28,7 +28,9 @@ pub const DEFAULT_CONVERSATIONS_DIR: &str = "conversations";
 
 pub use crate::generate::MTP_DEPTHS;
 
+pub mod app;
 pub mod catalog;
+pub use app::{api_key_problem, AppPatch, AppSettings, ContextPolicy, ServerSettings, Theme, UiSettings};
 pub use catalog::CatalogEntry;
 
 /// A place in models.toml: `path:line`, or the path alone where no line applies.
@@ -60,6 +62,11 @@ pub enum RegistryError {
     Parse { path: PathBuf, message: String },
     #[error("{at}: model `{model}`: {field} = {value}: must be {expected}")]
     OutOfRange { at: Place, model: String, field: &'static str, value: String, expected: &'static str },
+    /// An app-wide setting (`[server]`, `[ui]`, the folders) out of its range.
+    #[error("{at}: {error}")]
+    Setting { at: Place, error: SettingError },
+    #[error("{field}: cannot use {} as a folder: {error}", path.display())]
+    Folder { field: &'static str, path: PathBuf, error: io::Error },
     #[error("{at}: model `{name}`: {message}")]
     InvalidModel { at: Place, name: String, message: String },
     #[error("{at}: model `{name}` is defined twice{}", first_line.map(|l| format!(" (first at line {l})")).unwrap_or_default())]
@@ -254,6 +261,8 @@ pub struct ModelEntry {
     pub batch: BatchSettings,
     /// The prefix cache's SSD tier; None: memory only.
     pub prefix_cache_disk: Option<PrefixCacheDisk>,
+    /// The system prompt new chats with this model start with (the web UI's; API requests send their own).
+    pub system_prompt: Option<String>,
 }
 
 /// models.toml's `prefix_cache_disk = { dir, cap_bytes, write_bytes_per_minute }` of a `[[model]]`:
@@ -284,7 +293,8 @@ struct DiskSpec {
 }
 
 impl ModelEntry {
-    fn with_defaults(name: String, path: PathBuf, source: ModelSource) -> Self {
+    /// An entry with every setting at its default.
+    pub fn with_defaults(name: String, path: PathBuf, source: ModelSource) -> Self {
         Self {
             name,
             path,
@@ -294,6 +304,7 @@ impl ModelEntry {
             prefix_cache_bytes: None,
             batch: BatchSettings::default(),
             prefix_cache_disk: None,
+            system_prompt: None,
         }
     }
 }
@@ -307,6 +318,9 @@ pub struct SettingsPatch {
     pub mtp: MtpPatch,
     #[ts(as = "Option<SamplingPatch>", optional)]
     pub sampling: SamplingPatch,
+    /// The model's system prompt for new chats; an empty string removes it.
+    #[ts(optional)]
+    pub system_prompt: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, TS)]
@@ -381,6 +395,10 @@ struct FileSpec {
     /// Repos for the Download page's catalogue, besides (or replacing) the built-in ones.
     #[serde(default)]
     catalog: Vec<CatalogEntry>,
+    #[serde(default)]
+    server: ServerSettings,
+    #[serde(default)]
+    ui: UiSettings,
 }
 
 #[derive(Deserialize)]
@@ -396,6 +414,7 @@ struct EntrySpec {
     #[serde(default)]
     batch: BatchSettings,
     prefix_cache_disk: Option<DiskSpec>,
+    system_prompt: Option<String>,
 }
 
 /// models.toml, loaded and validated, and the models folder it names.
@@ -412,6 +431,8 @@ pub struct Registry {
     path_lines: Vec<Option<usize>>,
     /// The built-in catalogue with models.toml's `[[catalog]]` entries.
     catalog: Vec<CatalogEntry>,
+    server: ServerSettings,
+    ui: UiSettings,
 }
 
 impl Registry {
@@ -523,11 +544,85 @@ impl Registry {
         for (table, key, value) in patch.edits() {
             set_value(entry, table, key, value);
         }
+        if let Some(prompt) = &patch.system_prompt {
+            set_key(entry, "system_prompt", Some(prompt).filter(|p| !p.trim().is_empty()).map(|p| p.as_str().into()));
+        }
         let text = doc.to_string();
         let updated = Self::parse(&self.path, &text)?;
         write_atomic(&self.path, &text)?;
         *self = updated;
         self.get(name).ok_or_else(|| RegistryError::UnknownModel { name: name.to_owned(), known: Vec::new() })
+    }
+
+    /// `[server]`: how `tandem serve` and the desktop app listen.
+    pub fn server(&self) -> &ServerSettings {
+        &self.server
+    }
+
+    /// `[ui]`: the web UI's theme and new chats' context policy.
+    pub fn ui(&self) -> UiSettings {
+        self.ui
+    }
+
+    /// The app-wide settings as the Settings page shows them.
+    pub fn app_settings(&self) -> AppSettings {
+        AppSettings {
+            config_path: self.path.clone(),
+            models_dir: self.models_dir.clone(),
+            conversations_dir: self.conversations_dir.clone(),
+            default_model: self.default_model().ok().map(|m| m.name),
+            server: app::ServerView {
+                port: self.server.port(),
+                expose: self.server.expose,
+                api_key_set: self.server.api_key.is_some(),
+            },
+            ui: self.ui,
+        }
+    }
+
+    /// Changes the app-wide settings and writes them to models.toml, keeping the file's comments
+    /// (read again first, so hand edits since loading survive). A folder that is missing is created;
+    /// nothing is written unless every value is valid (a default that names a model, an exposed
+    /// server with a key, folders that can be created).
+    pub fn update_app(&mut self, patch: &AppPatch) -> Result<AppSettings> {
+        let here = Place { path: self.path.clone(), line: None };
+        patch.check().map_err(|error| RegistryError::Setting { at: here.clone(), error })?;
+        let text = std::fs::read_to_string(&self.path)
+            .map_err(|error| RegistryError::Io { path: self.path.clone(), error })?;
+        let mut doc: DocumentMut = text.parse().map_err(|e| parse_error(&self.path, &text, e))?;
+        for (table, key, value) in patch.edits() {
+            let section: &mut dyn TableLike = if table.is_empty() {
+                doc.as_table_mut()
+            } else {
+                match doc.entry(table).or_insert(Item::Table(Table::new())).as_table_like_mut() {
+                    Some(t) => t,
+                    None => {
+                        return Err(RegistryError::Parse {
+                            path: self.path.clone(),
+                            message: format!(" `{table}` must be a table to hold `{key}`"),
+                        })
+                    }
+                }
+            };
+            set_key(section, key, value);
+        }
+        let text = doc.to_string();
+        let updated = Self::parse(&self.path, &text)?;
+        for (field, dir, changed) in [
+            ("models_dir", &updated.models_dir, patch.models_dir.is_some()),
+            ("conversations_dir", &updated.conversations_dir, patch.conversations_dir.is_some()),
+        ] {
+            if changed {
+                std::fs::create_dir_all(dir).map_err(|error| RegistryError::Folder {
+                    field,
+                    path: dir.clone(),
+                    error,
+                })?;
+            }
+        }
+        write_atomic(&self.path, &text)?;
+        *self = updated;
+        Ok(self.app_settings())
     }
 
     /// Registers an existing model folder under `name` (default: the folder's name) as a new
@@ -606,6 +701,7 @@ impl Registry {
                 sampling: entry.sampling,
                 prefix_cache_bytes: entry.prefix_cache_bytes,
                 batch: entry.batch,
+                system_prompt: entry.system_prompt.filter(|p| !p.trim().is_empty()),
                 prefix_cache_disk: entry.prefix_cache_disk.as_ref().map(|d| PrefixCacheDisk {
                     dir: base.join(expand_home(&d.dir)),
                     cap_bytes: d.cap_bytes,
@@ -623,6 +719,11 @@ impl Registry {
             })?;
         }
         let catalog = catalog::merged(&spec.catalog);
+        spec.server.check().map_err(|error| {
+            let key = error.field.strip_prefix("server.").unwrap_or(error.field);
+            let item = doc.as_ref().and_then(|d| d.as_table().get("server")).and_then(|t| t.as_table_like()?.get(key));
+            RegistryError::Setting { at: at(item.and_then(|i| line_of(text, i.span()))), error }
+        })?;
         let models_dir = base.join(expand_home(&models_dir_setting));
         let conversations_dir = match &spec.conversations_dir {
             Some(dir) if dir.trim().is_empty() => {
@@ -643,6 +744,8 @@ impl Registry {
             configured,
             path_lines,
             catalog,
+            server: spec.server,
+            ui: spec.ui,
         };
         if let Some(name) = &registry.default {
             let models = registry.list();
@@ -971,6 +1074,23 @@ fn set_value(entry: &mut dyn TableLike, table: &str, key: &str, mut value: toml_
             if let Some(table) = other.as_table_like_mut() {
                 table.insert(key, Item::Value(value));
             }
+        }
+    }
+}
+
+/// Sets (or, with None, removes) `key` of a table, keeping a replaced value's spacing and comment.
+fn set_key(table: &mut dyn TableLike, key: &str, value: Option<toml_edit::Value>) {
+    let Some(mut value) = value else {
+        table.remove(key);
+        return;
+    };
+    match table.get_mut(key) {
+        Some(Item::Value(old)) => {
+            *value.decor_mut() = old.decor().clone();
+            *old = value;
+        }
+        _ => {
+            table.insert(key, Item::Value(value));
         }
     }
 }

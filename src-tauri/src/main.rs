@@ -2,7 +2,7 @@
 //! engine and HTTP server that `tandem serve` runs, in this one process, and nothing else:
 //!
 //! - the engine ([`tandem::engine::Engine`]) and the HTTP server ([`tandem::server`]) start here, on
-//!   127.0.0.1 (port 11435, or a free one when that is taken);
+//!   the address models.toml's `[server]` gives (127.0.0.1:11435 unless set; a free port when that one is taken);
 //! - the window loads the web UI from that server, so the UI and the API share one origin (no CORS,
 //!   no CSP exceptions, the same files and code paths as in a browser);
 //! - the tray menu shows the loaded model, live tok/s and memory from `Engine::subscribe_stats`, and
@@ -28,7 +28,7 @@ use std::sync::Mutex;
 use anyhow::Context;
 use tandem::engine::Engine;
 use tandem::registry::Registry;
-use tandem::server::{RunningServer, ServeConfig, DEFAULT_PORT};
+use tandem::server::{RunningServer, ServeConfig};
 use tauri::{Manager, RunEvent, WebviewUrl, WebviewWindow, WebviewWindowBuilder, WindowEvent};
 
 /// The label of the one window.
@@ -96,7 +96,6 @@ fn start(app: &mut tauri::App) -> anyhow::Result<()> {
     tracing::info!(config = %places.models_toml.display(), ui = ?places.ui_dir, "starting Tandem");
 
     let mut config = ServeConfig::new(&places.models_toml);
-    config.host = "127.0.0.1".into();
     let picker = folder_dialog::picker(app.handle().clone())?;
     let shell_script = folder_dialog::window_script(&picker);
     config.folder_picker = Some(picker);
@@ -105,6 +104,10 @@ fn start(app: &mut tauri::App) -> anyhow::Result<()> {
     }
     let registry =
         Registry::load(&config.registry).with_context(|| format!("cannot load {}", config.registry.display()))?;
+    // models.toml's [server]: the port, loopback or every interface, the API key.
+    config.listen_as(registry.server());
+    // The window's own requests carry the key when one is required.
+    let key_script = format!("window.__TANDEM_API_KEY__ = {};", serde_json::to_string(&config.api_key)?);
     let engine = Engine::new(registry, config.engine.clone());
     let server = tauri::async_runtime::block_on(listen(config, engine.clone()))?;
     let url = server.url();
@@ -121,6 +124,7 @@ fn start(app: &mut tauri::App) -> anyhow::Result<()> {
         // The UI would find the API on its own origin anyway; this says so explicitly.
         .initialization_script(format!("window.__TANDEM_API__ = {};", serde_json::to_string(&url)?))
         .initialization_script(&shell_script)
+        .initialization_script(&key_script)
         // The window shows the app only: links elsewhere (say, in a model's answer) do not replace it.
         .on_navigation({
             let origin = url.clone();
@@ -152,14 +156,13 @@ fn start(app: &mut tauri::App) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Binds the port from `TANDEM_PORT` (0: any free one), else 11435, else a free one when 11435 is
-/// taken (e.g. by a `tandem serve`).
+/// Binds the port from `TANDEM_PORT` (0: any free one), else models.toml's (11435 unless set), else a
+/// free one when that is taken (e.g. by a `tandem serve`).
 async fn listen(mut config: ServeConfig, engine: Engine) -> anyhow::Result<RunningServer> {
     if let Some(port) = std::env::var("TANDEM_PORT").ok().filter(|p| !p.trim().is_empty()) {
         config.port = port.trim().parse().with_context(|| format!("TANDEM_PORT `{port}` is not a port number"))?;
         return tandem::server::start_with_engine(config, engine).await;
     }
-    config.port = DEFAULT_PORT;
     match tandem::server::start_with_engine(config.clone(), engine.clone()).await {
         Ok(server) => Ok(server),
         Err(error) => {

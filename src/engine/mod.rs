@@ -133,9 +133,11 @@ impl From<RegistryError> for EngineError {
     fn from(e: RegistryError) -> Self {
         match e {
             RegistryError::UnknownModel { name, known } => EngineError::UnknownModel { name, known },
-            e @ (RegistryError::OutOfRange { .. } | RegistryError::InvalidModel { .. }) => {
-                EngineError::InvalidSettings(e.to_string())
-            }
+            e @ (RegistryError::OutOfRange { .. }
+            | RegistryError::InvalidModel { .. }
+            | RegistryError::Setting { .. }
+            | RegistryError::UnknownDefault { .. }
+            | RegistryError::Folder { .. }) => EngineError::InvalidSettings(e.to_string()),
             other => EngineError::Registry(cause(other)),
         }
     }
@@ -418,6 +420,8 @@ pub struct ModelStatus {
     pub default: bool,
     pub mtp: MtpStatusView,
     pub sampling: crate::registry::SamplingSettings,
+    /// The system prompt the web UI starts new chats with.
+    pub system_prompt: Option<String>,
     /// Why the folder cannot be read, when it cannot.
     pub error: Option<String>,
 }
@@ -450,7 +454,8 @@ struct Inner {
     next_id: AtomicU64,
     live: live::Live,
     jobs: Jobs,
-    conversations: ConversationStore,
+    /// Re-pointed when the Settings page changes the conversations folder.
+    conversations: RwLock<Arc<ConversationStore>>,
     /// Folders outside the models folder that the person chose (a native dialog, a drop on the
     /// window, a confirmation in the UI) for this run: conversions may read them.
     chosen: Mutex<Vec<PathBuf>>,
@@ -472,7 +477,9 @@ impl Engine {
         Engine {
             inner: Arc::new(Inner {
                 config,
-                conversations: ConversationStore::new(registry.conversations_dir().to_path_buf()),
+                conversations: RwLock::new(Arc::new(ConversationStore::new(
+                    registry.conversations_dir().to_path_buf(),
+                ))),
                 registry: RwLock::new(registry),
                 workers: Mutex::default(),
                 loading: Mutex::default(),
@@ -589,6 +596,7 @@ impl Engine {
                 probe,
             },
             sampling: entry.sampling,
+            system_prompt: entry.system_prompt,
             error: info.error,
         }
     }
@@ -702,6 +710,26 @@ impl Engine {
             w.set_entry(entry.clone());
         }
         Ok(entry)
+    }
+
+    /// Changes the app-wide settings (folders, default model, `[server]`, `[ui]`) and persists them.
+    /// A new models folder is scanned at once; a new conversations folder holds the chats from now
+    /// on (those saved in the old one stay there).
+    pub fn update_app_settings_blocking(
+        &self,
+        patch: &crate::registry::AppPatch,
+    ) -> Result<crate::registry::AppSettings> {
+        let mut registry = self.inner.registry.write().unwrap_or_else(|p| p.into_inner());
+        let before = registry.conversations_dir().to_path_buf();
+        let settings = registry.update_app(patch)?;
+        drop(registry);
+        if settings.conversations_dir != before {
+            let store = Arc::new(ConversationStore::new(settings.conversations_dir.clone()));
+            *self.inner.conversations.write().unwrap_or_else(|p| p.into_inner()) = store;
+        }
+        tracing::info!("app settings saved");
+        self.publish();
+        Ok(settings)
     }
 
     pub async fn update_settings(&self, name: &str, patch: SettingsPatch) -> Result<ModelEntry> {
@@ -846,8 +874,8 @@ impl Engine {
     }
 
     /// The UI's conversations, in the registry's conversations folder.
-    pub fn conversations(&self) -> &ConversationStore {
-        &self.inner.conversations
+    pub fn conversations(&self) -> Arc<ConversationStore> {
+        self.inner.conversations.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The live statistics now.

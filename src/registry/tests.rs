@@ -179,12 +179,14 @@ fn update_keeps_comments_and_layout() {
     let patch = SettingsPatch {
         mtp: MtpPatch { depth: Some(2), ..Default::default() },
         sampling: SamplingPatch { temperature: Some(0.2), top_k: Some(40), ..Default::default() },
+        system_prompt: None,
     };
     let a = registry.update_settings("a", &patch).unwrap();
     assert_eq!((a.mtp.depth, a.sampling.temperature, a.sampling.top_k, a.sampling.top_p), (2, 0.2, 40, 0.95));
     let patch = SettingsPatch {
         mtp: MtpPatch { enabled: Some(false), ..Default::default() },
         sampling: SamplingPatch { temperature: Some(0.5), ..Default::default() },
+        system_prompt: None,
     };
     registry.update_settings("b", &patch).unwrap();
     let expected = MODELS
@@ -295,8 +297,8 @@ fn writing_through_a_symlink_keeps_the_link() {
 fn bad_files_are_named() {
     let model = "[[model]]\nname = \"a\"\npath = \"a\"\n";
     let cases = [
-            ("models_dirr = \"x\"\n".to_owned(), "models.toml:1: unknown field `models_dirr`, expected one of `models_dir`, `conversations_dir`, `default`, `model`, `catalog`"),
-            (format!("{model}colour = 1\n"), "models.toml:4: model[0]: unknown field `colour`, expected one of `name`, `path`, `mtp`, `sampling`, `prefix_cache_bytes`, `batch`, `prefix_cache_disk`"),
+            ("models_dirr = \"x\"\n".to_owned(), "models.toml:1: unknown field `models_dirr`, expected one of `models_dir`, `conversations_dir`, `default`, `model`, `catalog`, `server`, `ui`"),
+            (format!("{model}colour = 1\n"), "models.toml:4: model[0]: unknown field `colour`, expected one of `name`, `path`, `mtp`, `sampling`, `prefix_cache_bytes`, `batch`, `prefix_cache_disk`, `system_prompt`"),
             (format!("{model}mtp = {{ depht = 2 }}\n"), "models.toml:4: model[0].mtp: unknown field `depht`, expected one of `enabled`, `depth`, `adaptive`"),
             (format!("{model}mtp = {{ depth = \"3\" }}\n"), "models.toml:4: model[0].mtp.depth: invalid type: string \"3\", expected u32"),
             (format!("{model}mtp = {{ depth = -1 }}\n"), "models.toml:4: model[0].mtp.depth: invalid value: integer `-1`, expected u32"),

@@ -18,7 +18,9 @@ mod listen;
 mod ollama;
 mod openai;
 mod request;
+mod request_log;
 mod security;
+mod settings;
 mod ui;
 pub mod wire;
 
@@ -44,7 +46,7 @@ use error::ApiError;
 pub use folders::{FolderPicker, SHELL_TOKEN_HEADER};
 pub use security::api_key_problem;
 
-pub const DEFAULT_PORT: u16 = 11435;
+pub const DEFAULT_PORT: u16 = crate::registry::app::DEFAULT_PORT;
 /// Request bodies up to this size (images travel inside them as data URLs).
 pub const DEFAULT_MAX_BODY: usize = 32 << 20;
 /// Connections open at once. The server raises its descriptor limit to the hard limit at start and
@@ -97,6 +99,16 @@ pub struct ServeConfig {
 }
 
 impl ServeConfig {
+    /// Listens as models.toml's `[server]` says: its port, loopback or every interface, and its API
+    /// key unless one is set already (`TANDEM_API_KEY`). Flags given after this override it.
+    pub fn listen_as(&mut self, server: &crate::registry::ServerSettings) {
+        self.host = server.host().to_owned();
+        self.port = server.port();
+        if self.api_key.is_none() {
+            self.api_key.clone_from(&server.api_key);
+        }
+    }
+
     pub fn new(registry: impl Into<PathBuf>) -> Self {
         ServeConfig {
             host: "127.0.0.1".into(),
@@ -138,6 +150,15 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + S
     tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("a background task failed: {e}")))?
 }
 
+/// `http://ADDR`, with loopback for an address bound to every interface.
+pub(crate) fn local_url(addr: SocketAddr) -> String {
+    match addr.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv4() => format!("http://127.0.0.1:{}", addr.port()),
+        ip if ip.is_unspecified() => format!("http://[::1]:{}", addr.port()),
+        _ => format!("http://{addr}"),
+    }
+}
+
 /// What every handler shares.
 pub(crate) struct AppState {
     engine: Engine,
@@ -152,6 +173,9 @@ pub(crate) struct AppState {
     started: Instant,
     started_unix: u64,
     shutdown: watch::Receiver<bool>,
+    /// models.toml's `[server]` when the server started (a change applies at the next start).
+    started_with: crate::registry::ServerSettings,
+    requests: request_log::Requests,
 }
 
 impl AppState {
@@ -213,8 +237,9 @@ impl RunningServer {
     }
 
     /// `http://127.0.0.1:PORT`
+    /// Where this machine reaches it (loopback when bound to every interface).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        local_url(self.addr)
     }
 
     pub fn engine(&self) -> &Engine {
@@ -349,6 +374,8 @@ pub async fn start_with_engine(config: ServeConfig, engine: Engine) -> anyhow::R
         started: Instant::now(),
         started_unix: crate::engine::live::unix_ms() / 1000,
         shutdown: shutdown_rx,
+        started_with: engine.registry().server().clone(),
+        requests: request_log::Requests::default(),
     });
     let app = router(state.clone()).layer(RequestBodyTimeoutLayer::new(config.body_timeout));
     let limits = listen::Limits { max_connections: config.max_connections, header_timeout: config.header_timeout };
@@ -413,6 +440,9 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/api/models/{id}/unload", post(admin::unload))
         .route("/api/models/{id}/settings", axum::routing::patch(admin::settings))
         .route("/api/models/{id}/graft", post(downloads::graft))
+        .route("/api/settings", get(settings::get).patch(settings::patch))
+        .route("/api/server", get(settings::server))
+        .route("/api/server/requests", get(settings::requests))
         .route("/api/stats", get(admin::stats))
         .route("/api/stats/stream", get(admin::stats_stream))
         .route("/api/convert", post(convert::start).get(convert::list))
@@ -424,6 +454,8 @@ fn router(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(ui::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(state.clone(), security::guard))
+        // Outside the guard: refused requests are logged too.
+        .layer(axum::middleware::from_fn_with_state(state.clone(), request_log::record))
         .layer(cors)
         .layer(CatchPanicLayer::custom(panic_response))
         .with_state(state)

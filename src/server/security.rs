@@ -97,20 +97,7 @@ impl Policy {
     }
 }
 
-/// Why a key could never be sent, if so. Clients send it as `Authorization: Bearer <key>`, which
-/// carries visible ASCII only and is compared trimmed: an empty or blank key, one with spaces at
-/// either end or one with other characters would bind beyond loopback with a key nobody can send.
-pub fn api_key_problem(key: &str) -> Option<&'static str> {
-    if key.trim().is_empty() {
-        Some("is empty or only spaces")
-    } else if key.trim() != key {
-        Some("starts or ends with a space")
-    } else if !key.chars().all(|c| c == ' ' || c.is_ascii_graphic()) {
-        Some("holds characters other than visible ASCII (an HTTP header cannot carry them)")
-    } else {
-        None
-    }
-}
+pub use crate::registry::api_key_problem;
 
 /// `example.com:80` -> `example.com`, `[::1]:8080` -> `::1`.
 fn host_name(host: &str) -> &str {

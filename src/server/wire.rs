@@ -49,6 +49,34 @@ pub struct Health {
     pub backend: String,
 }
 
+/// `GET` and `PATCH /api/settings`
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct SettingsView {
+    pub settings: crate::registry::AppSettings,
+    /// The saved `server` settings differ from those the server started with: they apply when it
+    /// next starts.
+    pub restart_needed: bool,
+}
+
+/// `GET /api/server`
+#[derive(Debug, Clone, Serialize, TS)]
+pub struct ServerInfo {
+    /// Where clients reach it from this machine, e.g. `http://127.0.0.1:11435`.
+    pub url: String,
+    /// The address it is bound to, e.g. `0.0.0.0:11435`.
+    pub listening: String,
+    /// Bound beyond loopback: other machines may connect (with the API key).
+    pub exposed: bool,
+    pub api_key_required: bool,
+    pub uptime_s: f64,
+    /// API requests answered since it started.
+    pub requests_served: u64,
+    /// As in [`SettingsView`].
+    pub restart_needed: bool,
+}
+
+pub use super::request_log::{LoggedRequest, RequestLog};
+
 /// `GET /api/models`
 #[derive(Debug, Clone, Serialize, TS)]
 pub struct ModelList {

@@ -363,11 +363,9 @@ fn request(ids: Vec<u32>, n: usize) -> tandem::engine::Request {
 
 /// Waits for a generation's `Started` (sent when the worker admits it, before its prefill).
 fn wait_started(g: &mut tandem::engine::Generation) {
-    loop {
-        match g.events.blocking_recv() {
-            Some(tandem::engine::Event::Started) => return,
-            other => panic!("expected Started, got {other:?}"),
-        }
+    match g.events.blocking_recv() {
+        Some(tandem::engine::Event::Started) => {}
+        other => panic!("expected Started, got {other:?}"),
     }
 }
 

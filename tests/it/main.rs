@@ -25,6 +25,7 @@ mod server_api;
 mod server_conversations;
 mod server_images;
 mod server_limits;
+mod server_settings;
 mod tiny_reference;
 mod vision;
 mod wire_types;

@@ -56,6 +56,10 @@ fn export_all(cfg: &Config) {
     one::<wire::HubSearch>(cfg);
     one::<tandem::engine::remote::PreviewView>(cfg);
     one::<wire::GraftRequest>(cfg);
+    one::<wire::SettingsView>(cfg);
+    one::<wire::ServerInfo>(cfg);
+    one::<wire::RequestLog>(cfg);
+    one::<tandem::registry::AppPatch>(cfg);
 }
 
 /// `name -> text` of the `.ts` files in `dir`.

@@ -98,6 +98,7 @@ export function modelStatus(over: Partial<ModelStatus> = {}): ModelStatus {
     default: true,
     mtp: { available: true, enabled: true, depth: 3, reason: null, repaired: null, adaptive: true, probe: null },
     sampling: { temperature: 0.7, top_p: 0.95, top_k: 0, min_p: 0, repetition_penalty: 1, max_tokens: 512 },
+    system_prompt: null,
     error: null,
     ...over,
   };

@@ -48,16 +48,11 @@ pub fn resolve(model: Option<&str>) -> Result<ModelEntry> {
         (Some(m), Ok(reg)) => Ok(reg.resolve(m)?),
         (None, Ok(reg)) => Ok(reg.default_model()?),
         // Without models.toml a folder still works.
-        (Some(m), Err(_)) if Path::new(m).join("config.json").exists() => Ok(ModelEntry {
-            name: Path::new(m).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| m.to_string()),
-            path: PathBuf::from(m),
-            source: ModelSource::Path,
-            mtp: Default::default(),
-            sampling: Default::default(),
-            prefix_cache_bytes: None,
-            batch: Default::default(),
-            prefix_cache_disk: None,
-        }),
+        (Some(m), Err(_)) if Path::new(m).join("config.json").exists() => Ok(ModelEntry::with_defaults(
+            Path::new(m).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| m.to_string()),
+            PathBuf::from(m),
+            ModelSource::Path,
+        )),
         (_, Err(e)) => Err(e),
     }
 }

@@ -8,13 +8,15 @@ use crate::model_arg;
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Address to listen on; anything beyond loopback needs an API key.
-    #[arg(long, default_value = "127.0.0.1")]
-    host: String,
-    /// Port to listen on.
-    #[arg(long, default_value_t = 11435)]
-    port: u16,
-    /// Required as a Bearer token when binding beyond loopback (default: $TANDEM_API_KEY).
+    /// Address to listen on; anything beyond loopback needs an API key. Default: models.toml's
+    /// `[server]` (127.0.0.1, or 0.0.0.0 with `expose = true`).
+    #[arg(long)]
+    host: Option<String>,
+    /// Port to listen on. Default: models.toml's `[server] port`, else 11435.
+    #[arg(long)]
+    port: Option<u16>,
+    /// Required as a Bearer token when set, and to bind beyond loopback. Default: $TANDEM_API_KEY,
+    /// else models.toml's `[server] api_key`.
     #[arg(long)]
     api_key: Option<String>,
     /// Whether the adaptive controller may park MTP drafting, for every model. Default: each
@@ -29,9 +31,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     let registry =
         model_arg::config_path().context("models.toml not found (set TANDEM_CONFIG, or run from the Tandem folder)")?;
+    let settings = tandem::registry::Registry::load(&registry).context("cannot load the models registry")?;
     let mut cfg = ServeConfig::new(registry);
-    cfg.host = a.host;
-    cfg.port = a.port;
+    cfg.listen_as(settings.server());
+    if let Some(host) = a.host {
+        cfg.host = host;
+    }
+    if let Some(port) = a.port {
+        cfg.port = port;
+    }
     cfg.engine.adaptive = a.adaptive.as_deref().map(|v| v == "on");
     if a.api_key.is_some() {
         cfg.api_key = a.api_key;

@@ -11,6 +11,7 @@ fn entry() -> ModelEntry {
         prefix_cache_bytes: None,
         batch: Default::default(),
         prefix_cache_disk: None,
+        system_prompt: None,
     }
 }
 

@@ -32,6 +32,10 @@ quantization: QuantizationSummary | null, dtype: string | null, vision: boolean,
  */
 base_model: string | null, state: LoadState, loaded: boolean, default: boolean, mtp: MtpStatusView, sampling: SamplingSettings, 
 /**
+ * The system prompt the web UI starts new chats with.
+ */
+system_prompt: string | null, 
+/**
  * Why the folder cannot be read, when it cannot.
  */
 error: string | null, };

@@ -6,4 +6,8 @@ import type { SamplingPatch } from "./SamplingPatch";
  * A change of settings: what is `None` stays as it is. Deserializes from the same shape as
  * models.toml's entries, e.g. the JSON `{"mtp": {"depth": 2}, "sampling": {"temperature": 0.2}}`.
  */
-export type SettingsPatch = { mtp?: MtpPatch, sampling?: SamplingPatch, };
+export type SettingsPatch = { mtp?: MtpPatch, sampling?: SamplingPatch, 
+/**
+ * The model's system prompt for new chats; an empty string removes it.
+ */
+system_prompt?: string, };
