@@ -435,4 +435,31 @@ rust::Vec<rust::String> graph_op_names(const ArrayVec& outputs) {
   return names;
 }
 
+// --- distributed ---
+namespace {
+mx::StreamOrDevice comm_stream(bool cpu) {
+  if (cpu) return mx::Device(mx::Device::cpu);
+  return {};
+}
+}  // namespace
+
+bool dist_is_available(rust::Str backend) { return mx::distributed::is_available(std::string(backend)); }
+std::unique_ptr<DistGroup> dist_init(bool strict, rust::Str backend) {
+  return std::make_unique<DistGroup>(DistGroup{mx::distributed::init(strict, std::string(backend))});
+}
+int32_t dist_rank(const DistGroup& g) { return g.group.rank(); }
+int32_t dist_size(const DistGroup& g) { return g.group.size(); }
+ArrayPtr dist_all_sum(const Array& a, const DistGroup& g, bool cpu) {
+  return wrap(mx::distributed::all_sum(a, g.group, comm_stream(cpu)));
+}
+ArrayPtr dist_all_gather(const Array& a, const DistGroup& g, bool cpu) {
+  return wrap(mx::distributed::all_gather(a, g.group, comm_stream(cpu)));
+}
+ArrayPtr dist_send(const Array& a, int32_t dst, const DistGroup& g, bool cpu) {
+  return wrap(mx::distributed::send(a, dst, g.group, comm_stream(cpu)));
+}
+ArrayPtr dist_recv(rust::Slice<const int32_t> shape, DtypeCode dtype, int32_t src, const DistGroup& g, bool cpu) {
+  return wrap(mx::distributed::recv(to_shape(shape), to_dtype(dtype), src, g.group, comm_stream(cpu)));
+}
+
 }  // namespace mlxb

@@ -7,6 +7,8 @@
 #include <memory>
 #include <vector>
 
+#include "mlx/distributed/distributed.h"
+#include "mlx/distributed/ops.h"
 #include "mlx/mlx.h"
 #include "rust/cxx.h"
 
@@ -35,6 +37,11 @@ struct Kernel {
 // A function traced and fused by MLX's graph compiler (mlx::core::compile).
 struct Compiled {
   std::function<std::vector<Array>(const std::vector<Array>&)> fn;
+};
+
+// A group of processes that communicate (mlx::core::distributed::Group has no default constructor).
+struct DistGroup {
+  mlx::core::distributed::Group group;
 };
 
 // --- construction and inspection ---
@@ -165,5 +172,15 @@ std::unique_ptr<Compiled> compile(rust::Fn<std::unique_ptr<ArrayVec>(size_t, con
 std::unique_ptr<ArrayVec> compiled_call(const Compiled& c, const ArrayVec& inputs);
 // The operations MLX will run to evaluate `outputs` (those not yet evaluated), one primitive name each.
 rust::Vec<rust::String> graph_op_names(const ArrayVec& outputs);
+
+// --- distributed (the ring backend over TCP, MPI, JACCL, NCCL as MLX builds them) ---
+bool dist_is_available(rust::Str backend);
+std::unique_ptr<DistGroup> dist_init(bool strict, rust::Str backend);
+int32_t dist_rank(const DistGroup& g);
+int32_t dist_size(const DistGroup& g);
+ArrayPtr dist_all_sum(const Array& a, const DistGroup& g, bool cpu);
+ArrayPtr dist_all_gather(const Array& a, const DistGroup& g, bool cpu);
+ArrayPtr dist_send(const Array& a, int32_t dst, const DistGroup& g, bool cpu);
+ArrayPtr dist_recv(rust::Slice<const int32_t> shape, DtypeCode dtype, int32_t src, const DistGroup& g, bool cpu);
 
 }  // namespace mlxb

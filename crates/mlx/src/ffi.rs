@@ -100,6 +100,7 @@ pub(crate) mod ffi {
         type ArrayVec;
         type Kernel;
         type Compiled;
+        type DistGroup;
 
         fn array_from_bytes(data: &[u8], shape: &[i32], dtype: DtypeCode) -> Result<UniquePtr<Array>>;
         unsafe fn array_from_external(
@@ -314,6 +315,15 @@ pub(crate) mod ffi {
         ) -> Result<UniquePtr<Compiled>>;
         fn compiled_call(c: &Compiled, inputs: &ArrayVec) -> Result<UniquePtr<ArrayVec>>;
         fn graph_op_names(outputs: &ArrayVec) -> Vec<String>;
+
+        fn dist_is_available(backend: &str) -> bool;
+        fn dist_init(strict: bool, backend: &str) -> Result<UniquePtr<DistGroup>>;
+        fn dist_rank(g: &DistGroup) -> i32;
+        fn dist_size(g: &DistGroup) -> i32;
+        fn dist_all_sum(a: &Array, g: &DistGroup, cpu: bool) -> Result<UniquePtr<Array>>;
+        fn dist_all_gather(a: &Array, g: &DistGroup, cpu: bool) -> Result<UniquePtr<Array>>;
+        fn dist_send(a: &Array, dst: i32, g: &DistGroup, cpu: bool) -> Result<UniquePtr<Array>>;
+        fn dist_recv(shape: &[i32], dtype: DtypeCode, src: i32, g: &DistGroup, cpu: bool) -> Result<UniquePtr<Array>>;
     }
 
     extern "Rust" {

@@ -7,6 +7,7 @@
 mod array;
 pub mod compile;
 pub mod device;
+pub mod distributed;
 mod dtype;
 mod error;
 pub mod fast;

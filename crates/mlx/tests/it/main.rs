@@ -2,5 +2,6 @@
 //! and error paths, and parity with Python MLX.
 
 mod compile;
+mod distributed;
 mod ops;
 mod reference;
