@@ -29,6 +29,8 @@
 // 16. the Download page's search finds a head-less MLX conversion on the Hub (beside the catalogue), its
 //     preview says it fits and lacks the head, and after its download "Get its MTP head" grafts the head of
 //     its base onto a new model whose MTP runs.
+// 17. Settings switches the whole window to the dark theme at once (saved in models.toml), and shows the
+//     server's address and its request log.
 
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -695,5 +697,33 @@ describe('Tandem web UI against tandem serve', () => {
     assert.match(await model.getByTestId('model-mtp').innerText(), /on · depth/, 'the grafted head is available and on');
     // The conversion itself is untouched and still head-less, offering the same graft.
     assert.equal(await modelRow('tiny-mlx').getByTestId('model-graft').count(), 1);
+  });
+
+  test('Settings switches the window to the dark theme at once and shows the server', async () => {
+    await byId('nav-settings').click();
+    const theme = byId('settings-theme');
+    await theme.waitFor();
+    assert.equal(await theme.inputValue(), 'system');
+    const saved = () => page.waitForResponse((r) => r.url().endsWith('/api/settings') && r.request().method() === 'PATCH');
+    try {
+      const patch = saved();
+      await theme.selectOption('dark');
+      await page.waitForFunction(() => document.documentElement.dataset.theme === 'dark', null, { timeout: SHORT });
+      assert.equal((await patch).status(), 200);
+      assert.equal(await theme.inputValue(), 'dark');
+      assert.equal(await byId('settings-theme-error').count(), 0);
+      // The whole window is painted with the dark palette.
+      assert.equal(await page.evaluate(() => getComputedStyle(document.body).backgroundColor), 'rgb(22, 22, 24)');
+      assert.match(await byId('settings-server-url').innerText(), /^http:\/\/127\.0\.0\.1:\d+$/);
+      // The log (read every 2 s while shown) has the PATCH that saved the theme.
+      await page.locator('[data-testid="settings-request-row"]').filter({ hasText: 'PATCH' }).filter({ hasText: '/api/settings' }).first().waitFor();
+      await shot('settings.png');
+    } finally {
+      // The tests after this one, and their screenshots, keep the default theme.
+      const patch = saved();
+      await theme.selectOption('system');
+      await patch;
+    }
+    assert.equal(await theme.inputValue(), 'system');
   });
 });

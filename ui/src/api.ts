@@ -4,6 +4,7 @@
 import type { Conversation } from './conversation';
 import type {
   AddModelRequest,
+  AppPatch,
   CatalogList,
   ChatCompletionChunk,
   ChatCompletionRequest,
@@ -20,6 +21,7 @@ import type {
   HubSearch,
   JobEvent,
   JobView,
+  LoggedRequest,
   ModelList,
   ModelStatus,
   OpenAIModel,
@@ -27,7 +29,10 @@ import type {
   PickedFolder,
   PreviewView,
   PullRequest,
+  RequestLog,
+  ServerInfo,
   SettingsPatch,
+  SettingsView,
   StatsSnapshot,
 } from './generated';
 import { folderDialog } from './shell';
@@ -133,8 +138,8 @@ type Fetch = typeof fetch;
 export type ChatRequest = Omit<ChatCompletionRequest, 'stream' | 'stream_options'> & { model: string };
 
 /**
- * The API key, needed only when the engine is bound beyond loopback: `window.__TANDEM_API_KEY__`, or
- * localStorage `tandem.apiKey`. Sent as `Authorization: Bearer <key>`.
+ * The API key, needed when the engine has one (always, when it is bound beyond loopback):
+ * `window.__TANDEM_API_KEY__`, or localStorage `tandem.apiKey`. Sent as `Authorization: Bearer <key>`.
  */
 export function resolveApiKey(): string | null {
   const injected = (globalThis as { __TANDEM_API_KEY__?: unknown }).__TANDEM_API_KEY__;
@@ -143,6 +148,19 @@ export function resolveApiKey(): string | null {
     return globalThis.localStorage?.getItem('tandem.apiKey') || null;
   } catch {
     return null;
+  }
+}
+
+/**
+ * Keeps `key` (null: forgets it) where `resolveApiKey` finds it, so that this browser sends it once the
+ * engine requires it. The desktop app's window is handed its key at start and does not need this.
+ */
+export function rememberApiKey(key: string | null): void {
+  try {
+    if (key) globalThis.localStorage?.setItem('tandem.apiKey', key);
+    else globalThis.localStorage?.removeItem('tandem.apiKey');
+  } catch {
+    // no storage here (a private window): the key must be given another way
   }
 }
 
@@ -340,6 +358,26 @@ export class Api {
   /** Fetches the raw checkpoint's MTP head and grafts it onto model `id` (a download job). */
   graftHead(id: string, req: GraftRequest = {}): Promise<DownloadView> {
     return this.json<DownloadView>(`/api/models/${encodeURIComponent(id)}/graft`, 'POST', req);
+  }
+
+  // -- App-wide settings and the server's own state (the Settings page) --------------------------
+
+  settings(signal?: AbortSignal): Promise<SettingsView> {
+    return this.json<SettingsView>('/api/settings', 'GET', undefined, signal);
+  }
+
+  /** Saves a change (what `patch` leaves out stays); a bad value is a 400 whose message names the setting. */
+  updateSettings(patch: AppPatch): Promise<SettingsView> {
+    return this.json<SettingsView>('/api/settings', 'PATCH', patch);
+  }
+
+  serverInfo(signal?: AbortSignal): Promise<ServerInfo> {
+    return this.json<ServerInfo>('/api/server', 'GET', undefined, signal);
+  }
+
+  /** The server's recent API requests, newest first. */
+  async requestLog(signal?: AbortSignal): Promise<LoggedRequest[]> {
+    return (await this.json<RequestLog>('/api/server/requests', 'GET', undefined, signal)).requests;
   }
 
   // -- Folders the person chose, and model folders added as they are ---------------------------

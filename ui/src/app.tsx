@@ -1,29 +1,32 @@
-// The window: a narrow rail to move between Chat, Models, Download and Convert; every view stays mounted so a
-// streaming reply or a running conversion goes on while another view is shown.
+// The window: a narrow rail to move between Chat, Models, Download, Convert and Settings; every view stays
+// mounted so a streaming reply or a running conversion goes on while another view is shown.
 
 import { useCallback, useEffect, useMemo, useState } from 'preact/hooks';
-import { api as defaultApi, type Api } from './api';
+import { api as defaultApi, type Api, errorMessage } from './api';
 import { dismissConnection, ErrorBanner, showError } from './components/banner';
 import { live } from './live';
 import { subscribeFolderDrops } from './shell';
 import { type ConversationStore, defaultStore } from './storage';
-import type { ModelStatus, OpenAIModel } from './generated';
+import type { ModelStatus, OpenAIModel, SettingsView } from './generated';
+import { applyTheme } from './theme';
 import { ChatView } from './views/chat/view';
 import { ConvertView } from './views/convert';
 import { DownloadPage } from './views/download';
 import { ModelsView } from './views/models';
+import { SettingsPage } from './views/settings';
 
-export type View = 'chat' | 'models' | 'download' | 'convert';
+export type View = 'chat' | 'models' | 'download' | 'convert' | 'settings';
 const VIEWS: { id: View; label: string }[] = [
   { id: 'chat', label: 'Chat' },
   { id: 'models', label: 'Models' },
   { id: 'download', label: 'Download' },
   { id: 'convert', label: 'Convert' },
+  { id: 'settings', label: 'Settings' },
 ];
 
 function viewFromHash(): View {
   const h = (globalThis.location?.hash ?? '').replace(/^#\/?/, '');
-  return h === 'models' || h === 'convert' || h === 'download' ? h : 'chat';
+  return VIEWS.find((v) => v.id === h)?.id ?? 'chat';
 }
 
 /** The rail's icons. Convert turns one model into another: two opposed arrows (not a download arrow). */
@@ -32,6 +35,8 @@ export const ICONS: Record<View, string> = {
   models: 'M4 7l8-4 8 4-8 4zM4 12l8 4 8-4M4 17l8 4 8-4',
   convert: 'M4 8h15M15 4l4 4-4 4M20 16H5M9 12l-4 4 4 4',
   download: 'M12 3v12M7 10l5 5 5-5M5 20h14',
+  // Three sliders.
+  settings: 'M4 6h16M4 12h16M4 18h16M9 4v4M15 10v4M7 16v4',
 };
 
 function Icon({ view }: { view: View }) {
@@ -51,6 +56,9 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
   const [adminModels, setAdminModels] = useState<ModelStatus[]>([]);
   const [loadingModels, setLoadingModels] = useState(false);
   const [online, setOnline] = useState<boolean | null>(null);
+  // The app-wide settings: the theme, and the context policy new chats start with; Settings edits them.
+  const [settings, setSettings] = useState<SettingsView | null>(null);
+  const [settingsError, setSettingsError] = useState<string | null>(null);
   // In a narrow window the panel is a drawer over the chat: closed until the Stats toggle opens it.
   const [panel, setPanel] = useState(() => !globalThis.matchMedia?.('(max-width: 980px)').matches);
 
@@ -92,7 +100,22 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
     }
   }, [client]);
 
-  // Health: poll while the window is open; reload models when the engine comes (back) online.
+  const loadSettings = useCallback(async () => {
+    try {
+      setSettings(await client.settings());
+      setSettingsError(null);
+    } catch (e) {
+      // Said on the Settings page, where it matters; the window keeps its defaults meanwhile.
+      setSettingsError(errorMessage(e));
+    }
+  }, [client]);
+
+  const theme = settings?.settings.ui.theme;
+  useEffect(() => {
+    if (theme) applyTheme(theme);
+  }, [theme]);
+
+  // Health: poll while the window is open; reload models and settings when the engine comes (back) online.
   useEffect(() => {
     let stopped = false;
     let wasOnline: boolean | null = null;
@@ -108,7 +131,10 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
       if (stopped) return;
       setOnline(ok);
       if (ok && wasOnline === false) dismissConnection();
-      if (ok && wasOnline !== true) void reloadModels();
+      if (ok && wasOnline !== true) {
+        void reloadModels();
+        void loadSettings();
+      }
       wasOnline = ok;
       timer = setTimeout(check, ok ? 10000 : 3000);
     };
@@ -117,7 +143,7 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
       stopped = true;
       clearTimeout(timer);
     };
-  }, [client, reloadModels]);
+  }, [client, reloadModels, loadSettings]);
 
   // The live statistics stream.
   useEffect(() => {
@@ -197,7 +223,15 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
           </div>
         )}
         <div class="view" hidden={view !== 'chat'} data-view="chat">
-          <ChatView store={conversations} models={models} adminModels={adminModels} client={client} showPanel={panel} />
+          <ChatView
+            store={conversations}
+            models={models}
+            adminModels={adminModels}
+            client={client}
+            showPanel={panel}
+            contextPolicy={settings?.settings.ui.context_policy}
+            conversationsDir={settings?.settings.conversations_dir}
+          />
         </div>
         <div class="view" hidden={view !== 'models'} data-view="models">
           <ModelsView models={adminModels} loading={loadingModels} reload={reloadModels} client={client} onConvert={() => go('convert')} onGraft={() => go('download')} />
@@ -207,6 +241,21 @@ export function App({ client = defaultApi, store }: { client?: Api; store?: Conv
         </div>
         <div class="view" hidden={view !== 'convert'} data-view="convert">
           <ConvertView client={client} onFinished={() => void reloadModels()} onShowModels={() => go('models')} />
+        </div>
+        <div class="view" hidden={view !== 'settings'} data-view="settings">
+          <SettingsPage
+            client={client}
+            active={view === 'settings'}
+            settings={settings}
+            loadError={settingsError}
+            models={adminModels}
+            onSaved={(s) => {
+              // Another models folder, or another default model (listed first): the model lists change.
+              const was = settings?.settings;
+              if (s.settings.models_dir !== was?.models_dir || s.settings.default_model !== was?.default_model) void reloadModels();
+              setSettings(s);
+            }}
+          />
         </div>
       </main>
     </div>

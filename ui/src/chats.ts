@@ -21,6 +21,17 @@ export interface ChatState {
 
 export const EMPTY: ChatState = { summaries: [], conversation: null, streaming: null, deleted: null };
 
+/** What a new chat starts with besides its model: the model's system prompt and Settings' context policy. */
+export type NewChatDefaults = Pick<Conversation, 'system' | 'contextPolicy'>;
+
+/** `c` with `d` in place of its system prompt and context policy (one `d` lacks is removed). */
+function withDefaults(c: Conversation, d: NewChatDefaults): Conversation {
+  const next: Conversation = { ...c, system: d.system || undefined, contextPolicy: d.contextPolicy };
+  if (next.system === undefined) delete next.system;
+  if (next.contextPolicy === undefined) delete next.contextPolicy;
+  return next;
+}
+
 /** `c` with message `id` replaced by `f(message)`. */
 function withMessage(c: Conversation, id: string, f: (m: StoredMessage) => StoredMessage): Conversation {
   return { ...c, messages: c.messages.map((m) => (m.id === id ? f(m) : m)) };
@@ -86,6 +97,10 @@ export class ChatStore {
   private running: { conversation: Conversation; controller: AbortController } | null = null;
   /** Conversations deleted in this window: a reply stopped by the delete must not save them again. */
   private deleted = new Set<string>();
+  /** The defaults of a new chat on a model (null: the model the view shows for it); see `setNewChatDefaults`. */
+  private defaults: (model: string | null) => NewChatDefaults = () => ({});
+  /** The id of the new chat that follows the defaults of its model until the person changes or sends something. */
+  private untouched: string | null = null;
 
   constructor(
     private readonly store: ConversationStore,
@@ -114,11 +129,36 @@ export class ChatStore {
     return this.running != null;
   }
 
+  /** A new chat on `model`, with its defaults. */
+  private fresh(model: string | null): Conversation {
+    const c = withDefaults(newConversation(model), this.defaults(model));
+    this.untouched = c.id;
+    return c;
+  }
+
+  /** The shown chat, while it is a new one the person has not changed: it takes its model's defaults. */
+  private shownUntouched(): Conversation | null {
+    const c = this.state.conversation;
+    return c && c.id === this.untouched && c.messages.length === 0 ? c : null;
+  }
+
+  /**
+   * How new chats start. The model list and the settings are read after the window opens, so the first
+   * chat may be shown before they are known: a new chat still untouched takes them when they come.
+   */
+  setNewChatDefaults(defaults: (model: string | null) => NewChatDefaults): void {
+    this.defaults = defaults;
+    const c = this.shownUntouched();
+    if (!c) return;
+    const next = withDefaults(c, defaults(c.model));
+    if (next.system !== c.system || next.contextPolicy !== c.contextPolicy) this.put(next);
+  }
+
   /** Reads the list and opens the most recent conversation (or a new one). */
   async start(): Promise<void> {
     const list = await this.store.list().catch(() => [] as ConversationSummary[]);
     const first = list[0] ? await this.store.load(list[0].id).catch(() => null) : null;
-    this.set({ summaries: list, conversation: this.state.conversation ?? first ?? newConversation(null) });
+    this.set({ summaries: list, conversation: this.state.conversation ?? first ?? this.fresh(null) });
   }
 
   async refreshList(): Promise<void> {
@@ -153,9 +193,12 @@ export class ChatStore {
     }
   }
 
-  /** A new chat takes the model's defaults (empty sampling), never the previous chat's settings. */
+  /**
+   * A new chat takes the model's defaults (empty sampling, its system prompt) and Settings' context policy,
+   * never the previous chat's settings.
+   */
   startNew(model: string | null): void {
-    this.set({ conversation: newConversation(model) });
+    this.set({ conversation: this.fresh(model) });
   }
 
   async remove(id: string, model: string | null): Promise<void> {
@@ -176,7 +219,7 @@ export class ChatStore {
       this.onError(e);
     }
     await this.refreshList();
-    if (this.state.conversation?.id === id) this.set({ conversation: newConversation(model) });
+    if (this.state.conversation?.id === id) this.set({ conversation: this.fresh(model) });
     this.set({ deleted: kept && kept.messages.length ? kept : null });
   }
 
@@ -254,11 +297,11 @@ export class ChatStore {
     void this.persist(next);
   }
 
-  /** The model of the shown conversation changes; a conversation with messages is saved. */
+  /** The model of the shown conversation changes (an untouched new chat takes its defaults); one with messages is saved. */
   changeModel(model: string): void {
     const c = this.state.conversation;
     if (!c) return;
-    const next = { ...c, model };
+    const next = this.shownUntouched() ? withDefaults({ ...c, model }, this.defaults(model)) : { ...c, model };
     this.put(next);
     if (next.messages.length) void this.persist(next);
   }
@@ -268,6 +311,7 @@ export class ChatStore {
     if (!c) return;
     const next: Conversation = { ...c, sampling, system: system || undefined, thinking };
     if (thinking === undefined) delete next.thinking;
+    this.untouched = null;
     this.put(next);
     if (next.messages.length) void this.persist(next);
   }
@@ -298,6 +342,7 @@ export class ChatStore {
     const c = this.state.conversation;
     if (!c) return;
     const next: Conversation = { ...c, contextPolicy: policy };
+    this.untouched = null;
     this.put(next);
     if (next.messages.length) void this.persist(next);
   }

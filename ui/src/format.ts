@@ -42,3 +42,19 @@ export function num(x: number | null | undefined): string {
   if (x == null || !Number.isFinite(x)) return '—';
   return String(Number(x.toPrecision(6)));
 }
+
+/** How long something has run: "42 s", "5 min 3 s", "2 h 5 min", "3 d 4 h". */
+export function duration(seconds: number | null | undefined): string {
+  if (seconds == null || !Number.isFinite(seconds) || seconds < 0) return '—';
+  const s = Math.floor(seconds);
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+  return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
+}
+
+/** The local time of day of a Unix time in ms, "14:03:27". */
+export function clock(unixMs: number): string {
+  const d = new Date(unixMs);
+  return [d.getHours(), d.getMinutes(), d.getSeconds()].map((n) => String(n).padStart(2, '0')).join(':');
+}

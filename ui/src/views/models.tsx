@@ -137,6 +137,7 @@ function ModelRow(props: { m: ModelStatus; client: Api; reload: () => Promise<vo
             {m.mtp.repaired}
           </div>
         )}
+        <SystemPrompt m={m} client={client} reload={reload} />
       </div>
       <div class="model-controls">
         <label class={`switch ${!m.mtp.available ? 'disabled' : ''}`} title={m.mtp.available ? 'Speculative decoding with the MTP head' : (m.mtp.reason ?? 'This model has no MTP head')}>
@@ -208,6 +209,64 @@ function ModelRow(props: { m: ModelStatus; client: Api; reload: () => Promise<vo
           </button>
         )}
       </div>
+    </div>
+  );
+}
+
+/** The system prompt new chats on this model start with (each chat may still change its own). */
+function SystemPrompt(props: { m: ModelStatus; client: Api; reload: () => Promise<void> }) {
+  const saved = props.m.system_prompt ?? '';
+  // The text being edited; null: the saved prompt is shown (and follows a reload).
+  const [draft, setDraft] = useState<string | null>(null);
+  const [saving, setSaving] = useState(false);
+  const [error, setError] = useState<string | null>(null);
+  const text = draft ?? saved;
+
+  async function save() {
+    setSaving(true);
+    setError(null);
+    try {
+      // An empty prompt removes it.
+      await props.client.updateModelSettings(props.m.id, { system_prompt: text.trim() ? text : '' });
+      await props.reload();
+      setDraft(null);
+    } catch (e) {
+      setError(errorMessage(e));
+    } finally {
+      setSaving(false);
+    }
+  }
+
+  return (
+    <div class="model-system">
+      <label class="field">
+        <span class="field-label">System prompt for new chats</span>
+        <textarea
+          data-testid="model-system-prompt"
+          rows={2}
+          value={text}
+          placeholder="None"
+          disabled={saving}
+          onInput={(e) => setDraft((e.target as HTMLTextAreaElement).value)}
+        />
+      </label>
+      <div class="model-system-actions">
+        <button
+          type="button"
+          class="button"
+          data-testid="model-system-prompt-save"
+          disabled={saving || draft == null || draft === saved}
+          onClick={() => void save()}
+        >
+          {saving ? 'Saving…' : 'Save'}
+        </button>
+        <span class="dim small">Each chat can change its own under Sampling.</span>
+      </div>
+      {error && (
+        <div class="error-text small" data-testid="model-system-prompt-error">
+          {error}
+        </div>
+      )}
     </div>
   );
 }

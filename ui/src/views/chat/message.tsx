@@ -32,7 +32,7 @@ export function copyWithFeedback(text: string, show: (label: string) => void): v
 }
 
 /** "Copy" that reads "Copied" (or "Copy failed") for a moment after a click. */
-function useCopied(): [string | null, (text: string) => void] {
+export function useCopied(): [string | null, (text: string) => void] {
   const [state, setState] = useState<string | null>(null);
   const timer = useRef<ReturnType<typeof setTimeout>>();
   useEffect(() => () => clearTimeout(timer.current), []);

@@ -8,6 +8,7 @@ import { ChatStore, type ChatState, contextUsed } from '../../chats';
 import { showError } from '../../components/banner';
 import { ContextMenu, type Menu, type MenuItem } from '../../components/menu';
 import { MtpHealth, mtpOff } from '../../components/mtp_health';
+import type { ContextPolicy } from '../../conversation';
 import * as fmt from '../../format';
 import type { ModelStatus, OpenAIModel } from '../../generated';
 import { shortcutOf, titled } from '../../keys';
@@ -27,6 +28,15 @@ export interface ChatProps {
   client?: Api;
   feed?: LiveFeed;
   showPanel?: boolean;
+  /** Settings' policy for new chats; undefined until the settings are read. */
+  contextPolicy?: ContextPolicy;
+  /** Where the engine keeps the chats (Settings): a new folder lists other chats. */
+  conversationsDir?: string;
+}
+
+/** The model a conversation on `model` uses: its own while listed, else the first listed (the default). */
+function modelFor(model: string | null | undefined, ids: string[]): string | null {
+  return model && (ids.length === 0 || ids.includes(model)) ? model : (ids[0] ?? model ?? null);
 }
 
 /** Hands `text` to the browser as a file download. */
@@ -54,7 +64,16 @@ function useChats(chats: ChatStore): ChatState {
   return state;
 }
 
-export function ChatView({ store, models, adminModels, client = defaultApi, feed = defaultLive, showPanel = true }: ChatProps) {
+export function ChatView({
+  store,
+  models,
+  adminModels,
+  client = defaultApi,
+  feed = defaultLive,
+  showPanel = true,
+  contextPolicy,
+  conversationsDir,
+}: ChatProps) {
   const chats = useMemo(() => new ChatStore(store, client, feed, showError), [store, client, feed]);
   const { summaries, conversation, streaming, deleted } = useChats(chats);
   const [search, setSearch] = useState('');
@@ -143,11 +162,24 @@ export function ChatView({ store, models, adminModels, client = defaultApi, feed
 
   // A conversation without a model (or with one that no longer exists) takes the first listed.
   const modelIds = models.map((m) => m.id);
-  const currentModel =
-    conversation?.model && (modelIds.length === 0 || modelIds.includes(conversation.model))
-      ? conversation.model
-      : (modelIds[0] ?? conversation?.model ?? null);
-  const modelInfo = adminModels.find((m) => m.id === currentModel || m.name === currentModel);
+  const currentModel = modelFor(conversation?.model, modelIds);
+  const infoOf = (model: string | null) => adminModels.find((m) => m.id === model || m.name === model);
+  const modelInfo = infoOf(currentModel);
+
+  // A new chat starts with its model's system prompt (Models) and Settings' context policy.
+  useEffect(() => {
+    chats.setNewChatDefaults((model) => ({
+      system: infoOf(modelFor(model, modelIds))?.system_prompt ?? undefined,
+      contextPolicy,
+    }));
+  }, [chats, models, adminModels, contextPolicy]);
+
+  // The engine lists the chats of a new conversations folder from now on.
+  const shownDir = useRef(conversationsDir);
+  useEffect(() => {
+    if (shownDir.current !== undefined && conversationsDir !== shownDir.current) void chats.refreshList();
+    shownDir.current = conversationsDir;
+  }, [chats, conversationsDir]);
 
   // Keep the newest text in view while the reader is at the bottom.
   useEffect(() => {
