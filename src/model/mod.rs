@@ -3,6 +3,7 @@
 pub mod files;
 pub mod layers;
 pub mod mtp_head;
+pub mod parallel;
 pub mod qwen3_5;
 pub mod store;
 pub mod vision;
@@ -74,11 +75,13 @@ pub struct LoadOptions {
     /// Set from another thread to stop the load at its next layer (an unload of a model still
     /// loading, a load past its deadline): the load then fails with [`LoadError::Cancelled`].
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Load only this rank's share of every layer (`model::parallel`); None: the whole model.
+    pub tensor_parallel: Option<parallel::TensorParallel>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { dtype: None, probe: true, cancel: None }
+        LoadOptions { dtype: None, probe: true, cancel: None, tensor_parallel: None }
     }
 }
 

@@ -183,7 +183,8 @@ impl MtpHead {
             fc: s.linear("mtp.fc", d, 2 * d, false)?,
             pre_fc_norm_embedding: norms("mtp.pre_fc_norm_embedding.weight", d)?,
             pre_fc_norm_hidden: norms("mtp.pre_fc_norm_hidden.weight", d)?,
-            layer: DecoderLayer::load(s, "mtp.layers.0", c, true, &norms, observer)?,
+            // Replicated: every rank drafts the same tokens.
+            layer: DecoderLayer::load(s, "mtp.layers.0", c, true, &norms, observer, None)?,
             norm: norms("mtp.norm.weight", d)?,
             tap: Tap::new(observer, "mtp"),
         })

@@ -299,7 +299,16 @@ impl Qwen35 {
         let layers = (0..c.text.num_hidden_layers)
             .map(|i| {
                 opts.check_cancelled()?;
-                DecoderLayer::load(&store, &format!("layers.{i}"), &c, c.full_attention[i], &norms, &observer)
+                let p = format!("layers.{i}");
+                DecoderLayer::load(
+                    &store,
+                    &p,
+                    &c,
+                    c.full_attention[i],
+                    &norms,
+                    &observer,
+                    opts.tensor_parallel.as_ref(),
+                )
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let norm = norms("norm.weight", d)?;

@@ -26,6 +26,7 @@ mod server_conversations;
 mod server_images;
 mod server_limits;
 mod server_settings;
+mod tensor_parallel;
 mod tiny_reference;
 mod vision;
 mod wire_types;

@@ -7,6 +7,7 @@ use mlx::Array;
 use super::{mlx_err, Config};
 use crate::cache::KvCache;
 use crate::model::layers::{causal_attention, Fused, Linear, MRope, Result, RmsNorm, Tap};
+use crate::model::parallel::{self, TensorParallel};
 use crate::model::store::Store;
 use crate::model::LoadError;
 
@@ -33,17 +34,30 @@ impl Attention {
         c: &Config,
         norms: &dyn Fn(&str, i32) -> std::result::Result<RmsNorm, LoadError>,
         tap: Tap,
+        tp: Option<&TensorParallel>,
     ) -> std::result::Result<Self, LoadError> {
         let (d, hq, hkv, hd) =
             (c.text.hidden_size, c.text.num_attention_heads, c.text.num_key_value_heads, c.text.head_dim);
+        let mut q = s.linear(&format!("{p}.q_proj"), 2 * hq * hd, d, false)?;
+        let mut k = s.linear(&format!("{p}.k_proj"), hkv * hd, d, false)?;
+        let mut v = s.linear(&format!("{p}.v_proj"), hkv * hd, d, false)?;
+        let mut o_proj = s.linear(&format!("{p}.o_proj"), d, hq * hd, false)?;
+        let (mut hq, mut hkv) = (hq, hkv);
+        if let Some(tp) = tp {
+            // This rank's query heads (query and gate rows, interleaved per head) and the key/value
+            // heads they read: contiguous blocks, as GQA maps query head j to key head j / (hq / hkv).
+            let (q0, q1) = tp.share(hq, "num_attention_heads")?;
+            let (k0, k1) = tp.share(hkv, "num_key_value_heads")?;
+            let err = |e| mlx_err(p, e);
+            q = parallel::rows(&q, &[(2 * q0 * hd, 2 * q1 * hd)]).map_err(err)?;
+            k = parallel::rows(&k, &[(k0 * hd, k1 * hd)]).map_err(err)?;
+            v = parallel::rows(&v, &[(k0 * hd, k1 * hd)]).map_err(err)?;
+            o_proj = parallel::cols(&o_proj, q0 * hd, q1 * hd).map_err(err)?;
+            (hq, hkv) = (q1 - q0, k1 - k0);
+        }
         Ok(Attention {
-            qkv: Fused::new(vec![
-                s.linear(&format!("{p}.q_proj"), 2 * hq * hd, d, false)?,
-                s.linear(&format!("{p}.k_proj"), hkv * hd, d, false)?,
-                s.linear(&format!("{p}.v_proj"), hkv * hd, d, false)?,
-            ])
-            .map_err(|e| mlx_err(p, e))?,
-            o_proj: s.linear(&format!("{p}.o_proj"), d, hq * hd, false)?,
+            qkv: Fused::new(vec![q, k, v]).map_err(|e| mlx_err(p, e))?,
+            o_proj,
             q_norm: norms(&format!("{p}.q_norm.weight"), hd)?,
             k_norm: norms(&format!("{p}.k_norm.weight"), hd)?,
             hq,

@@ -10,6 +10,7 @@ use super::gated_deltanet::GatedDeltaNet;
 use super::Config;
 use crate::cache::LayerCache;
 use crate::model::layers::{MRope, Mlp, Observer, Result, RmsNorm, Tap};
+use crate::model::parallel::{self, TensorParallel};
 use crate::model::store::Store;
 use crate::model::LoadError;
 
@@ -23,11 +24,14 @@ pub struct DecoderLayer {
     post_attention_layernorm: RmsNorm,
     mixer: Mixer,
     mlp: Mlp,
+    /// Set when the layer holds one rank's share: the MLP's down_proj output is a partial sum.
+    tp: Option<TensorParallel>,
 }
 
 impl DecoderLayer {
     /// Loads layer `p` (`layers.3`, `mtp.layers.0`); `norms` loads its RMSNorms in the convention
-    /// the caller decided, and `observer` sees its linear layers' inputs.
+    /// the caller decided, and `observer` sees its linear layers' inputs; with `tp`, only this
+    /// rank's share of its heads and MLP columns is kept (`model::parallel`).
     pub fn load(
         s: &Store,
         p: &str,
@@ -35,25 +39,35 @@ impl DecoderLayer {
         full: bool,
         norms: &dyn Fn(&str, i32) -> std::result::Result<RmsNorm, LoadError>,
         observer: &Arc<Observer>,
+        tp: Option<&TensorParallel>,
     ) -> std::result::Result<Self, LoadError> {
         let (d, i) = (c.text.hidden_size, c.text.intermediate_size);
         let mixer = if full {
             let p = format!("{p}.self_attn");
-            Mixer::Attention(Attention::load(s, &p, c, norms, Tap::new(observer, &p))?)
+            Mixer::Attention(Attention::load(s, &p, c, norms, Tap::new(observer, &p), tp)?)
         } else {
             let p = format!("{p}.linear_attn");
-            Mixer::Linear(GatedDeltaNet::load(s, &p, c, Tap::new(observer, &p))?)
+            Mixer::Linear(GatedDeltaNet::load(s, &p, c, Tap::new(observer, &p), tp)?)
         };
+        let mut mlp = Mlp {
+            gate_proj: s.linear(&format!("{p}.mlp.gate_proj"), i, d, false)?,
+            up_proj: s.linear(&format!("{p}.mlp.up_proj"), i, d, false)?,
+            down_proj: s.linear(&format!("{p}.mlp.down_proj"), d, i, false)?,
+            tap: Tap::new(observer, &format!("{p}.mlp")),
+        };
+        if let Some(tp) = tp {
+            let (i0, i1) = tp.share(i, "intermediate_size")?;
+            let err = |e| super::mlx_err(p, e);
+            mlp.gate_proj = parallel::rows(&mlp.gate_proj, &[(i0, i1)]).map_err(err)?;
+            mlp.up_proj = parallel::rows(&mlp.up_proj, &[(i0, i1)]).map_err(err)?;
+            mlp.down_proj = parallel::cols(&mlp.down_proj, i0, i1).map_err(err)?;
+        }
         Ok(DecoderLayer {
             input_layernorm: norms(&format!("{p}.input_layernorm.weight"), d)?,
             post_attention_layernorm: norms(&format!("{p}.post_attention_layernorm.weight"), d)?,
             mixer,
-            mlp: Mlp {
-                gate_proj: s.linear(&format!("{p}.mlp.gate_proj"), i, d, false)?,
-                up_proj: s.linear(&format!("{p}.mlp.up_proj"), i, d, false)?,
-                down_proj: s.linear(&format!("{p}.mlp.down_proj"), d, i, false)?,
-                tap: Tap::new(observer, &format!("{p}.mlp")),
-            },
+            mlp,
+            tp: tp.cloned(),
         })
     }
 
@@ -76,8 +90,16 @@ impl DecoderLayer {
                 l.forward(&x, &mut st)?
             }
         };
-        let h = h.add(&mixed)?;
+        let h = h.add(&self.reduced(mixed)?)?;
         let x = self.post_attention_layernorm.forward(&h)?;
-        h.add(&self.mlp.forward(&x)?)
+        h.add(&self.reduced(self.mlp.forward(&x)?)?)
+    }
+
+    /// A sublayer's output, summed over the ranks when each holds a partial one.
+    fn reduced(&self, out: Array) -> Result<Array> {
+        match &self.tp {
+            Some(tp) => tp.reduce(&out),
+            None => Ok(out),
+        }
     }
 }
