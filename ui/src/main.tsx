@@ -1,10 +1,10 @@
 import { render } from 'preact';
 import { App } from './app';
 import { installShellHooks } from './shell';
-import { applyTheme } from './theme';
+import { applyTheme, rememberedTheme } from './theme';
 import './style.css';
 
 installShellHooks();
-// The system's appearance until the engine says which theme Settings chose (App applies it then).
-applyTheme('system');
+// The theme this browser last showed until the engine says which one Settings chose (App applies it then).
+applyTheme(rememberedTheme());
 render(<App />, document.getElementById('app')!);

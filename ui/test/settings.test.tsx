@@ -11,7 +11,7 @@ import type { ContextPolicy } from '../src/conversation';
 import type { LoggedRequest, ModelStatus, OpenAIModel, ServerInfo, SettingsView } from '../src/generated';
 import { LiveFeed } from '../src/live';
 import { MemoryStore } from '../src/storage';
-import { applyTheme } from '../src/theme';
+import { applyTheme, rememberedTheme } from '../src/theme';
 import { ChatView } from '../src/views/chat/view';
 import { ModelsView } from '../src/views/models';
 import { POLL_MS, SettingsPage } from '../src/views/settings';
@@ -530,5 +530,19 @@ describe('a new chat', () => {
     await settle();
     expect(byId('chat-system-indicator')!.title).toBe('System prompt: Be brief.');
     expect(await policyShown()).toBe('rolling');
+  });
+});
+
+describe('the remembered theme', () => {
+  it('is the last one applied, so the next start shows it before the engine answers', () => {
+    localStorage.removeItem('tandem.theme');
+    expect(rememberedTheme()).toBe('system');
+    applyTheme('dark');
+    expect(rememberedTheme()).toBe('dark');
+    applyTheme('light');
+    expect(rememberedTheme()).toBe('light');
+    localStorage.setItem('tandem.theme', 'purple');
+    expect(rememberedTheme()).toBe('system');
+    applyTheme('system');
   });
 });
