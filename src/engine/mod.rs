@@ -15,6 +15,7 @@ pub mod faults;
 pub mod images;
 pub mod jobs;
 pub mod live;
+pub mod lockstep;
 pub mod options;
 pub mod prefix_cache;
 pub mod remote;

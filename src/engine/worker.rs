@@ -176,8 +176,13 @@ impl Worker {
                         max_tokens: entry.batch.max_tokens as usize,
                     };
                     let served = Served { name: &entry.name, model: &model, tokenizer: &tokenizer };
-                    let prefix = prefix_cache::for_model(&entry, load_options.dtype);
-                    serve(served, &jobs_rx, &shared, &engine, limits, prefix);
+                    match &load_options.tensor_parallel {
+                        Some(tp) => serve_in_lockstep(served, &jobs_rx, &shared, &engine, tp),
+                        None => {
+                            let prefix = prefix_cache::for_model(&entry, load_options.dtype);
+                            serve(served, &jobs_rx, &shared, &engine, limits, prefix);
+                        }
+                    }
                     // Freeing MLX memory is MLX work too.
                     let _compute = super::compute_lock();
                     drop(model);
@@ -408,6 +413,75 @@ fn serve(
     // Freeing the cache's arrays is MLX work too.
     let _compute = super::compute_lock();
     drop(prefix);
+}
+
+/// The worker's loop for a model split over several processes (`engine::lockstep`): one request at
+/// a time, each run on every rank in step. A lost rank fails the request and ends the loop (later
+/// requests hear that the worker stopped); the other ranks keep their model when it is unloaded here.
+fn serve_in_lockstep(
+    served: Served<'_>,
+    jobs: &std_mpsc::Receiver<Job>,
+    shared: &Shared,
+    engine: &WeakEngine,
+    tp: &crate::model::parallel::TensorParallel,
+) {
+    use super::lockstep;
+    let Served { name, model, tokenizer } = served;
+    while let Ok(Job { mut prepared, events, cancel, slot }) = jobs.recv() {
+        prepared.free_images();
+        if shared.closing.load(Ordering::SeqCst) {
+            let _ = events.send(Event::Failed(EngineError::Unloaded(name.to_owned())));
+            continue;
+        }
+        if events.is_closed() || cancel.is_cancelled() {
+            let _ = events.send(Event::Done(cancelled(&prepared)));
+            continue;
+        }
+        if prepared.opts.constraint.is_some() || !prepared.prompt.images.is_empty() {
+            let why = "a model split over several machines takes text without a grammar for now";
+            let _ = events.send(Event::Failed(EngineError::InvalidRequest(why.into())));
+            continue;
+        }
+        shared.running.fetch_add(1, Ordering::SeqCst);
+        lock(&shared.current).push((prepared.id, cancel.clone()));
+        let _ = events.send(Event::Started);
+        let table = if prepared.opts.logprobs.is_some() {
+            spelling(tokenizer, model.config.text.vocab_size.max(0) as usize)
+        } else {
+            Vec::new()
+        };
+        let mut stream = Stream::new(tokenizer, &prepared, events, cancel, table);
+        let job = lockstep::LockstepJob::new(name, &prepared.prompt.ids, &prepared.opts);
+        let outcome = {
+            let _compute = super::compute_lock();
+            let stream = &mut stream;
+            catch_unwind(AssertUnwindSafe(|| {
+                lockstep::send_job(tp, &job)?;
+                lockstep::run(model, tp, &job, prepared.opts.logprobs, &mut |p| stream.progress(name, p, engine))
+            }))
+        };
+        stream.leave(prepared.id, shared);
+        let result = settled(outcome, name, &format!("request {} across {} ranks", prepared.id, tp.size()));
+        // An MLX failure mid-generation (a lost peer above all) may leave the ranks out of step.
+        let lost = matches!(result, Err(EngineError::Generate(_) | EngineError::Internal(_)));
+        let event = match result.and_then(|out| stream.complete(out)) {
+            Ok(done) => {
+                engine.with(|e| e.inner.live.finished(name, prepared.id, done.finish, &done.stats));
+                Event::Done(done)
+            }
+            Err(e) => {
+                engine.with(|en| en.inner.live.abandoned(name, prepared.id));
+                Event::Failed(e)
+            }
+        };
+        drop(slot);
+        let _ = stream.events.send(event);
+        engine.with(|e| e.publish());
+        if lost {
+            tracing::error!(model = %name, "a rank of the group is lost: this model no longer answers");
+            return;
+        }
+    }
 }
 
 /// A model's batching limits.

@@ -20,6 +20,9 @@ pub enum GenerateError {
     Oracle(String),
     #[error("images: {0}")]
     Images(String),
+    /// A model split over several processes: another rank refused the request.
+    #[error("{0}")]
+    OtherRank(String),
     #[error(transparent)]
     Mlx(#[from] mlx::Error),
 }

@@ -5,6 +5,7 @@ mod cli;
 mod common;
 mod constrained;
 mod convert;
+mod distributed_serve;
 mod engine_load;
 mod family;
 mod forward_reference;

@@ -4,11 +4,13 @@ mod bench;
 mod chat;
 mod convert;
 mod graft;
+mod group;
 mod model_arg;
 mod models;
 mod out;
 mod pull;
 mod serve;
+mod worker;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -32,6 +34,8 @@ enum Command {
     Inspect(convert::InspectArgs),
     /// Serve the HTTP API and the web UI.
     Serve(serve::ServeArgs),
+    /// Serve a share of a model split over several machines, following `tandem serve --hostfile`.
+    Worker(worker::WorkerArgs),
     /// List the models in models.toml and the models folder.
     Models(models::ModelsArgs),
     /// Download a model from Hugging Face (resumable, checksummed, into the Hub cache) and link it into
@@ -60,6 +64,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::Models(a) => models::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Worker(a) => worker::run(a),
         Command::Convert(a) => convert::run(a),
         Command::Inspect(a) => convert::inspect(a),
         Command::Pull(a) => pull::run(a),

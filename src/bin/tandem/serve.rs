@@ -23,6 +23,13 @@ pub struct ServeArgs {
     /// model's `mtp.adaptive` in models.toml.
     #[arg(long, value_parser = ["on", "off"])]
     adaptive: Option<String>,
+    /// Serve models split over several machines, as rank 0 of this MLX ring hostfile (a JSON list
+    /// with each rank's ["ip:port"]); the others run `tandem worker --hostfile FILE --rank N`.
+    #[arg(long)]
+    hostfile: Option<std::path::PathBuf>,
+    /// Seconds to wait for the other ranks to join (with --hostfile).
+    #[arg(long, default_value_t = 120)]
+    join_timeout: u64,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -41,6 +48,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         cfg.port = port;
     }
     cfg.engine.adaptive = a.adaptive.as_deref().map(|v| v == "on");
+    if let Some(hostfile) = &a.hostfile {
+        let tp = crate::group::join(hostfile, 0, std::time::Duration::from_secs(a.join_timeout))?;
+        eprintln!("rank 0 of {}: models are split over the group of {}", tp.size(), hostfile.display());
+        cfg.engine.load_options.tensor_parallel = Some(tp);
+    }
     if a.api_key.is_some() {
         cfg.api_key = a.api_key;
     }
