@@ -426,7 +426,7 @@ fn serve_in_lockstep(
     tp: &crate::model::parallel::TensorParallel,
 ) {
     use super::lockstep;
-    let Served { name, model, tokenizer } = served;
+    let Served { name, model, .. } = served;
     while let Ok(Job { mut prepared, events, cancel, slot }) = jobs.recv() {
         prepared.free_images();
         if shared.closing.load(Ordering::SeqCst) {
@@ -442,15 +442,7 @@ fn serve_in_lockstep(
             let _ = events.send(Event::Failed(EngineError::InvalidRequest(why.into())));
             continue;
         }
-        shared.running.fetch_add(1, Ordering::SeqCst);
-        lock(&shared.current).push((prepared.id, cancel.clone()));
-        let _ = events.send(Event::Started);
-        let table = if prepared.opts.logprobs.is_some() {
-            spelling(tokenizer, model.config.text.vocab_size.max(0) as usize)
-        } else {
-            Vec::new()
-        };
-        let mut stream = Stream::new(tokenizer, &prepared, events, cancel, table);
+        let mut stream = Stream::running(served, &prepared, events, cancel, shared);
         let job = lockstep::LockstepJob::new(name, &prepared.prompt.ids, &prepared.opts);
         let outcome = {
             let _compute = super::compute_lock();
@@ -539,7 +531,7 @@ fn admit<'m>(
     engine: &WeakEngine,
     prefix: &mut PrefixCache,
 ) -> Option<Active<'m>> {
-    let Served { name, model, tokenizer } = served;
+    let Served { name, model, .. } = served;
     let Job { mut prepared, events, cancel, slot } = job;
     if shared.closing.load(Ordering::SeqCst) {
         prepared.free_images();
@@ -556,15 +548,7 @@ fn admit<'m>(
         let _ = events.send(Event::Done(cancelled(&prepared)));
         return None;
     }
-    shared.running.fetch_add(1, Ordering::SeqCst);
-    lock(&shared.current).push((prepared.id, cancel.clone()));
-    let _ = events.send(Event::Started);
-    let table = if prepared.opts.logprobs.is_some() {
-        spelling(tokenizer, model.config.text.vocab_size.max(0) as usize)
-    } else {
-        Vec::new()
-    };
-    let stream = Stream::new(tokenizer, &prepared, events, cancel, table);
+    let stream = Stream::running(served, &prepared, events, cancel, shared);
     let budget = prepared.budget();
     let mut active = Active { prepared, stream, starting: None, seq: None, cached_ids: None, slot, budget };
     let begun = {
@@ -756,6 +740,25 @@ struct Stream<'t> {
 }
 
 impl<'t> Stream<'t> {
+    /// A request starts running: counted as running, cancellable by unload, told so (`Started`).
+    fn running(
+        served: Served<'t>,
+        job: &Prepared,
+        events: mpsc::UnboundedSender<Event>,
+        cancel: CancelHandle,
+        shared: &Shared,
+    ) -> Stream<'t> {
+        shared.running.fetch_add(1, Ordering::SeqCst);
+        lock(&shared.current).push((job.id, cancel.clone()));
+        let _ = events.send(Event::Started);
+        let table = if job.opts.logprobs.is_some() {
+            spelling(served.tokenizer, served.model.config.text.vocab_size.max(0) as usize)
+        } else {
+            Vec::new()
+        };
+        Stream::new(served.tokenizer, job, events, cancel, table)
+    }
+
     fn new(
         tokenizer: &'t Tokenizer,
         job: &Prepared,
