@@ -559,11 +559,6 @@ impl Registry {
         &self.server
     }
 
-    /// `[ui]`: the web UI's theme and new chats' context policy.
-    pub fn ui(&self) -> UiSettings {
-        self.ui
-    }
-
     /// The app-wide settings as the Settings page shows them.
     pub fn app_settings(&self) -> AppSettings {
         AppSettings {
@@ -1053,13 +1048,8 @@ fn add_model_entry(doc: &mut DocumentMut, name: &str, path: &str) {
 /// if needed. A replaced value keeps its surrounding whitespace and trailing comment.
 fn set_value(entry: &mut dyn TableLike, table: &str, key: &str, mut value: toml_edit::Value) {
     let section = entry.entry(table).or_insert(Item::Value(InlineTable::new().into()));
-    if let Some(Item::Value(old)) = section.as_table_like_mut().and_then(|t| t.get_mut(key)) {
-        *value.decor_mut() = old.decor().clone();
-        *old = value;
-        return;
-    }
     match section {
-        Item::Value(toml_edit::Value::InlineTable(inline)) => {
+        Item::Value(toml_edit::Value::InlineTable(inline)) if !inline.contains_key(key) => {
             // The space before `}` belongs to the last value: hand it on to the new last one.
             if let Some((_, last)) = inline.iter_mut().last() {
                 if let Some(suffix) = last.decor().suffix().cloned() {
@@ -1072,7 +1062,7 @@ fn set_value(entry: &mut dyn TableLike, table: &str, key: &str, mut value: toml_
         // Anything but a table was rejected when the file was parsed.
         other => {
             if let Some(table) = other.as_table_like_mut() {
-                table.insert(key, Item::Value(value));
+                set_key(table, key, Some(value));
             }
         }
     }

@@ -31,9 +31,7 @@ impl LockstepJob {
     /// The job for `prompt` under `opts`, made timing-free: fixed depth, and a seed.
     pub fn new(model: &str, prompt: &[u32], opts: &GenerateOptions) -> LockstepJob {
         let mut sampling = opts.sampling.clone();
-        sampling.seed.get_or_insert_with(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-        });
+        sampling.seed.get_or_insert_with(crate::generate::sampler::fresh_seed);
         LockstepJob {
             model: model.to_owned(),
             prompt: prompt.to_vec(),

@@ -429,19 +429,7 @@ fn serve_in_lockstep(
         let result = settled(outcome, name, &format!("request {} across {} ranks", prepared.id, tp.size()));
         // An MLX failure mid-generation (a lost peer above all) may leave the ranks out of step.
         let lost = matches!(result, Err(EngineError::Generate(_) | EngineError::Internal(_)));
-        let event = match result.and_then(|out| stream.complete(out)) {
-            Ok(done) => {
-                engine.with(|e| e.inner.live.finished(name, prepared.id, done.finish, &done.stats));
-                Event::Done(done)
-            }
-            Err(e) => {
-                engine.with(|en| en.inner.live.abandoned(name, prepared.id));
-                Event::Failed(e)
-            }
-        };
-        drop(slot);
-        let _ = stream.events.send(event);
-        engine.with(|e| e.publish());
+        stream.end(name, result, slot, engine);
         if lost {
             tracing::error!(model = %name, "a rank of the group is lost: this model no longer answers");
             return;
@@ -671,28 +659,14 @@ impl Active<'_> {
 
     /// Ends it after its last step: the rest of its text, the statistics, the prefix cache's snapshots.
     fn retire(self, served: Served<'_>, shared: &Shared, engine: &WeakEngine, prefix: &mut PrefixCache) {
-        let Active { prepared, mut stream, seq, cached_ids, slot, .. } = self;
+        let Active { prepared, stream, seq, cached_ids, slot, .. } = self;
         let Some(seq) = seq else { return };
         let mut out = seq.finish();
         if let Some(ids) = &cached_ids {
             prefix.keep(ids, std::mem::take(&mut out.kept));
         }
         stream.leave(prepared.id, shared);
-        let event = match stream.complete(out) {
-            Ok(done) => {
-                engine.with(|e| e.inner.live.finished(served.name, prepared.id, done.finish, &done.stats));
-                Event::Done(done)
-            }
-            Err(e) => {
-                tracing::warn!(model = %served.name, request = prepared.id, "generation failed: {}", e.message());
-                engine.with(|e| e.inner.live.abandoned(served.name, prepared.id));
-                Event::Failed(e)
-            }
-        };
-        // The queue place is free before the caller hears the end.
-        drop(slot);
-        let _ = stream.events.send(event);
-        engine.with(|e| e.publish());
+        stream.end(served.name, Ok(out), slot, engine);
     }
 }
 

@@ -117,9 +117,7 @@ pub struct TokenLogprob {
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Sampler> {
-        let seed = params.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-        });
+        let seed = params.seed.unwrap_or_else(fresh_seed);
         Ok(Sampler { params, seed, drawn: 0, prompt_len: 0, constraint: None, logprobs: None, recorded: Vec::new() })
     }
 
@@ -328,6 +326,11 @@ impl Sampler {
 
 fn grammar_error(message: String) -> mlx::Error {
     mlx::Error::Invalid(format!("constrained decoding: {message}"))
+}
+
+/// A seed for a generation that asked for none (the clock's nanoseconds).
+pub fn fresh_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// A 64-bit seed for the draw at `position` (SplitMix64's finalizer over seed and position), so

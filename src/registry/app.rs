@@ -203,15 +203,13 @@ impl AppPatch {
         edits
     }
 
-    /// The folder settings' own problems (an empty path), before anything is read or written.
+    /// The folder settings' own problems (an empty path), before anything is read or written (the
+    /// rest is checked with the file as it would be written: [`ServerSettings::check`], the default).
     pub(super) fn check(&self) -> Result<(), SettingError> {
         for (field, value) in [("models_dir", &self.models_dir), ("conversations_dir", &self.conversations_dir)] {
             if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
                 return Err(SettingError { field, value: "\"\"".into(), expected: "a folder" });
             }
-        }
-        if self.server.as_ref().and_then(|s| s.port) == Some(0) {
-            return Err(SettingError { field: "server.port", value: "0".into(), expected: "a port from 1 to 65535" });
         }
         Ok(())
     }

@@ -31,8 +31,12 @@ pub async fn patch(
 }
 
 fn view(state: &AppState) -> SettingsView {
-    let registry = state.engine.registry();
-    SettingsView { restart_needed: registry.server() != &state.started_with, settings: registry.app_settings() }
+    SettingsView { restart_needed: restart_needed(state), settings: state.engine.registry().app_settings() }
+}
+
+/// The saved `[server]` differs from the one this server started with.
+fn restart_needed(state: &AppState) -> bool {
+    state.engine.registry().server() != &state.started_with
 }
 
 pub async fn server(State(state): State<Arc<AppState>>) -> Json<ServerInfo> {
@@ -44,7 +48,7 @@ pub async fn server(State(state): State<Arc<AppState>>) -> Json<ServerInfo> {
         api_key_required: state.policy.api_key.is_some(),
         uptime_s: state.started.elapsed().as_secs_f64(),
         requests_served: state.requests.served(),
-        restart_needed: state.engine.registry().server() != &state.started_with,
+        restart_needed: restart_needed(&state),
     })
 }
 

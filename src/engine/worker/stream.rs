@@ -10,7 +10,7 @@ use super::super::stop::StopMatcher;
 use super::super::{
     cause, lock, CancelHandle, Completion, EngineError, ErrorMessage, Event, Logprob, Result, TokenText, WeakEngine,
 };
-use super::{Prepared, Served, Shared};
+use super::{Prepared, Served, Shared, Slot};
 use crate::chat::Tokenizer;
 use crate::generate::{Control, FinishReason, Output, Progress, TokenLogprob};
 
@@ -146,6 +146,25 @@ impl<'t> Stream<'t> {
     pub(super) fn leave(&self, request: u64, shared: &Shared) {
         shared.running.fetch_sub(1, Ordering::SeqCst);
         lock(&shared.current).retain(|(id, _)| *id != request);
+    }
+
+    /// Tells the caller how the generation ended (its completion, or `outcome`'s error) and the live
+    /// statistics; the queue place is given back first.
+    pub(super) fn end(mut self, model: &str, outcome: Result<Output>, slot: Slot, engine: &WeakEngine) {
+        let event = match outcome.and_then(|out| self.complete(out)) {
+            Ok(done) => {
+                engine.with(|e| e.inner.live.finished(model, self.request, done.finish, &done.stats));
+                Event::Done(done)
+            }
+            Err(e) => {
+                tracing::warn!(model = %model, request = self.request, "generation failed: {}", e.message());
+                engine.with(|en| en.inner.live.abandoned(model, self.request));
+                Event::Failed(e)
+            }
+        };
+        drop(slot);
+        let _ = self.events.send(event);
+        engine.with(|e| e.publish());
     }
 
     /// The generation's end: the decoder's and stop matcher's held-back text, and the completion.
