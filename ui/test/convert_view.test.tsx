@@ -6,7 +6,7 @@ import { dismiss, ErrorBanner } from '../src/components/banner';
 import { ConvertView, requestOf, startError } from '../src/views/convert';
 import { quantizationLabel } from '../src/views/models';
 import { ApiError } from '../src/api';
-import { json, mockFetch, sse } from './helpers';
+import { json, mockFetch, sse, waitFor } from './helpers';
 
 let root: HTMLElement | null = null;
 afterEach(() => {
@@ -18,18 +18,6 @@ afterEach(() => {
   dismiss();
 });
 const byId = (id: string) => root!.querySelector(`[data-testid="${id}"]`) as HTMLElement | null;
-async function settle(ms = 20) {
-  await act(async () => {
-    await new Promise((r) => setTimeout(r, ms));
-  });
-}
-async function waitFor(check: () => boolean, what: string) {
-  for (let i = 0; i < 100; i++) {
-    if (check()) return;
-    await settle(10);
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
 async function setValue(id: string, v: string, event = 'input') {
   const el = byId(id) as HTMLInputElement | HTMLSelectElement;
   await act(async () => {

@@ -1,5 +1,6 @@
 // Shared test fixtures: a fetch that answers from a script of routes, and SSE bodies.
 
+import { act } from 'preact/test-utils';
 import type { ChatCompletionChunk, DiskStats, LoadedModel, ModelStatus, PrefixCacheStats, Stats, StatsSnapshot } from '../src/generated';
 
 export interface Call {
@@ -192,4 +193,20 @@ export function chunkOf(
     choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
     ...over,
   };
+}
+
+/** Lets effects, timers and fetches run for `ms` inside act(). */
+export async function settle(ms = 20): Promise<void> {
+  await act(async () => {
+    await new Promise((r) => setTimeout(r, ms));
+  });
+}
+
+/** Settles until `check` holds, for at most a second; fails naming `what`. */
+export async function waitFor(check: () => boolean, what: string): Promise<void> {
+  for (let i = 0; i < 100; i++) {
+    if (check()) return;
+    await settle(10);
+  }
+  throw new Error(`timed out waiting for ${what}`);
 }

@@ -15,7 +15,7 @@ import { applyTheme, rememberedTheme } from '../src/theme';
 import { ChatView } from '../src/views/chat/view';
 import { ModelsView } from '../src/views/models';
 import { POLL_MS, SettingsPage } from '../src/views/settings';
-import { type Call, json, mockFetch, modelStatus, sse, chunkOf } from './helpers';
+import { type Call, json, mockFetch, modelStatus, sse, chunkOf, settle, waitFor } from './helpers';
 
 vi.mock('../src/components/chart', () => ({ TokChart: () => <div data-testid="panel-chart" /> }));
 
@@ -79,18 +79,6 @@ afterEach(() => {
 const byId = (id: string) => root!.querySelector(`[data-testid="${id}"]`) as HTMLElement | null;
 const all = (id: string) => [...root!.querySelectorAll(`[data-testid="${id}"]`)] as HTMLElement[];
 
-async function settle(ms = 20) {
-  await act(async () => {
-    await new Promise((r) => setTimeout(r, ms));
-  });
-}
-async function waitFor(check: () => boolean, what: string) {
-  for (let i = 0; i < 100; i++) {
-    if (check()) return;
-    await settle(10);
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
 async function setValue(id: string, v: string, event = 'input') {
   const el = byId(id) as HTMLInputElement | HTMLSelectElement | HTMLTextAreaElement;
   await act(async () => {

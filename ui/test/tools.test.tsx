@@ -11,7 +11,7 @@ import { MemoryStore } from '../src/storage';
 import { fileName, fromJson, toJson, toMarkdown } from '../src/transfer';
 import { COPIED_MS } from '../src/views/chat/message';
 import { ChatView } from '../src/views/chat/view';
-import { chunkOf, mockFetch, modelStatus, sse } from './helpers';
+import { chunkOf, mockFetch, modelStatus, sse, settle, waitFor } from './helpers';
 
 vi.mock('../src/components/chart', () => ({ TokChart: () => <div data-testid="panel-chart" /> }));
 
@@ -42,18 +42,6 @@ afterEach(() => {
   }
   dismiss();
 });
-async function settle(ms = 20) {
-  await act(async () => {
-    await new Promise((r) => setTimeout(r, ms));
-  });
-}
-async function waitFor(check: () => boolean, what: string) {
-  for (let i = 0; i < 100; i++) {
-    if (check()) return;
-    await settle(10);
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
 const q = (sel: string) => root!.querySelector(sel) as HTMLElement | null;
 const byId = (id: string) => q(`[data-testid="${id}"]`);
 const all = (id: string) => [...root!.querySelectorAll(`[data-testid="${id}"]`)] as HTMLElement[];
