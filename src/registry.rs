@@ -559,67 +559,6 @@ impl Registry {
         &self.server
     }
 
-    /// The app-wide settings as the Settings page shows them.
-    pub fn app_settings(&self) -> AppSettings {
-        AppSettings {
-            config_path: self.path.clone(),
-            models_dir: self.models_dir.clone(),
-            conversations_dir: self.conversations_dir.clone(),
-            default_model: self.default_model().ok().map(|m| m.name),
-            server: app::ServerView {
-                port: self.server.port(),
-                expose: self.server.expose,
-                api_key_set: self.server.api_key.is_some(),
-            },
-            ui: self.ui,
-        }
-    }
-
-    /// Changes the app-wide settings and writes them to models.toml, keeping the file's comments
-    /// (read again first, so hand edits since loading survive). A folder that is missing is created;
-    /// nothing is written unless every value is valid (a default that names a model, an exposed
-    /// server with a key, folders that can be created).
-    pub fn update_app(&mut self, patch: &AppPatch) -> Result<AppSettings> {
-        let here = Place { path: self.path.clone(), line: None };
-        patch.check().map_err(|error| RegistryError::Setting { at: here.clone(), error })?;
-        let text = std::fs::read_to_string(&self.path)
-            .map_err(|error| RegistryError::Io { path: self.path.clone(), error })?;
-        let mut doc: DocumentMut = text.parse().map_err(|e| parse_error(&self.path, &text, e))?;
-        for (table, key, value) in patch.edits() {
-            let section: &mut dyn TableLike = if table.is_empty() {
-                doc.as_table_mut()
-            } else {
-                match doc.entry(table).or_insert(Item::Table(Table::new())).as_table_like_mut() {
-                    Some(t) => t,
-                    None => {
-                        return Err(RegistryError::Parse {
-                            path: self.path.clone(),
-                            message: format!(" `{table}` must be a table to hold `{key}`"),
-                        })
-                    }
-                }
-            };
-            set_key(section, key, value);
-        }
-        let text = doc.to_string();
-        let updated = Self::parse(&self.path, &text)?;
-        for (field, dir, changed) in [
-            ("models_dir", &updated.models_dir, patch.models_dir.is_some()),
-            ("conversations_dir", &updated.conversations_dir, patch.conversations_dir.is_some()),
-        ] {
-            if changed {
-                std::fs::create_dir_all(dir).map_err(|error| RegistryError::Folder {
-                    field,
-                    path: dir.clone(),
-                    error,
-                })?;
-            }
-        }
-        write_atomic(&self.path, &text)?;
-        *self = updated;
-        Ok(self.app_settings())
-    }
-
     /// Registers an existing model folder under `name` (default: the folder's name) as a new
     /// `[[model]]` entry of models.toml, keeping the file's comments. A folder already listed (by a
     /// configured entry or the models-folder scan) is returned as it is; a name that is taken, a
