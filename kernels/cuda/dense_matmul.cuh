@@ -1,4 +1,4 @@
-// Verify-width dense matmul: y[M, N] = x[M, K] @ w[N, K]^T for M = 1..8, x and w both bf16 or both f16,
+// Verify-width dense matmul: y[M, N] = x[M, K] @ w[N, K]^T for M = 1..32, x and w both bf16 or both f16,
 // fp32 accumulation, K a multiple of 64.
 //
 // MLX 0.32.4's CUDA matmul gives a row of x different bits at M = 1 (its gemv) than inside M = 2..4 (a gemm
@@ -78,7 +78,12 @@ __device__ __forceinline__ void dmv(const T* x, const T* w, T* y, int M, int N, 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gid = lane >> 2, t = lane & 3;
   const int C = K / 64;
-  const int row0 = blockIdx.x * 16 * R;
+  // Rows of x past 8 go in 8-row slabs, as in quantized_matmul.cuh: each slab computed as its rows alone.
+  const int slabs = (M + 7) / 8, slab = blockIdx.x % slabs;
+  x += size_t(slab) * 8 * K;
+  y += size_t(slab) * 8 * N;
+  M = min(M - 8 * slab, 8);
+  const int row0 = (blockIdx.x / slabs) * 16 * R;
   const bool xa = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const bool wa = (reinterpret_cast<uintptr_t>(w) & 15) == 0;
   const bool mine = gid < M;  // this lane carries column gid of the mma's B (row gid of x)

@@ -1,4 +1,4 @@
-// Verify-width affine-quantized matmul: y[M, N] = x[M, K] @ dequantize(w, scales, biases)^T for M = 1..8,
+// Verify-width affine-quantized matmul: y[M, N] = x[M, K] @ dequantize(w, scales, biases)^T for M = 1..32,
 // 4- or 8-bit weights in MLX's packed layout (uint32 words, value i of a word in bits [i*BITS, (i+1)*BITS)),
 // group size 64, scales and biases [N, K/64] in x's dtype (bf16 or f16).
 //
@@ -236,7 +236,13 @@ __device__ __forceinline__ void qmv(const T* x, const uint32_t* w, const T* scal
   const int gid = lane >> 2, t = lane & 3;
   const int G = K / 64;
   const int wrow = K * BITS / 32;
-  const int row0 = blockIdx.x * 16 * R;
+  // Rows of x past 8 (a batch's verify) go in 8-row slabs, one block per slab beside the blocks of the same
+  // weight rows (they meet those weights in L2): a slab is computed exactly as a launch of its rows alone.
+  const int slabs = (M + 7) / 8, slab = blockIdx.x % slabs;
+  x += size_t(slab) * 8 * K;
+  y += size_t(slab) * 8 * N;
+  M = min(M - 8 * slab, 8);
+  const int row0 = (blockIdx.x / slabs) * 16 * R;
   const bool xa = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const bool wa = (reinterpret_cast<uintptr_t>(w) & 15) == 0;
   const bool mine = gid < M;  // this lane carries column gid of the mma's B (row gid of x)

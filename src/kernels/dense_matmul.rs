@@ -1,11 +1,11 @@
-//! `y = x @ w^T` for dense bf16 or f16 weights: at verify widths (M = 1..8 rows of x) on CUDA, the kernel in
+//! `y = x @ w^T` for dense bf16 or f16 weights: at verify widths (M = 1..32 rows of x) on CUDA, the kernel in
 //! kernels/cuda/dense_matmul.cu{,h}; everywhere else, MLX's matmul ([`fallback`]).
 //!
 //! MLX 0.32.4's CUDA matmul in bf16 gives a row of x different bits at M = 1 than inside M = 2..4 (its
 //! gemv and its gemm tile sum in different orders), so an MTP verify's logits were not plain decoding's
 //! and bf16 MTP left the plain continuation (docs/PERF.md). The kernel computes each row of x the same way
 //! whatever M is and whatever the other rows hold, so a verify's logits are decoding's own, bit for bit; it
-//! is taken for all M in 1..=8, M = 1 included, for that reason, and reads each weight byte once for all rows.
+//! is taken for all M in 1..=32, M = 1 included, for that reason, and reads each weight byte once for each 8 rows.
 //!
 //! Tolerance: against an fp32 reference (x and w upcast) the relative Frobenius error of its output is at
 //! most half an ulp of the output dtype (2^-8 bf16, 2^-11 f16), what rounding the exact result costs.
@@ -27,8 +27,8 @@ const SOURCE: &str = include_str!("../../kernels/cuda/dense_matmul.cu");
 
 /// This kernel's name for `TANDEM_KERNELS=-dense_matmul` (every other kernel stays on).
 pub const NAME: &str = "dense_matmul";
-/// Rows of x the kernel takes (a verify of depth 7 at most).
-pub const MAX_ROWS: i32 = 8;
+/// Rows of x the kernel takes (as quantized_matmul's: 8-row slabs, each computed as its rows alone).
+pub const MAX_ROWS: i32 = 32;
 /// K is consumed in chunks of this many elements (each lane loads two 16-byte pieces of a chunk).
 pub const CHUNK: i32 = 64;
 /// The range of K (x's last axis) and N (weight rows) the parity runs covered (benches/gpu/dmm_kernel.py,
@@ -75,7 +75,7 @@ pub fn selected(x: &Array, w: &Array) -> bool {
 }
 
 /// The formats and shapes the kernel computes and its parity runs covered: x and w both bf16 or both f16,
-/// w `[N, K]`, x `[..., K]` with M = 1..=8 rows, K a multiple of 64 in range, N in range.
+/// w `[N, K]`, x `[..., K]` with M = 1..=32 rows, K a multiple of 64 in range, N in range.
 pub fn applicable(x: &Array, w: &Array) -> bool {
     let dt = x.dtype();
     if !matches!(dt, Dtype::BF16 | Dtype::F16) || w.dtype() != dt || x.ndim() == 0 || w.ndim() != 2 {
@@ -111,7 +111,7 @@ pub fn cuda(x: &Array, w: &Array) -> Result<Array> {
     }
     let x2 = x.reshape(&[m, k])?;
     let (r, ks, u) = launch_shape(n, k);
-    let blocks = (n + 16 * r - 1) / (16 * r);
+    let blocks = (n + 16 * r - 1) / (16 * r) * super::quantized_matmul::slabs(m);
     let out_shape = [m, n];
     let y = with_kernel(dt, |kernel| {
         kernel.call(

@@ -71,12 +71,12 @@ pub fn disabled(name: &str) -> bool {
 }
 
 /// Rows up to which a matmul's output rows are the same bits whatever the number of rows (the
-/// verify-width kernels, M = 1..=8), where those kernels run; None where every path already is (the
+/// verify-width kernels, M = 1..=32), where those kernels run; None where every path already is (the
 /// CPU). A batched verify wider than this would score drafts with other bits than plain decoding
 /// does, so MTP would no longer give plain decoding's tokens (`generate::batch` keeps under it).
 pub fn row_invariant_width() -> Option<usize> {
     use mlx::device::{backend, default_device, Backend, Device};
-    (backend() == Backend::Cuda && default_device() == Device::Gpu).then_some(8)
+    (backend() == Backend::Cuda && default_device() == Device::Gpu).then_some(quantized_matmul::MAX_ROWS as usize)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! `y = x @ dequantize(w)^T` for affine-quantized weights: at verify widths (M = 1..8 rows of x) on CUDA,
+//! `y = x @ dequantize(w)^T` for affine-quantized weights: at verify widths (M = 1..32 rows of x) on CUDA,
 //! the kernel in kernels/cuda/quantized_matmul.cu{,h}; on the CPU with bf16 or f16 x, MLX's op computed in
 //! fp32 ([`cpu_f32`]); everywhere else, MLX's `quantized_matmul` ([`fallback`]).
 //!
@@ -9,7 +9,7 @@
 //! MLX's CUDA op costs almost linearly in M (an MTP verify of 4 tokens paid ~3.5 plain steps of it on the
 //! H200); the kernel reads the weights once for all M rows, so M = 8 costs what M = 1 does. It computes
 //! each row of x the same way whatever M is, so a verify's logits stay decoding's own (bit for bit).
-//! It is taken for all M in 1..=8, M = 1 included, for that reason.
+//! It is taken for all M in 1..=32, M = 1 included, for that reason; past 8 rows it runs per 8-row slab.
 //!
 //! Tolerance: against an fp32 reference (x and the dequantized weight in fp32) the relative Frobenius error
 //! of its output is at most half an ulp of the output dtype at its worst (2^-8 bf16, 2^-11 f16), what
@@ -30,8 +30,10 @@ type Result<T> = std::result::Result<T, mlx::Error>;
 const HEADER: &str = include_str!("../../kernels/cuda/quantized_matmul.cuh");
 const SOURCE: &str = include_str!("../../kernels/cuda/quantized_matmul.cu");
 
-/// Rows of x the kernel takes (a verify of depth 7 at most).
-pub const MAX_ROWS: i32 = 8;
+/// Rows of x the kernel takes: a verify of depth 7 alone, or of depth 3 for each of 8 batched streams. Past
+/// 8 rows each 8-row slab is its own block, so a row's bits stay those of M = 1; the weights are read once
+/// per slab (L2 shares some of it).
+pub const MAX_ROWS: i32 = 32;
 pub const GROUP_SIZE: i32 = 64;
 /// The range of K (x's last axis) and N (weight rows) the parity runs covered (benches/gpu/qmm_kernel.py:
 /// K from 128 to 17408, N from 40 to a 248320-row vocabulary).
@@ -45,6 +47,11 @@ pub const TESTED_CLASSES: &[(u32, u32)] = &[(9, 0)];
 const TILES_PER_WARP: i32 = 2;
 const WARPS: i32 = 4;
 const GROUPS_PER_ROUND: i32 = 2;
+
+/// Blocks per 16-row weight tile group: one per 8 rows of x (the kernel's `slabs`).
+pub fn slabs(m: i32) -> i32 {
+    (m + 7) / 8
+}
 
 /// Half an ulp of `dtype` at its worst, relative: the tolerance against an fp32 reference.
 pub fn tolerance(dtype: Dtype) -> f32 {
@@ -114,7 +121,7 @@ pub fn selected(x: &Array, q: &Quantized) -> bool {
     probe_passed(x.dtype(), q.bits)
 }
 
-/// The formats and shapes the kernel computes and its parity runs covered: x bf16 or f16 with M = 1..=8
+/// The formats and shapes the kernel computes and its parity runs covered: x bf16 or f16 with M = 1..=32
 /// rows; affine weights of 4 or 8 bits in groups of 64 with scales and biases of x's dtype; K and N in range.
 pub fn applicable(x: &Array, q: &Quantized) -> bool {
     let dt = x.dtype();
@@ -160,7 +167,7 @@ pub fn cuda(x: &Array, q: &Quantized) -> Result<Array> {
     }
     let dt = x.dtype();
     let x2 = x.reshape(&[m, k])?;
-    let blocks = (n + 16 * TILES_PER_WARP - 1) / (16 * TILES_PER_WARP);
+    let blocks = (n + 16 * TILES_PER_WARP - 1) / (16 * TILES_PER_WARP) * slabs(m);
     let out_shape = [m, n];
     let y = with_kernel(dt, |kernel| {
         kernel.call(

@@ -67,8 +67,9 @@ fn qmm_selection_rules() {
     let q4 = weights(8, 5120, 4, Dtype::BF16, 1);
     let x = inputs(4, 5120, Dtype::BF16, 2).reshape(&[1, 4, 5120]).unwrap();
     assert!(qmm::applicable(&x, &q4), "verify-width bf16 x, 4-bit group-64 weights");
-    let x9 = inputs(9, 5120, Dtype::BF16, 2);
-    assert!(!qmm::applicable(&x9, &q4), "9 rows is past verify width");
+    assert!(qmm::applicable(&inputs(32, 5120, Dtype::BF16, 2), &q4), "a batch's verify: 8 streams x 4 tokens");
+    let x33 = inputs(33, 5120, Dtype::BF16, 2);
+    assert!(!qmm::applicable(&x33, &q4), "33 rows is past verify width");
     assert!(!qmm::applicable(&x.as_dtype(Dtype::F32).unwrap(), &q4), "f32 x");
     let q3 = weights(8, 5120, 3, Dtype::BF16, 1);
     assert!(!qmm::applicable(&x, &q3), "3 bits");
@@ -130,6 +131,19 @@ fn qmm_cpu_path_is_fp32_rounded_once() {
     }
 }
 
+/// Widths the CUDA parity runs take: every verify of one stream, then batches' verifies across 8-row slabs.
+const WIDTHS: [i32; 15] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 24, 31, 32];
+
+/// Each row of a 32-row call (slabs 0..4) has the bits the kernel gives that row alone: a sequence's verify
+/// rows inside a batch are its plain steps' own.
+fn rows_alone_as_in_32(x32: &Array, y32: &Array, kernel: impl Fn(&Array) -> Array, case: &str) {
+    for j in [0, 7, 8, 13, 16, 23, 24, 31] {
+        let alone = kernel(&x32.slice_axis(0, j, j + 1).unwrap());
+        let inside = y32.slice_axis(0, j, j + 1).unwrap();
+        assert_eq!(alone.to_bytes().unwrap(), inside.to_bytes().unwrap(), "{case}: row {j} alone differs from M = 32");
+    }
+}
+
 #[test]
 fn qmm_cuda_parity() {
     if !cuda_or_skip("qmm_cuda_parity") {
@@ -141,11 +155,11 @@ fn qmm_cuda_parity() {
         for bits in [4, 8] {
             for (i, &(n, k)) in shapes.iter().enumerate() {
                 let q = weights(n, k, bits, dtype, 10 + i as u64);
-                let x8 = inputs(8, k, dtype, 20 + i as u64);
-                let y8 = qmm::cuda(&x8, &q).unwrap();
+                let x32 = inputs(32, k, dtype, 20 + i as u64);
+                let y32 = qmm::cuda(&x32, &q).unwrap();
                 let mut worst = (0.0f64, 0.0f64, 0.0f64);
-                for m in 1..=8 {
-                    let x = x8.slice_axis(0, 0, m).unwrap();
+                for m in WIDTHS {
+                    let x = x32.slice_axis(0, 0, m).unwrap();
                     let y = qmm::cuda(&x, &q).unwrap();
                     assert_eq!(y.shape(), vec![m, n]);
                     let yv = y.to_f32_vec().unwrap();
@@ -161,13 +175,14 @@ fn qmm_cuda_parity() {
                         e_fb <= e_ref + e_mlx + half_ulp(dtype),
                         "{case}: {e_fb:.2e} from MLX's op (kernel {e_ref:.2e}, MLX {e_mlx:.2e} from fp32)"
                     );
-                    // Batch invariance: each row as it comes out of the 8-row call.
-                    let rows8 = y8.slice_axis(0, 0, m).unwrap();
-                    assert_eq!(y.to_bytes().unwrap(), rows8.to_bytes().unwrap(), "{case}: rows differ from M = 8");
+                    // Batch invariance: each row as it comes out of the 32-row call.
+                    let rows32 = y32.slice_axis(0, 0, m).unwrap();
+                    assert_eq!(y.to_bytes().unwrap(), rows32.to_bytes().unwrap(), "{case}: rows differ from M = 32");
                 }
+                rows_alone_as_in_32(&x32, &y32, |x| qmm::cuda(x, &q).unwrap(), &format!("{dtype:?} {bits}-bit N={n}"));
                 println!(
                     "qmm parity {dtype:?} {bits}-bit N={n} K={k}: kernel/fp32 {:.2e}, MLX op/fp32 {:.2e}, \
-                     kernel/MLX op {:.2e} (worst over M = 1..8; tolerance {:.2e})",
+                     kernel/MLX op {:.2e} (worst over M = 1..32; tolerance {:.2e})",
                     worst.0,
                     worst.1,
                     worst.2,
@@ -196,7 +211,7 @@ fn qmm_cuda_misaligned_and_3d_inputs() {
     assert_eq!(y3.shape(), vec![1, 3, n]);
     assert_eq!(y3.to_bytes().unwrap(), y.to_bytes().unwrap());
     // Outside the kernel's range: an error, not a wrong answer.
-    assert!(qmm::cuda(&inputs(9, k, Dtype::BF16, 7), &q).is_err());
+    assert!(qmm::cuda(&inputs(33, k, Dtype::BF16, 7), &q).is_err());
 }
 
 #[test]
@@ -233,7 +248,8 @@ fn dmm_selection_rules() {
     let x = inputs(4, 5120, Dtype::BF16, 2).reshape(&[1, 4, 5120]).unwrap();
     assert!(dmm::applicable(&x, &w), "verify-width bf16 x and w");
     assert!(dmm::applicable(&inputs(1, 5120, Dtype::BF16, 2), &w), "decode width");
-    assert!(!dmm::applicable(&inputs(9, 5120, Dtype::BF16, 2), &w), "9 rows is past verify width");
+    assert!(dmm::applicable(&inputs(32, 5120, Dtype::BF16, 2), &w), "a batch's verify: 8 streams x 4 tokens");
+    assert!(!dmm::applicable(&inputs(33, 5120, Dtype::BF16, 2), &w), "33 rows is past verify width");
     assert!(!dmm::applicable(&x.as_dtype(Dtype::F32).unwrap(), &w.as_dtype(Dtype::F32).unwrap()), "f32");
     assert!(!dmm::applicable(&x, &w.as_dtype(Dtype::F16).unwrap()), "x and w of different dtypes");
     assert!(!dmm::applicable(&inputs(1, 96, Dtype::BF16, 2), &dense_weights(8, 96, Dtype::BF16, 1)), "K of 96");
@@ -249,10 +265,10 @@ fn dmm_selection_rules() {
 }
 
 /// The dense kernel against an fp32 reference (x and w upcast) and against MLX's matmul, bf16 and f16,
-/// M = 1..8, on edge shapes (partial tiles, K of one chunk, N below one block) and the 27B projection
+/// M = 1..32, on edge shapes (partial tiles, K of one chunk, N below one block) and the 27B projection
 /// shapes: within half an ulp of the output dtype of the reference, and each row's bits the same whatever M
 /// (MLX's own op is not: it prints whether its M = 1 row matched). A misaligned view of x gives the aligned
-/// copy's bits, `[B, T, K]` inputs keep their leading axes, and 9 rows is an error.
+/// copy's bits, `[B, T, K]` inputs keep their leading axes, and 33 rows is an error.
 #[test]
 fn dmm_cuda_parity() {
     use tandem::kernels::dense_matmul as dmm;
@@ -264,12 +280,12 @@ fn dmm_cuda_parity() {
     for dtype in [Dtype::BF16, Dtype::F16] {
         for (i, &(n, k)) in shapes.iter().enumerate() {
             let w = dense_weights(n, k, dtype, 50 + i as u64);
-            let x8 = inputs(8, k, dtype, 60 + i as u64);
-            let y8 = dmm::cuda(&x8, &w).unwrap();
-            let mlx8 = dmm::fallback(&x8, &w).unwrap();
+            let x32 = inputs(32, k, dtype, 60 + i as u64);
+            let y32 = dmm::cuda(&x32, &w).unwrap();
+            let mlx32 = dmm::fallback(&x32, &w).unwrap();
             let (mut worst, mut mlx_invariant) = ((0.0f64, 0.0f64, 0.0f64), true);
-            for m in 1..=8 {
-                let x = x8.slice_axis(0, 0, m).unwrap();
+            for m in WIDTHS {
+                let x = x32.slice_axis(0, 0, m).unwrap();
                 let y = dmm::cuda(&x, &w).unwrap();
                 assert_eq!(y.shape(), vec![m, n]);
                 let yv = y.to_f32_vec().unwrap();
@@ -285,14 +301,15 @@ fn dmm_cuda_parity() {
                     e_fb <= e_ref + e_mlx + half_ulp(dtype),
                     "{case}: {e_fb:.2e} from MLX's op (kernel {e_ref:.2e}, MLX {e_mlx:.2e} from fp32)"
                 );
-                // Batch invariance: each row as it comes out of the 8-row call.
-                let rows8 = y8.slice_axis(0, 0, m).unwrap();
-                assert_eq!(y.to_bytes().unwrap(), rows8.to_bytes().unwrap(), "{case}: rows differ from M = 8");
-                mlx_invariant &= fallback.to_bytes().unwrap() == mlx8.slice_axis(0, 0, m).unwrap().to_bytes().unwrap();
+                // Batch invariance: each row as it comes out of the 32-row call.
+                let rows32 = y32.slice_axis(0, 0, m).unwrap();
+                assert_eq!(y.to_bytes().unwrap(), rows32.to_bytes().unwrap(), "{case}: rows differ from M = 32");
+                mlx_invariant &= fallback.to_bytes().unwrap() == mlx32.slice_axis(0, 0, m).unwrap().to_bytes().unwrap();
             }
+            rows_alone_as_in_32(&x32, &y32, |x| dmm::cuda(x, &w).unwrap(), &format!("dense {dtype:?} N={n}"));
             println!(
                 "dmm parity {dtype:?} N={n} K={k}: kernel/fp32 {:.2e}, MLX op/fp32 {:.2e}, kernel/MLX op {:.2e} \
-                 (worst over M = 1..8; tolerance {:.2e}); kernel rows bit-identical across M; MLX op's rows {}",
+                 (worst over M = 1..32; tolerance {:.2e}); kernel rows bit-identical across M; MLX op's rows {}",
                 worst.0,
                 worst.1,
                 worst.2,
@@ -316,7 +333,7 @@ fn dmm_cuda_parity() {
     let y3 = dmm::cuda(&x.reshape(&[1, 3, k]).unwrap(), &w).unwrap();
     assert_eq!(y3.shape(), vec![1, 3, n]);
     assert_eq!(y3.to_bytes().unwrap(), y.to_bytes().unwrap());
-    assert!(dmm::cuda(&inputs(9, k, Dtype::BF16, 7), &w).is_err(), "9 rows");
+    assert!(dmm::cuda(&inputs(33, k, Dtype::BF16, 7), &w).is_err(), "33 rows");
     assert!(dmm::cuda(&inputs(2, 96, Dtype::BF16, 7), &dense_weights(8, 96, Dtype::BF16, 1)).is_err(), "K of 96");
 }
 
