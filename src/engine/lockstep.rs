@@ -11,14 +11,17 @@ use serde::{Deserialize, Serialize};
 use mlx::Array;
 
 use crate::generate::{generate, Control, GenerateOptions, MtpOptions, Output, Progress, SamplingParams};
-use crate::model::parallel::TensorParallel;
+use crate::model::parallel::{Parallel, Split};
 use crate::model::Qwen35;
 
 /// What every rank needs to run a request's generation as rank 0 does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LockstepJob {
-    /// The model rank 0 runs it on, by name: a rank serving another one refuses it.
+    /// The model rank 0 runs it on, by name, and how it is split: a rank serving another model, or
+    /// the same split another way, refuses it.
     pub model: String,
+    #[serde(default)]
+    pub split: Split,
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
     pub sampling: SamplingParams,
@@ -28,12 +31,14 @@ pub struct LockstepJob {
 }
 
 impl LockstepJob {
-    /// The job for `prompt` under `opts`, made timing-free: fixed depth, and a seed.
-    pub fn new(model: &str, prompt: &[u32], opts: &GenerateOptions) -> LockstepJob {
+    /// The job for `prompt` under `opts` on `model` split as `split`, made timing-free: fixed depth,
+    /// and a seed.
+    pub fn new(model: &str, split: Split, prompt: &[u32], opts: &GenerateOptions) -> LockstepJob {
         let mut sampling = opts.sampling.clone();
         sampling.seed.get_or_insert_with(crate::generate::sampler::fresh_seed);
         LockstepJob {
             model: model.to_owned(),
+            split,
             prompt: prompt.to_vec(),
             max_tokens: opts.max_tokens,
             sampling,
@@ -58,7 +63,7 @@ impl LockstepJob {
 }
 
 /// Rank 0's bytes, on every rank (a sum where the others give zeros).
-fn share_bytes(tp: &TensorParallel, mine: &[u8]) -> mlx::Result<Vec<u8>> {
+fn share_bytes(tp: &Parallel, mine: &[u8]) -> mlx::Result<Vec<u8>> {
     let len = Array::from_slice(&[mine.len() as i32], &[1])?;
     let len = tp.reduce(&len)?.to_vec::<i32>()?.first().copied().unwrap_or(0).max(0);
     if len == 0 {
@@ -71,13 +76,14 @@ fn share_bytes(tp: &TensorParallel, mine: &[u8]) -> mlx::Result<Vec<u8>> {
 }
 
 /// Rank 0: hands every rank the next job; fails when a rank serves another model (it refuses).
-pub fn send_job(tp: &TensorParallel, job: &LockstepJob) -> Result<(), crate::generate::GenerateError> {
+pub fn send_job(tp: &Parallel, job: &LockstepJob) -> Result<(), crate::generate::GenerateError> {
     let bytes = serde_json::to_vec(job).map_err(|e| mlx::Error::Invalid(format!("cannot encode a job: {e}")))?;
     share_bytes(tp, &bytes)?;
     if agree_stop(tp, false)? {
         return Err(crate::generate::GenerateError::OtherRank(format!(
-            "another rank of the group does not serve model `{}` (every rank must run `tandem worker` with it)",
-            job.model
+            "another rank of the group does not serve model `{}` {} parallel (every rank must run `tandem worker` \
+             with it and the same --split)",
+            job.model, job.split
         )));
     }
     Ok(())
@@ -85,22 +91,27 @@ pub fn send_job(tp: &TensorParallel, job: &LockstepJob) -> Result<(), crate::gen
 
 /// The other ranks: the next job for `model` (a job for another model is refused, and so is not
 /// returned; rank 0 then fails that request).
-pub fn receive_job(tp: &TensorParallel, model: &str) -> mlx::Result<LockstepJob> {
+pub fn receive_job(tp: &Parallel, model: &str) -> mlx::Result<LockstepJob> {
     loop {
         let bytes = share_bytes(tp, &[])?;
         let job: Option<LockstepJob> = serde_json::from_slice(&bytes).ok();
-        let ours = job.as_ref().is_some_and(|j| j.model == model);
+        let ours = job.as_ref().is_some_and(|j| j.model == model && j.split == tp.split());
         agree_stop(tp, !ours)?;
         match job {
             Some(job) if ours => return Ok(job),
-            Some(job) => tracing::warn!("rank 0 asked for model `{}`; this rank serves `{model}`", job.model),
+            Some(job) => tracing::warn!(
+                "rank 0 asked for model `{}` ({} parallel); this rank serves `{model}` ({} parallel)",
+                job.model,
+                job.split,
+                tp.split()
+            ),
             None => tracing::warn!("an unreadable job from rank 0 ({} bytes)", bytes.len()),
         }
     }
 }
 
 /// Whether any rank wants to stop (in practice rank 0): every rank gets the same answer.
-pub fn agree_stop(tp: &TensorParallel, stop: bool) -> mlx::Result<bool> {
+pub fn agree_stop(tp: &Parallel, stop: bool) -> mlx::Result<bool> {
     let flag = Array::from_slice(&[i32::from(stop)], &[1])?;
     Ok(tp.reduce(&flag)?.to_vec::<i32>()?.first().is_some_and(|&n| n > 0))
 }
@@ -109,7 +120,7 @@ pub fn agree_stop(tp: &TensorParallel, stop: bool) -> mlx::Result<bool> {
 /// others pass one that always continues). A failed agreement (a rank lost) stops it with that error.
 pub fn run(
     model: &Qwen35,
-    tp: &TensorParallel,
+    tp: &Parallel,
     job: &LockstepJob,
     logprobs: Option<usize>,
     on_progress: &mut dyn FnMut(Progress<'_>) -> Control,
@@ -134,7 +145,7 @@ pub fn run(
 
 /// A follower rank (`tandem worker`): runs rank 0's jobs for the model it serves (`name`), until
 /// rank 0 is gone (the error says so).
-pub fn follow(model: &Qwen35, name: &str, tp: &TensorParallel) -> Result<(), crate::generate::GenerateError> {
+pub fn follow(model: &Qwen35, name: &str, tp: &Parallel) -> Result<(), crate::generate::GenerateError> {
     loop {
         let job = receive_job(tp, name)?;
         tracing::info!(prompt = job.prompt.len(), max_tokens = job.max_tokens, "job from rank 0");
@@ -156,7 +167,7 @@ mod tests {
             stop_ids: vec![5],
             ..Default::default()
         };
-        let job = LockstepJob::new("m", &[1, 2, 3], &opts);
+        let job = LockstepJob::new("m", Split::Pipeline, &[1, 2, 3], &opts);
         assert!(job.sampling.seed.is_some(), "a seed is fixed so every rank draws the same");
         assert!(!job.mtp.adaptive, "the adaptive controller decides by timing");
         let back: LockstepJob = serde_json::from_slice(&serde_json::to_vec(&job).unwrap()).unwrap();

@@ -149,7 +149,7 @@ impl Worker {
                         max_tokens: entry.batch.max_tokens as usize,
                     };
                     let served = Served { name: &entry.name, model: &model, tokenizer: &tokenizer };
-                    match &load_options.tensor_parallel {
+                    match &load_options.parallel {
                         Some(tp) => serve_in_lockstep(served, &jobs_rx, &shared, &engine, tp),
                         None => {
                             let prefix = prefix_cache::for_model(&entry, load_options.dtype);
@@ -396,7 +396,7 @@ fn serve_in_lockstep(
     jobs: &std_mpsc::Receiver<Job>,
     shared: &Shared,
     engine: &WeakEngine,
-    tp: &crate::model::parallel::TensorParallel,
+    tp: &crate::model::parallel::Parallel,
 ) {
     use super::lockstep;
     let Served { name, model, .. } = served;
@@ -416,7 +416,7 @@ fn serve_in_lockstep(
             continue;
         }
         let mut stream = Stream::running(served, &prepared, events, cancel, shared);
-        let job = lockstep::LockstepJob::new(name, &prepared.prompt.ids, &prepared.opts);
+        let job = lockstep::LockstepJob::new(name, tp.split(), &prepared.prompt.ids, &prepared.opts);
         let outcome = {
             let _compute = super::compute_lock();
             let stream = &mut stream;

@@ -75,13 +75,14 @@ pub struct LoadOptions {
     /// Set from another thread to stop the load at its next layer (an unload of a model still
     /// loading, a load past its deadline): the load then fails with [`LoadError::Cancelled`].
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
-    /// Load only this rank's share of every layer (`model::parallel`); None: the whole model.
-    pub tensor_parallel: Option<parallel::TensorParallel>,
+    /// Load only this rank's share of the model (`model::parallel`: its heads of every layer, or its
+    /// pipeline stage's layers); None: the whole model.
+    pub parallel: Option<parallel::Parallel>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { dtype: None, probe: true, cancel: None, tensor_parallel: None }
+        LoadOptions { dtype: None, probe: true, cancel: None, parallel: None }
     }
 }
 

@@ -11,6 +11,7 @@ mod config;
 mod decoder_layer;
 mod gated_deltanet;
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ pub use self::decoder_layer::DecoderLayer;
 use super::layers::{Embedding, Linear, MRope, Observer, Result, RmsNorm};
 use super::mtp_head::convention::HeadDecision;
 use super::mtp_head::{self, probe, MtpHead, MtpStatus, MTP_NORMS};
+use super::parallel::{Parallel, Split};
 use super::store::{Provenance, Store};
 use super::vision::{GridThw, VisionConfig, VisionTower};
 use super::weights::{Checkpoint, Layout};
@@ -267,7 +269,10 @@ pub struct Qwen35 {
     pub config: Config,
     pub layout: Layout,
     embed_tokens: Embedding,
+    /// The decoder layers this process runs: all of them, or its pipeline stage's.
     layers: Vec<DecoderLayer>,
+    /// In a pipeline, the group and which layers of the model `layers` are (model::parallel).
+    stage: Option<(Parallel, Range<usize>)>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
     mtp: Option<MtpHead>,
@@ -296,21 +301,24 @@ impl Qwen35 {
         let norms = |name: &str, dim: i32| store.norm(name, dim, eps);
         let observer = Arc::new(Observer::default());
         let embed_tokens = store.embedding("embed_tokens", v, d)?;
-        let layers = (0..c.text.num_hidden_layers)
-            .map(|i| {
-                opts.check_cancelled()?;
-                let p = format!("layers.{i}");
-                DecoderLayer::load(
-                    &store,
-                    &p,
-                    &c,
-                    c.full_attention[i],
-                    &norms,
-                    &observer,
-                    opts.tensor_parallel.as_ref(),
-                )
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let all = 0..c.text.num_hidden_layers;
+        let stage = match &opts.parallel {
+            Some(p) if p.split() == Split::Pipeline => Some((p.clone(), p.stage(all.len())?)),
+            _ => None,
+        };
+        let mine = stage.as_ref().map_or(all.clone(), |(_, r)| r.clone());
+        let tp = opts.parallel.as_ref().and_then(Parallel::tensor);
+        let mut layers = Vec::with_capacity(mine.len());
+        for i in all {
+            let p = format!("layers.{i}");
+            if !mine.contains(&i) {
+                // Another rank's: never read from the files.
+                store.skip_prefix(&format!("{p}."));
+                continue;
+            }
+            opts.check_cancelled()?;
+            layers.push(DecoderLayer::load(&store, &p, &c, c.full_attention[i], &norms, &observer, tp)?);
+        }
         let norm = norms("norm.weight", d)?;
         let lm_head = if c.tie_word_embeddings {
             if store.has("lm_head.weight") {
@@ -345,6 +353,7 @@ impl Qwen35 {
             layout: store.layout,
             embed_tokens,
             layers,
+            stage,
             norm,
             lm_head,
             mtp,
@@ -383,11 +392,11 @@ impl Qwen35 {
         Ok(())
     }
 
-    /// Fresh per-sequence state: one cache per decoder layer.
+    /// Fresh per-sequence state: one cache per decoder layer this process runs.
     pub fn make_cache(&self) -> Vec<LayerCache> {
-        self.config
-            .full_attention
-            .iter()
+        let full = &self.config.full_attention;
+        let mine = self.stage.as_ref().map_or(&full[..], |(_, r)| &full[r.clone()]);
+        mine.iter()
             .map(
                 |&full| {
                     if full {
@@ -462,10 +471,17 @@ impl Qwen35 {
     }
 
     fn forward_layers(&self, h: &Array, cache: &mut [LayerCache], rope: Option<&MRope>) -> Result<Array> {
-        let mut h = h.clone();
-        for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
-            h = layer.forward(&h, c, rope)?;
-        }
+        let mut run = |h: &Array| {
+            let mut h = h.clone();
+            for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
+                h = layer.forward(&h, c, rope)?;
+            }
+            Ok(h)
+        };
+        let h = match &self.stage {
+            Some((p, _)) => p.chain(h, run)?,
+            None => run(h)?,
+        };
         self.norm.forward(&h)
     }
 
@@ -481,11 +497,19 @@ impl Qwen35 {
                 self.layers.len()
             )));
         }
-        let mut h = self.embed(tokens)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let mut per: Vec<&mut LayerCache> = caches.iter_mut().map(|c| &mut c[i]).collect();
-            h = layer.forward_batch(&h, &mut per, None)?;
-        }
+        let mut run = |h: &Array| {
+            let mut h = h.clone();
+            for (i, layer) in self.layers.iter().enumerate() {
+                let mut per: Vec<&mut LayerCache> = caches.iter_mut().map(|c| &mut c[i]).collect();
+                h = layer.forward_batch(&h, &mut per, None)?;
+            }
+            Ok(h)
+        };
+        let h = self.embed(tokens)?;
+        let h = match &self.stage {
+            Some((p, _)) => p.chain(&h, run)?,
+            None => run(&h)?,
+        };
         self.norm.forward(&h)
     }
 
@@ -500,8 +524,13 @@ impl Qwen35 {
     /// One MTP step: for post-norm hidden `h_t` and the token `x_{t+1}` that follows position t,
     /// returns the head's normed output (which both feeds the next draft and gives the logits).
     pub fn mtp_forward(&self, hidden: &Array, next_tokens: &Array, cache: &mut KvCache) -> Result<Array> {
+        self.mtp_forward_batch(hidden, next_tokens, &mut [cache])
+    }
+
+    /// [`mtp_forward`](Self::mtp_forward) for B sequences (`[B, T]`), `caches[i]` being row i's head cache.
+    pub fn mtp_forward_batch(&self, hidden: &Array, next_tokens: &Array, caches: &mut [&mut KvCache]) -> Result<Array> {
         let head = self.mtp.as_ref().ok_or_else(|| mlx::Error::Invalid("this model has no MTP head loaded".into()))?;
-        head.forward(&self.embed(next_tokens)?, hidden, cache)
+        head.forward_batch(&self.embed(next_tokens)?, hidden, caches)
     }
 
     pub fn layers_len(&self) -> usize {

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use mlx::{Array, Dtype, QuantMode, Quantized};
 
 use super::layers::{Embedding, Linear, NormConvention, RmsNorm};
+use super::parallel::Cut;
 use super::weights::{Checkpoint, Layout, Shard, TensorRef};
 use super::LoadError;
 
@@ -204,6 +205,31 @@ impl Store {
             return Ok(Linear::Dense { weight: self.tensor(&format!("{prefix}.weight"), &[out, inp])?, bias });
         }
         Ok(Linear::Quantized { q: self.quantized(prefix, out, inp)?, bias })
+    }
+
+    /// What `cut` keeps of a linear layer `[out, in]` without a bias (a tensor-parallel rank's rows or
+    /// columns). Only that part is checked for NaN/Inf, so only its bytes are read from the files: the
+    /// whole tensor is a view of the mapped file until a part of it is copied out.
+    pub fn linear_cut(&self, prefix: &str, out: i32, inp: i32, cut: &Cut) -> Result<Linear, LoadError> {
+        let whole = self.linear(prefix, out, inp, false)?;
+        if *cut == Cut::All {
+            return Ok(whole);
+        }
+        let part = cut.apply(&whole).map_err(|e| LoadError::Mlx { context: prefix.to_string(), source: e })?;
+        let mut unchecked = self.unchecked.borrow_mut();
+        let dot = format!("{prefix}.");
+        // The part's arrays replace the whole ones `raw` registered under the same names.
+        let arrays: Vec<(&str, &Array)> = match &part {
+            Linear::Dense { weight, .. } => vec![("weight", weight)],
+            Linear::Quantized { q, .. } => [("scales", Some(&q.scales)), ("biases", q.biases.as_ref())]
+                .into_iter()
+                .filter_map(|(n, a)| Some((n, a?)))
+                .collect(),
+        };
+        for (suffix, a) in arrays.into_iter().filter(|(_, a)| a.dtype().is_float()) {
+            unchecked.insert(format!("{dot}{suffix}"), a.clone());
+        }
+        Ok(part)
     }
 
     fn quantized(&self, prefix: &str, out: i32, inp: i32) -> Result<Quantized, LoadError> {

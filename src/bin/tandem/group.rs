@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use tandem::model::parallel::TensorParallel;
+use tandem::model::parallel::{Parallel, Split};
 
 /// Joins as `rank` of the group `hostfile` lists (MLX's format: a JSON list with each rank's
-/// `["ip:port"]`), waiting at most `timeout` for the others.
-pub fn join(hostfile: &Path, rank: usize, timeout: Duration) -> Result<TensorParallel> {
+/// `["ip:port"]`), waiting at most `timeout` for the others; the model will be split as `split` says.
+pub fn join(hostfile: &Path, rank: usize, split: Split, timeout: Duration) -> Result<Parallel> {
     let text = std::fs::read_to_string(hostfile).with_context(|| format!("--hostfile {}", hostfile.display()))?;
     let hosts: Vec<Vec<String>> = serde_json::from_str(&text).with_context(|| {
         format!("--hostfile {}: not a JSON list of each rank's [\"ip:port\"] (MLX's ring hostfile)", hostfile.display())
@@ -42,5 +42,5 @@ pub fn join(hostfile: &Path, rank: usize, timeout: Duration) -> Result<TensorPar
         ),
     };
     tracing::info!(rank, size = group.size(), "joined the group of {}", hostfile.display());
-    Ok(TensorParallel::new(Arc::new(group)))
+    Ok(Parallel::new(Arc::new(group), split))
 }

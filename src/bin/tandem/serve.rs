@@ -27,6 +27,11 @@ pub struct ServeArgs {
     /// with each rank's ["ip:port"]); the others run `tandem worker --hostfile FILE --rank N`.
     #[arg(long)]
     hostfile: Option<std::path::PathBuf>,
+    /// How the model is split over the group (with --hostfile): `tensor` (each rank a share of every
+    /// layer's heads; for fast links) or `pipeline` (each rank whole layers; for slow links). Every
+    /// worker must be given the same.
+    #[arg(long, default_value = "tensor", value_parser = parse_split)]
+    split: tandem::model::parallel::Split,
     /// Seconds to wait for the other ranks to join (with --hostfile).
     #[arg(long, default_value_t = 120)]
     join_timeout: u64,
@@ -49,12 +54,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     cfg.engine.adaptive = a.adaptive.as_deref().map(|v| v == "on");
     if let Some(hostfile) = &a.hostfile {
-        let tp = crate::group::join(hostfile, 0, std::time::Duration::from_secs(a.join_timeout))?;
-        eprintln!("rank 0 of {}: models are split over the group of {}", tp.size(), hostfile.display());
-        cfg.engine.load_options.tensor_parallel = Some(tp);
+        let tp = crate::group::join(hostfile, 0, a.split, std::time::Duration::from_secs(a.join_timeout))?;
+        eprintln!("rank 0 of {}: models are split ({} parallel) over {}", tp.size(), a.split, hostfile.display());
+        cfg.engine.load_options.parallel = Some(tp);
     }
     if a.api_key.is_some() {
         cfg.api_key = a.api_key;
     }
     server::serve(cfg)
+}
+
+/// `--split`'s value (also `tandem worker`'s).
+pub fn parse_split(s: &str) -> std::result::Result<tandem::model::parallel::Split, String> {
+    s.parse()
 }

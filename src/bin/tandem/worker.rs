@@ -23,6 +23,9 @@ pub struct WorkerArgs {
     /// serve the same.
     #[arg(long)]
     model: Option<String>,
+    /// How the model is split: `tensor` or `pipeline`, as rank 0's `tandem serve --split` says.
+    #[arg(long, default_value = "tensor", value_parser = crate::serve::parse_split)]
+    split: tandem::model::parallel::Split,
     /// Seconds to wait for the other ranks to join.
     #[arg(long, default_value_t = 120)]
     join_timeout: u64,
@@ -33,10 +36,10 @@ pub fn run(a: WorkerArgs) -> Result<()> {
         anyhow::bail!("--rank 0 is `tandem serve --hostfile`; workers are ranks 1 and up");
     }
     let entry = model_arg::resolve(a.model.as_deref())?;
-    let tp = group::join(&a.hostfile, a.rank, Duration::from_secs(a.join_timeout))?;
-    let opts = LoadOptions { tensor_parallel: Some(tp.clone()), ..Default::default() };
+    let tp = group::join(&a.hostfile, a.rank, a.split, Duration::from_secs(a.join_timeout))?;
+    let opts = LoadOptions { parallel: Some(tp.clone()), ..Default::default() };
     let m = model::load(&entry.path, &opts).with_context(|| format!("cannot load {}", entry.path.display()))?;
-    eprintln!("rank {} of {}: serving {} with rank 0", tp.rank(), tp.size(), entry.name);
+    eprintln!("rank {} of {}: serving {} with rank 0 ({} parallel)", tp.rank(), tp.size(), entry.name, a.split);
     let end = tandem::engine::lockstep::follow(&m, &entry.name, &tp);
     // follow only returns when the group broke: rank 0 stopped or was lost.
     end.map_err(|e| anyhow::anyhow!("rank 0 is gone: {e}"))

@@ -7,7 +7,7 @@ use mlx::Array;
 use super::{mlx_err, Config};
 use crate::cache::KvCache;
 use crate::model::layers::{causal_attention, Fused, Linear, MRope, Result, RmsNorm, Tap};
-use crate::model::parallel::{self, TensorParallel};
+use crate::model::parallel::{Cut, Parallel};
 use crate::model::store::Store;
 use crate::model::LoadError;
 
@@ -34,27 +34,29 @@ impl Attention {
         c: &Config,
         norms: &dyn Fn(&str, i32) -> std::result::Result<RmsNorm, LoadError>,
         tap: Tap,
-        tp: Option<&TensorParallel>,
+        tp: Option<&Parallel>,
     ) -> std::result::Result<Self, LoadError> {
         let (d, hq, hkv, hd) =
             (c.text.hidden_size, c.text.num_attention_heads, c.text.num_key_value_heads, c.text.head_dim);
-        let mut q = s.linear(&format!("{p}.q_proj"), 2 * hq * hd, d, false)?;
-        let mut k = s.linear(&format!("{p}.k_proj"), hkv * hd, d, false)?;
-        let mut v = s.linear(&format!("{p}.v_proj"), hkv * hd, d, false)?;
-        let mut o_proj = s.linear(&format!("{p}.o_proj"), d, hq * hd, false)?;
-        let (mut hq, mut hkv) = (hq, hkv);
-        if let Some(tp) = tp {
-            // This rank's query heads (query and gate rows, interleaved per head) and the key/value
-            // heads they read: contiguous blocks, as GQA maps query head j to key head j / (hq / hkv).
-            let (q0, q1) = tp.share(hq, "num_attention_heads")?;
-            let (k0, k1) = tp.share(hkv, "num_key_value_heads")?;
-            let err = |e| mlx_err(p, e);
-            q = parallel::rows(&q, &[(2 * q0 * hd, 2 * q1 * hd)]).map_err(err)?;
-            k = parallel::rows(&k, &[(k0 * hd, k1 * hd)]).map_err(err)?;
-            v = parallel::rows(&v, &[(k0 * hd, k1 * hd)]).map_err(err)?;
-            o_proj = parallel::cols(&o_proj, q0 * hd, q1 * hd).map_err(err)?;
-            (hq, hkv) = (q1 - q0, k1 - k0);
-        }
+        // With `tp`, this rank's query heads (query and gate rows, interleaved per head) and the
+        // key/value heads they read: contiguous blocks, as GQA maps query head j to key head j / (hq / hkv).
+        let ((q0, q1), (k0, k1)) = match tp {
+            Some(tp) => (tp.share(hq, "num_attention_heads")?, tp.share(hkv, "num_key_value_heads")?),
+            None => ((0, hq), (0, hkv)),
+        };
+        let (q_cut, kv_cut, o_cut) = match tp {
+            Some(_) => (
+                Cut::Rows(vec![(2 * q0 * hd, 2 * q1 * hd)]),
+                Cut::Rows(vec![(k0 * hd, k1 * hd)]),
+                Cut::Cols(q0 * hd, q1 * hd),
+            ),
+            None => (Cut::All, Cut::All, Cut::All),
+        };
+        let q = s.linear_cut(&format!("{p}.q_proj"), 2 * hq * hd, d, &q_cut)?;
+        let k = s.linear_cut(&format!("{p}.k_proj"), hkv * hd, d, &kv_cut)?;
+        let v = s.linear_cut(&format!("{p}.v_proj"), hkv * hd, d, &kv_cut)?;
+        let o_proj = s.linear_cut(&format!("{p}.o_proj"), d, hq * hd, &o_cut)?;
+        let (hq, hkv) = (q1 - q0, k1 - k0);
         Ok(Attention {
             qkv: Fused::new(vec![q, k, v]).map_err(|e| mlx_err(p, e))?,
             o_proj,

@@ -10,7 +10,7 @@ use super::gated_deltanet::GatedDeltaNet;
 use super::Config;
 use crate::cache::LayerCache;
 use crate::model::layers::{MRope, Mlp, Observer, Result, RmsNorm, Tap};
-use crate::model::parallel::{self, TensorParallel};
+use crate::model::parallel::{Cut, Parallel};
 use crate::model::store::Store;
 use crate::model::LoadError;
 
@@ -25,7 +25,7 @@ pub struct DecoderLayer {
     mixer: Mixer,
     mlp: Mlp,
     /// Set when the layer holds one rank's share: the MLP's down_proj output is a partial sum.
-    tp: Option<TensorParallel>,
+    tp: Option<Parallel>,
 }
 
 impl DecoderLayer {
@@ -39,7 +39,7 @@ impl DecoderLayer {
         full: bool,
         norms: &dyn Fn(&str, i32) -> std::result::Result<RmsNorm, LoadError>,
         observer: &Arc<Observer>,
-        tp: Option<&TensorParallel>,
+        tp: Option<&Parallel>,
     ) -> std::result::Result<Self, LoadError> {
         let (d, i) = (c.text.hidden_size, c.text.intermediate_size);
         let mixer = if full {
@@ -49,19 +49,19 @@ impl DecoderLayer {
             let p = format!("{p}.linear_attn");
             Mixer::Linear(GatedDeltaNet::load(s, &p, c, Tap::new(observer, &p), tp)?)
         };
-        let mut mlp = Mlp {
-            gate_proj: s.linear(&format!("{p}.mlp.gate_proj"), i, d, false)?,
-            up_proj: s.linear(&format!("{p}.mlp.up_proj"), i, d, false)?,
-            down_proj: s.linear(&format!("{p}.mlp.down_proj"), d, i, false)?,
+        let (rows, cols) = match tp {
+            Some(tp) => {
+                let (i0, i1) = tp.share(i, "intermediate_size")?;
+                (Cut::Rows(vec![(i0, i1)]), Cut::Cols(i0, i1))
+            }
+            None => (Cut::All, Cut::All),
+        };
+        let mlp = Mlp {
+            gate_proj: s.linear_cut(&format!("{p}.mlp.gate_proj"), i, d, &rows)?,
+            up_proj: s.linear_cut(&format!("{p}.mlp.up_proj"), i, d, &rows)?,
+            down_proj: s.linear_cut(&format!("{p}.mlp.down_proj"), d, i, &cols)?,
             tap: Tap::new(observer, &format!("{p}.mlp")),
         };
-        if let Some(tp) = tp {
-            let (i0, i1) = tp.share(i, "intermediate_size")?;
-            let err = |e| super::mlx_err(p, e);
-            mlp.gate_proj = parallel::rows(&mlp.gate_proj, &[(i0, i1)]).map_err(err)?;
-            mlp.up_proj = parallel::rows(&mlp.up_proj, &[(i0, i1)]).map_err(err)?;
-            mlp.down_proj = parallel::cols(&mlp.down_proj, i0, i1).map_err(err)?;
-        }
         Ok(DecoderLayer {
             input_layernorm: norms(&format!("{p}.input_layernorm.weight"), d)?,
             post_attention_layernorm: norms(&format!("{p}.post_attention_layernorm.weight"), d)?,

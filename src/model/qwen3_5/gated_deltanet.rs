@@ -7,7 +7,7 @@ use super::{mlx_err, Config};
 use crate::cache::{LinearState, Recording};
 use crate::kernels::{fused, gated_delta};
 use crate::model::layers::{Fused, Linear, Result, Tap};
-use crate::model::parallel::{self, TensorParallel};
+use crate::model::parallel::{Cut, Parallel};
 use crate::model::store::Store;
 use crate::model::LoadError;
 
@@ -39,7 +39,7 @@ impl GatedDeltaNet {
         p: &str,
         c: &Config,
         tap: Tap,
-        tp: Option<&TensorParallel>,
+        tp: Option<&Parallel>,
     ) -> std::result::Result<Self, LoadError> {
         let d = c.text.hidden_size;
         let (hk, hv) = (c.text.linear_num_key_heads, c.text.linear_num_value_heads);
@@ -55,39 +55,35 @@ impl GatedDeltaNet {
         let a_log = s.raw(&format!("{p}.A_log"), &[hv])?;
         let neg_a =
             a_log.as_dtype(Dtype::F32).and_then(|a| a.exp()).and_then(|a| a.negative()).map_err(|e| mlx_err(p, e))?;
-        let mut parts = vec![
-            s.linear(&format!("{p}.in_proj_qkv"), c.conv_dim(), d, false)?,
-            s.linear(&format!("{p}.in_proj_z"), c.value_dim(), d, false)?,
-            s.linear(&format!("{p}.in_proj_b"), hv, d, false)?,
-            s.linear(&format!("{p}.in_proj_a"), hv, d, false)?,
+        // With `tp`, this rank's key heads and the value heads that read them (value head j reads key
+        // head j / (hv / hk)): contiguous blocks of the q, k and v channels, z, b, a, the conv's
+        // channels and the per-head decay parameters.
+        let ((k0, k1), (v0, v1)) = match tp {
+            Some(tp) => (tp.share(hk, "linear_num_key_heads")?, tp.share(hv, "linear_num_value_heads")?),
+            None => ((0, hk), (0, hv)),
+        };
+        let kd = hk * dk;
+        let channels = vec![(k0 * dk, k1 * dk), (kd + k0 * dk, kd + k1 * dk), (2 * kd + v0 * dv, 2 * kd + v1 * dv)];
+        let cut = |rows: Vec<(i32, i32)>| if tp.is_some() { Cut::Rows(rows) } else { Cut::All };
+        let parts = vec![
+            s.linear_cut(&format!("{p}.in_proj_qkv"), c.conv_dim(), d, &cut(channels.clone()))?,
+            s.linear_cut(&format!("{p}.in_proj_z"), c.value_dim(), d, &cut(vec![(v0 * dv, v1 * dv)]))?,
+            s.linear_cut(&format!("{p}.in_proj_b"), hv, d, &cut(vec![(v0, v1)]))?,
+            s.linear_cut(&format!("{p}.in_proj_a"), hv, d, &cut(vec![(v0, v1)]))?,
         ];
-        let mut out_proj = s.linear(&format!("{p}.out_proj"), d, c.value_dim(), false)?;
+        let out_cut = if tp.is_some() { Cut::Cols(v0 * dv, v1 * dv) } else { Cut::All };
+        let out_proj = s.linear_cut(&format!("{p}.out_proj"), d, c.value_dim(), &out_cut)?;
         let (mut conv_weight, mut dt_bias, mut neg_a) = (conv_weight, s.tensor(&format!("{p}.dt_bias"), &[hv])?, neg_a);
-        let (mut hk, mut hv) = (hk, hv);
-        if let Some(tp) = tp {
-            // This rank's key heads and the value heads that read them (value head j reads key head
-            // j / (hv / hk)): contiguous blocks of the q, k and v channels, z, b, a, the conv's channels
-            // and the per-head decay parameters.
-            let (k0, k1) = tp.share(hk, "linear_num_key_heads")?;
-            let (v0, v1) = tp.share(hv, "linear_num_value_heads")?;
-            let kd = hk * dk;
-            let channels = [(k0 * dk, k1 * dk), (kd + k0 * dk, kd + k1 * dk), (2 * kd + v0 * dv, 2 * kd + v1 * dv)];
+        if tp.is_some() {
             let err = |e| mlx_err(p, e);
             let heads = |a: &Array| a.slice_axis(0, v0, v1).and_then(|a| a.contiguous());
-            parts = vec![
-                parallel::rows(&parts[0], &channels).map_err(err)?,
-                parallel::rows(&parts[1], &[(v0 * dv, v1 * dv)]).map_err(err)?,
-                parallel::rows(&parts[2], &[(v0, v1)]).map_err(err)?,
-                parallel::rows(&parts[3], &[(v0, v1)]).map_err(err)?,
-            ];
             let conv = channels.iter().map(|&(a, b)| conv_weight.slice_axis(0, a, b)).collect::<Result<Vec<_>>>();
             conv_weight =
                 conv.and_then(|c| concatenate(&c.iter().collect::<Vec<_>>(), 0)?.contiguous()).map_err(err)?;
             dt_bias = heads(&dt_bias).map_err(err)?;
             neg_a = heads(&neg_a).map_err(err)?;
-            out_proj = parallel::cols(&out_proj, v0 * dv, v1 * dv).map_err(err)?;
-            (hk, hv) = (k1 - k0, v1 - v0);
         }
+        let (hk, hv) = (k1 - k0, v1 - v0);
         Ok(GatedDeltaNet {
             in_proj: Fused::new(parts).map_err(|e| mlx_err(p, e))?,
             conv_weight,

@@ -143,3 +143,20 @@ pub fn greedy(
     let out = generate(m, prompt, &opts, &mut |_| Control::Continue).expect("greedy generation");
     (out.tokens, out.stats)
 }
+
+/// Writes `value` over element `at` of tensor `key` in the safetensors `file` (bf16, f16 or f32).
+pub fn poison(file: &Path, key: &str, at: usize, value: f32) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let (n, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let info = meta.info(key).unwrap_or_else(|| panic!("{}: no tensor {key}", file.display()));
+    let enc = match info.dtype {
+        safetensors::Dtype::BF16 => ((value.to_bits() >> 16) as u16).to_le_bytes().to_vec(),
+        safetensors::Dtype::F16 => (if value.is_nan() { 0x7e00u16 } else { 0x7c00 }).to_le_bytes().to_vec(),
+        safetensors::Dtype::F32 => value.to_le_bytes().to_vec(),
+        d => panic!("{key}: {d:?} is not a float"),
+    };
+    let start = 8 + n + info.data_offsets.0 + at * enc.len();
+    bytes[start..start + enc.len()].copy_from_slice(&enc);
+    std::fs::remove_file(file).unwrap(); // a link to the bundled model is replaced, never written through
+    std::fs::write(file, bytes).unwrap();
+}
