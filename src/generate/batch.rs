@@ -4,9 +4,10 @@
 //! (`Qwen35::forward_batch`), so no sequence sees another's state (docs/MODEL.md §4.7).
 //!
 //! A step of the batch: sequences whose next step is plain (plain decoders and parked MTP ones)
-//! share one forward of one token each; sequences drafting share one verify forward of `k + 1`
-//! tokens each, `k` the smallest depth their controllers chose, and each keeps its own accepted
-//! prefix (its own [`Verify`] transaction). A sequence that cannot share a forward this step (a
+//! share one forward of one token each; sequences drafting draft together (their heads run as one,
+//! each row against its own head cache: [`draft`]) and share one verify forward of `k + 1` tokens
+//! each, `k` the smallest depth their controllers chose, and each keeps its own accepted prefix (its
+//! own [`Verify`] transaction). A sequence that cannot share a forward this step (a
 //! pipelined step still to be taken, token-by-token verify) steps alone.
 
 use std::time::Instant;
@@ -15,7 +16,7 @@ use mlx::{Array, Dtype};
 
 use super::decoder::Decoder;
 use super::error::Result;
-use super::mtp::{decide, ms, verify_input, Verified};
+use super::mtp::{decide, draft_batch, ms, verify_input, Drafted, MtpDecoder, Verified};
 use super::sequence::Sequence;
 use crate::cache::{LayerCache, Verify};
 
@@ -124,25 +125,37 @@ fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
     Ok(())
 }
 
-/// One speculative cycle of depth `k` each (all MTP decoders): drafts by each head, one verify
-/// forward over all of them, each sequence's acceptance and rollback its own.
+/// The MTP decoders of a group (an error for a plain one).
+fn mtp_decoders<'a, 'm>(group: &'a mut [&mut Sequence<'m>]) -> Result<Vec<&'a mut MtpDecoder<'m>>> {
+    group
+        .iter_mut()
+        .map(|seq| match &mut seq.decoder {
+            Decoder::Mtp(m) => Ok(&mut **m),
+            Decoder::Plain(_) => Err(mlx::Error::Invalid("a batched cycle over a plain decoder".into()).into()),
+        })
+        .collect()
+}
+
+/// The drafts of a cycle of depth `k` for each sequence of `group` (all MTP decoders), their heads
+/// run together: one output head, argmax and head pass per draft step for the whole group, each
+/// row against its own head cache (`mtp::draft_batch`). Still on the device. This is the first half
+/// of a batched cycle: drafted and not verified, the sequences cannot step again (tests count its
+/// operations and compare its drafts with each sequence's own).
+pub fn draft(group: &mut [&mut Sequence<'_>], k: usize) -> Result<Vec<Drafted>> {
+    draft_batch(&mut mtp_decoders(group)?, k)
+}
+
+/// One speculative cycle of depth `k` each (all MTP decoders): the drafts of all heads together,
+/// one verify forward over all of them, each sequence's acceptance and rollback its own.
 fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
     let t0 = Instant::now();
     let model = group[0].model;
-    let mut since = Vec::with_capacity(group.len());
-    let mut drafted = Vec::with_capacity(group.len());
-    let mut rows = Vec::with_capacity(group.len());
-    for seq in group.iter_mut() {
-        let Decoder::Mtp(m) = &mut seq.decoder else {
-            return Err(mlx::Error::Invalid("a batched cycle over a plain decoder".into()).into());
-        };
-        since.push(m.since(t0));
-        let d = m.draft(k)?;
-        rows.push(verify_input(m.last(), &d.drafts)?);
-        drafted.push(d);
-    }
-    let t1 = Instant::now();
+    let since: Vec<Instant> = mtp_decoders(group)?.iter().map(|m| m.since(t0)).collect();
+    let drafted = draft(group, k)?;
     let lasts: Vec<u32> = group.iter().map(|s| s.decoder.last()).collect();
+    let rows =
+        lasts.iter().zip(&drafted).map(|(&last, d)| verify_input(last, &d.drafts)).collect::<Result<Vec<_>>>()?;
+    let t1 = Instant::now();
     let input = mlx::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?;
     // Each sequence's caches, sampler and history, borrowed apart for the verify transactions.
     let (mut caches, mut samplers, mut histories, mut stops) = (vec![], vec![], vec![], vec![]);

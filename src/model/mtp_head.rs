@@ -193,15 +193,28 @@ impl MtpHead {
     /// One step: for the embedded token `x_{t+1}` and post-norm hidden `h_t`, the head's normed
     /// output (which both feeds the next draft and gives the logits).
     pub fn forward(&self, embedded: &Array, hidden: &Array, cache: &mut KvCache) -> Result<Array> {
+        self.forward_batch(embedded, hidden, &mut [cache])
+    }
+
+    /// [`forward`](Self::forward) over `[B, T, D]` for B sequences, `caches[i]` being row i's own
+    /// head cache (their lengths may differ): the projections run once for all rows, attention per
+    /// row at its own offset, as the body's `forward_batch` does. One cache runs the single ops.
+    pub fn forward_batch(&self, embedded: &Array, hidden: &Array, caches: &mut [&mut KvCache]) -> Result<Array> {
         let e = self.pre_fc_norm_embedding.forward(embedded)?;
         let hh = self.pre_fc_norm_hidden.forward(hidden)?;
         let cat = concatenate(&[&e, &hh], -1)?;
         self.tap.see("fc", &cat);
         let u = self.fc.forward(&cat)?;
-        let mut lc = LayerCache::Kv(std::mem::take(cache));
-        let u = self.layer.forward(&u, &mut lc, None);
-        if let LayerCache::Kv(c) = lc {
-            *cache = c;
+        // The layer takes layer caches: each row's cache moves in and back out, also on an error.
+        let mut lcs: Vec<LayerCache> = caches.iter_mut().map(|c| LayerCache::Kv(std::mem::take(*c))).collect();
+        let u = {
+            let mut refs: Vec<&mut LayerCache> = lcs.iter_mut().collect();
+            self.layer.forward_batch(&u, &mut refs, None)
+        };
+        for (cache, lc) in caches.iter_mut().zip(lcs) {
+            if let LayerCache::Kv(c) = lc {
+                **cache = c;
+            }
         }
         self.norm.forward(&u?)
     }

@@ -5,7 +5,8 @@
 
 use mlx::Array;
 use tandem::chat::Tokenizer;
-use tandem::generate::batch::step_batch;
+use tandem::generate::batch::{draft, step_batch};
+use tandem::generate::mtp::Drafted;
 use tandem::generate::{
     Control, GenerateOptions, MtpOptions, Output, Prompt, Resume, SamplingParams, Sequence, TokenLogprob,
 };
@@ -220,6 +221,101 @@ fn seeded_sampling_in_a_batch_draws_what_it_draws_alone() {
         let plain = alone(&m, &prompts[i], &sampled(11 + i as u64, false));
         assert_eq!(out.tokens, plain.tokens, "sequence {i}: batched MTP sampling left plain sampling's tokens");
     }
+}
+
+/// Sequences started alone, each then stepped alone `cycles[i]` times: their positions differ, and
+/// so do the pairs their heads have still to run (a fresh one holds its whole prompt's).
+fn stepped<'m>(m: &'m Qwen35, prompts: &[Vec<u32>], o: &[GenerateOptions], cycles: &[usize]) -> Vec<Sequence<'m>> {
+    let mut seqs = Vec::new();
+    for ((p, o), &n) in prompts.iter().zip(o).zip(cycles) {
+        let mut seq = Sequence::start(m, p, &[], o.clone(), Resume::default(), &mut |_| Control::Continue).unwrap();
+        for _ in 0..n {
+            seq.step(false, &mut |_| Control::Continue).unwrap();
+        }
+        seqs.push(seq);
+    }
+    seqs
+}
+
+/// The drafts sent to verify and the head's own, as tokens.
+fn draft_tokens(drafted: &[Drafted]) -> Vec<(Vec<u32>, Vec<u32>)> {
+    drafted.iter().map(|d| (d.drafts.to_vec::<u32>().unwrap(), d.head.to_vec::<u32>().unwrap())).collect()
+}
+
+/// The drafts of a group, made in one batched pass per draft step, are those each sequence makes
+/// alone: fresh sequences (each flushes its prompt's pairs alone, the chained steps run together),
+/// sequences part way into their replies (their pending pairs flushed together, padded where their
+/// counts differ) and a mix; with oracle drafts, each sequence's come from its own continuation at
+/// its own position.
+#[test]
+fn a_group_drafts_what_each_of_its_sequences_drafts_alone() {
+    let m = tiny();
+    let k = 3;
+    let prompts = vec![story(12, 0), story(30, 45), story(7, 300), story(21, 120)];
+    let mtp: Vec<GenerateOptions> = (0..4).map(|_| opts(64, true)).collect();
+    // Oracle drafts always right (or always wrong) leave every sequence the same number of pairs.
+    let oracle = |p: f64| -> Vec<GenerateOptions> {
+        prompts
+            .iter()
+            .map(|prompt| {
+                let continuation = alone(&m, prompt, &opts(64, false)).tokens;
+                let oracle = Some(tandem::generate::Oracle { continuation, acceptance: p, seed: 5 });
+                GenerateOptions { oracle, ..opts(64, true) }
+            })
+            .collect()
+    };
+    let cases = [
+        ("fresh", mtp.clone(), [0, 0, 0, 0]),
+        ("part way", mtp.clone(), [1, 3, 2, 4]),
+        ("mixed", mtp, [0, 2, 0, 1]),
+        ("oracle 1", oracle(1.0), [1, 3, 2, 4]),
+        ("oracle 0", oracle(0.0), [2, 1, 3, 1]),
+    ];
+    for (what, o, cycles) in cases {
+        let mut lone = stepped(&m, &prompts, &o, &cycles);
+        let alone: Vec<_> = lone.iter_mut().flat_map(|s| draft_tokens(&draft(&mut [s], k).unwrap())).collect();
+        let mut group = stepped(&m, &prompts, &o, &cycles);
+        let together = draft_tokens(&draft(&mut group.iter_mut().collect::<Vec<_>>(), k).unwrap());
+        assert_eq!(together, alone, "{what}: the group's drafts against each sequence's own");
+        if what.starts_with("oracle 1") {
+            for (i, seq) in group.iter().enumerate() {
+                let at = seq.stats().completion_tokens;
+                let right = &o[i].oracle.as_ref().unwrap().continuation[at..at + k];
+                assert_eq!(together[i].0, right, "{what}: sequence {i} drafts from its own continuation");
+            }
+        }
+    }
+}
+
+/// The group's drafting graph runs the output head with its argmax, and the head (its embedding
+/// lookup), once per draft step for all its sequences: k of each, not B·k as when each sequence
+/// drafted on its own. Counted before anything is evaluated; the pending pairs' counts differ (the
+/// sequences are at different points of their replies), so the flush is the padded one.
+#[test]
+fn a_group_drafts_with_one_head_pass_per_step() {
+    let m = tiny();
+    let k = 3;
+    let prompts = vec![story(12, 0), story(30, 45), story(7, 300), story(21, 120)];
+    let o: Vec<GenerateOptions> = (0..4).map(|_| opts(64, true)).collect();
+    let cycles = [1, 3, 2, 4];
+    let ops = |drafted: &[Drafted]| {
+        let heads: Vec<&Array> = drafted.iter().map(|d| &d.head).collect();
+        mlx::compile::graph_op_histogram(&heads)
+    };
+    let count = |h: &[(String, usize)], name: &str| h.iter().filter(|(n, _)| n == name).map(|(_, c)| c).sum::<usize>();
+    let total = |h: &[(String, usize)]| h.iter().map(|(_, c)| c).sum::<usize>();
+    let mut lone = stepped(&m, &prompts, &o, &cycles);
+    let alone: Vec<Vec<(String, usize)>> = lone.iter_mut().map(|s| ops(&draft(&mut [s], k).unwrap())).collect();
+    let mut group = stepped(&m, &prompts, &o, &cycles);
+    let together = ops(&draft(&mut group.iter_mut().collect::<Vec<_>>(), k).unwrap());
+    // The output head's argmax and the head's embedding lookup: one per draft step (the flush,
+    // then k - 1 chained passes), for one sequence and for the group alike.
+    for name in ["ArgReduce", "Gather"] {
+        assert!(alone.iter().all(|a| count(a, name) == k), "{name} alone: {alone:?}");
+        assert_eq!(count(&together, name), k, "{name} in the group's drafts: {together:?}");
+    }
+    let one_by_one: usize = alone.iter().map(|a| total(a)).sum();
+    assert!(total(&together) < one_by_one, "the group's drafts: {} ops, one by one {one_by_one}", total(&together));
 }
 
 #[test]

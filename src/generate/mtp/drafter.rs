@@ -100,15 +100,7 @@ impl Drafter {
     /// (`u32`) still to be computed: the verify pass is built on it without waiting. `depth` is the
     /// configured depth: more pending pairs than a cycle leaves mean the head is catching up.
     pub fn draft(&mut self, model: &Qwen35, k: usize, depth: usize) -> Result<Array> {
-        let catching_up = self.pending_tokens.len() > depth + 1;
-        let t = Instant::now();
-        let mut hm = self.flush(model)?;
-        self.catch_up_ms = if catching_up {
-            hm.eval()?;
-            (Instant::now() - t).as_secs_f64() * 1e3
-        } else {
-            0.0
-        };
+        let mut hm = self.flush_timed(model, depth)?;
         let mut drafts: Vec<Array> = Vec::with_capacity(k);
         for j in 0..k {
             let d = model.logits(&hm)?.argmax(-1, false)?; // [1, 1]
@@ -122,6 +114,66 @@ impl Drafter {
         // The k-1 chained entries were speculative.
         self.cache.trim(k as i32 - 1)?;
         Ok(all)
+    }
+
+    /// Drafts `k` tokens for each of several sequences at once (`depths[i]`: drafter i's configured
+    /// depth, as [`Drafter::draft`] takes it), one array `[k]` each, still to be computed. Each step
+    /// runs the output head, the argmax and the head once for the whole group, each row against its
+    /// own head cache at its own offset, so the graph does not grow by a head pass per sequence (the
+    /// head's attention alone runs per row). One drafter drafts alone, with [`Drafter::draft`]'s ops.
+    pub fn draft_batch(
+        model: &Qwen35,
+        drafters: &mut [&mut Drafter],
+        k: usize,
+        depths: &[usize],
+    ) -> Result<Vec<Array>> {
+        if drafters.len() != depths.len() {
+            let n = (drafters.len(), depths.len());
+            return Err(mlx::Error::Invalid(format!("batched drafts: {} drafters, {} depths", n.0, n.1)).into());
+        }
+        match drafters {
+            [] => return Ok(Vec::new()),
+            [one] => return Ok(vec![one.draft(model, k, depths[0])?]),
+            _ => {}
+        }
+        let mut hm = flush_batch(model, drafters, depths)?; // [B, 1, D]
+        let mut drafts: Vec<Array> = Vec::with_capacity(k);
+        {
+            let mut caches: Vec<&mut KvCache> = drafters.iter_mut().map(|d| &mut d.cache).collect();
+            for j in 0..k {
+                let d = model.logits(&hm)?.argmax(-1, false)?; // [B, 1]
+                if j + 1 < k {
+                    hm = model.mtp_forward_batch(&hm, &d, &mut caches)?;
+                }
+                drafts.push(d);
+            }
+        }
+        let all = concatenate(&drafts.iter().collect::<Vec<_>>(), 1)?; // [B, k]
+        for d in drafters.iter_mut() {
+            // The k-1 chained entries were speculative.
+            d.cache.trim(k as i32 - 1)?;
+        }
+        (0..all.dim(0)).map(|i| Ok(all.slice_axis(0, i, i + 1)?.reshape(&[-1])?)).collect()
+    }
+
+    /// [`Drafter::flush`], timed as a catch-up when more pairs wait than a cycle leaves (`depth` is
+    /// the configured depth): that time is a one-off cost of having parked, not of drafting.
+    fn flush_timed(&mut self, model: &Qwen35, depth: usize) -> Result<Array> {
+        let catching_up = self.catching_up(depth);
+        let t = Instant::now();
+        let hm = self.flush(model)?;
+        self.catch_up_ms = if catching_up {
+            hm.eval()?;
+            (Instant::now() - t).as_secs_f64() * 1e3
+        } else {
+            0.0
+        };
+        Ok(hm)
+    }
+
+    /// Whether more pairs wait than a cycle of the configured `depth` leaves (the head catches up).
+    fn catching_up(&self, depth: usize) -> bool {
+        self.pending_tokens.len() > depth + 1
     }
 
     /// Runs the pending pairs through the head; returns its normed output at the last pair. After a
@@ -149,4 +201,71 @@ impl Drafter {
         let t = out.dim(1);
         Ok(out.slice_axis(1, t - 1, t)?)
     }
+}
+
+/// Runs every drafter's pending pairs through the head; returns the head's output at each one's last
+/// pair, `[B, 1, D]`. A drafter catching up (the prompt's pairs, or positions decoded while parked)
+/// flushes alone, so that its catch-up time is its own and a long catch-up pads no other row; the
+/// others share one head forward ([`flush_together`]).
+fn flush_batch(model: &Qwen35, drafters: &mut [&mut Drafter], depths: &[usize]) -> Result<Array> {
+    let mut out: Vec<Option<Array>> = vec![None; drafters.len()];
+    let mut shared = Vec::new();
+    for (i, d) in drafters.iter_mut().enumerate() {
+        if d.catching_up(depths[i]) || d.pending_tokens.len() > d.chunk {
+            out[i] = Some(d.flush_timed(model, depths[i])?);
+        } else {
+            d.catch_up_ms = 0.0;
+            shared.push(i);
+        }
+    }
+    if let [i] = shared[..] {
+        out[i] = Some(drafters[i].flush(model)?);
+    } else if !shared.is_empty() {
+        let mut group: Vec<&mut Drafter> =
+            drafters.iter_mut().enumerate().filter(|(i, _)| shared.contains(i)).map(|(_, d)| &mut **d).collect();
+        let last = flush_together(model, &mut group)?;
+        for (row, &i) in shared.iter().enumerate() {
+            let row = row as i32;
+            out[i] = Some(last.slice_axis(0, row, row + 1)?);
+        }
+    }
+    let rows = out.into_iter().flatten().collect::<Vec<_>>();
+    Ok(concatenate(&rows.iter().collect::<Vec<_>>(), 0)?)
+}
+
+/// One head forward over every drafter's pending pairs `[B, T, D]`; returns each one's output at its
+/// last pair, `[B, 1, D]`. Pending lengths differ after a cycle (each sequence accepted its own
+/// number of drafts): shorter rows are padded at the end to the longest and their pad entries trimmed
+/// from their caches after. Attention is causal, so a row's real positions never see its padding.
+fn flush_together(model: &Qwen35, drafters: &mut [&mut Drafter]) -> Result<Array> {
+    let lens: Vec<usize> = drafters.iter().map(|d| d.pending_tokens.len()).collect();
+    let t = lens.iter().copied().max().unwrap_or(0);
+    if lens.contains(&0) {
+        return Err(mlx::Error::Invalid("the MTP head has no pending pair to draft from".into()).into());
+    }
+    let (mut rows, mut ids) = (Vec::with_capacity(lens.len()), Vec::with_capacity(lens.len() * t));
+    for (d, &n) in drafters.iter_mut().zip(&lens) {
+        let mut parts = std::mem::take(&mut d.pending_hidden);
+        if let (true, Some(h)) = (n < t, parts.first()) {
+            parts.push(Array::zeros(&[1, (t - n) as i32, h.dim(2)], h.dtype())?);
+        }
+        rows.push(concatenate(&parts.iter().collect::<Vec<_>>(), 1)?);
+        ids.extend(d.pending_tokens.drain(..).map(|x| x as i32));
+        ids.resize(ids.len() + t - n, 0);
+    }
+    let (b, t) = (lens.len() as i32, t as i32);
+    let hidden = concatenate(&rows.iter().collect::<Vec<_>>(), 0)?;
+    let out = {
+        let mut caches: Vec<&mut KvCache> = drafters.iter_mut().map(|d| &mut d.cache).collect();
+        model.mtp_forward_batch(&hidden, &Array::from_slice(&ids, &[b, t])?, &mut caches)?
+    };
+    if lens.iter().all(|&n| n as i32 == t) {
+        return Ok(out.slice_axis(1, t - 1, t)?);
+    }
+    for (d, &n) in drafters.iter_mut().zip(&lens) {
+        d.cache.trim(t - n as i32)?;
+    }
+    let last: Vec<i32> = lens.iter().map(|&n| n as i32 - 1).collect();
+    let at = Array::from_slice(&last, &[b, 1, 1])?.broadcast_to(&[b, 1, out.dim(2)])?;
+    Ok(out.take_along_axis(&at, 1)?)
 }

@@ -48,8 +48,9 @@ pub struct MtpDecoder<'m> {
     stop_ids: Vec<u32>,
 }
 
-/// A cycle's drafts: those sent to verify, and the head's own (the same unless an oracle drafts).
-pub(crate) struct Drafted {
+/// A cycle's drafts `[k]` (`u32`, on the device): those sent to verify, and the head's own (the same
+/// unless an oracle drafts).
+pub struct Drafted {
     pub drafts: Array,
     pub head: Array,
 }
@@ -210,6 +211,12 @@ impl<'m> MtpDecoder<'m> {
     pub(crate) fn draft(&mut self, k: usize) -> Result<Drafted> {
         // The drafts stay on the device: verify is built on them and one wait covers both.
         let head = self.drafter.draft(self.model, k, self.opts.depth)?;
+        self.drafted(head, k)
+    }
+
+    /// The drafts sent to verify for the head's `head` `[k]`: its own, or its oracle's, drawn at this
+    /// sequence's own count of emitted tokens.
+    fn drafted(&mut self, head: Array, k: usize) -> Result<Drafted> {
         let drafts = match self.oracle.as_mut() {
             Some(oracle) => Array::from_slice(&oracle.drafts(self.emitted, k), &[k as i32])?,
             None => head.clone(),
@@ -297,6 +304,19 @@ impl<'m> MtpDecoder<'m> {
         let drafts = drafts.to_vec();
         Ok(Verified { drafts, accepted: hidden.len() - 1, next, hidden, ms: [ms(t1, Instant::now()), 0.0, 0.0] })
     }
+}
+
+/// The drafts of several sequences for a cycle of depth `k`, their heads run together
+/// ([`Drafter::draft_batch`]: one output head, argmax and head pass per draft step for the group);
+/// each keeps its own oracle, catch-up time and head cache. One decoder drafts as it does alone.
+pub(crate) fn draft_batch(decoders: &mut [&mut MtpDecoder<'_>], k: usize) -> Result<Vec<Drafted>> {
+    let Some(model) = decoders.first().map(|d| d.model) else { return Ok(Vec::new()) };
+    let depths: Vec<usize> = decoders.iter().map(|d| d.opts.depth).collect();
+    let heads = {
+        let mut drafters: Vec<&mut Drafter> = decoders.iter_mut().map(|d| &mut d.drafter).collect();
+        Drafter::draft_batch(model, &mut drafters, k, &depths)?
+    };
+    decoders.iter_mut().zip(heads).map(|(d, head)| d.drafted(head, k)).collect()
 }
 
 /// A verify's input `[1, k + 1]`: `last`, then the drafts `[k]`.
