@@ -1,18 +1,40 @@
 //! Serving a model split over several processes (`model::parallel`, docs/MODEL.md §7): rank 0's
-//! engine takes the requests; every other rank runs `tandem worker`, which follows. For each request
-//! rank 0 sends the prompt and the options to all ranks, and every rank runs the same `generate`
-//! (its collectives must meet in the same order everywhere, so nothing may depend on timing: the
-//! adaptive controller is off and a seed is fixed); after every step the ranks agree whether to stop
-//! (rank 0's caller left, cancelled, or a stop sequence matched). One request at a time; images and
-//! grammars are not sent across yet.
+//! engine takes the requests; every other rank runs `tandem worker`, which follows rank 0's
+//! [`Command`]s. A load is announced first with the model's name and [`identity`](crate::model::identity):
+//! a rank that serves another model, or would load it in another dtype or split, refuses before any
+//! collective of the model's own runs (ranks that build different graphs would meet in the wrong
+//! collectives and hang or compute garbage), and rank 0's load fails naming why. For each request rank
+//! 0 sends the prompt and the options to all ranks, and every rank runs the same `generate` (its
+//! collectives must meet in the same order everywhere, so nothing may depend on timing: the adaptive
+//! controller is off and a seed is fixed); after every step the ranks agree whether to stop (rank 0's
+//! caller left, cancelled, or a stop sequence matched). An unload on rank 0 unloads everywhere. One
+//! request at a time; images and grammars are not sent across yet.
 
 use serde::{Deserialize, Serialize};
 
 use mlx::Array;
 
-use crate::generate::{generate, Control, GenerateOptions, MtpOptions, Output, Progress, SamplingParams};
+use std::path::Path;
+
+use crate::generate::{
+    generate, Control, GenerateError, GenerateOptions, MtpOptions, Output, Progress, SamplingParams,
+};
 use crate::model::parallel::{Parallel, Split};
-use crate::model::Qwen35;
+use crate::model::{self, LoadError, LoadOptions, Qwen35};
+
+/// What rank 0 tells the others, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum Command {
+    /// Load `model` (by name), whose [`identity`](crate::model::identity) on rank 0 is `identity`.
+    Load {
+        model: String,
+        identity: String,
+    },
+    Generate(LockstepJob),
+    /// Drop the loaded model.
+    Unload,
+}
 
 /// What every rank needs to run a request's generation as rank 0 does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,39 +97,59 @@ fn share_bytes(tp: &Parallel, mine: &[u8]) -> mlx::Result<Vec<u8>> {
     Ok(sum.into_iter().map(|b| b.clamp(0, 255) as u8).collect())
 }
 
-/// Rank 0: hands every rank the next job; fails when a rank serves another model (it refuses).
-pub fn send_job(tp: &Parallel, job: &LockstepJob) -> Result<(), crate::generate::GenerateError> {
-    let bytes = serde_json::to_vec(job).map_err(|e| mlx::Error::Invalid(format!("cannot encode a job: {e}")))?;
-    share_bytes(tp, &bytes)?;
+fn send(tp: &Parallel, command: &Command) -> mlx::Result<()> {
+    let bytes =
+        serde_json::to_vec(command).map_err(|e| mlx::Error::Invalid(format!("cannot encode a command: {e}")))?;
+    share_bytes(tp, &bytes).map(|_| ())
+}
+
+/// The other ranks: rank 0's next command (an unreadable one is an error: the ranks are out of step).
+fn receive(tp: &Parallel) -> mlx::Result<Command> {
+    let bytes = share_bytes(tp, &[])?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| mlx::Error::Invalid(format!("an unreadable command from rank 0 ({} bytes): {e}", bytes.len())))
+}
+
+/// Rank 0: loads `model` from `dir` on every rank. Every other rank must serve a model of that name
+/// and load it as this rank does (its identity), or all refuse before loading; a load that fails on
+/// any rank fails on all (the others drop theirs).
+pub fn load(tp: &Parallel, model: &str, dir: &Path, opts: &LoadOptions) -> Result<Qwen35, LoadError> {
+    let identity = model::identity(dir, opts)?;
+    let collective = |e: mlx::Error| LoadError::Mlx { context: "the group's agreement on a load".into(), source: e };
+    send(tp, &Command::Load { model: model.to_owned(), identity }).map_err(collective)?;
+    if agree_stop(tp, false).map_err(collective)? {
+        return Err(LoadError::Config(format!(
+            "another rank of the group does not serve model `{model}` as this one loads it (every rank must run \
+             `tandem worker --model {model}` over the same files, dtype and --split {})",
+            tp.split()
+        )));
+    }
+    let loaded = model::load(dir, opts);
+    if agree_stop(tp, loaded.is_err()).map_err(collective)? && loaded.is_ok() {
+        return Err(LoadError::Config(format!(
+            "another rank of the group failed to load `{model}` (its log says why)"
+        )));
+    }
+    loaded
+}
+
+/// Rank 0: the other ranks drop the model (best effort: a lost group has nothing to drop).
+pub fn unload(tp: &Parallel) {
+    if let Err(e) = send(tp, &Command::Unload) {
+        tracing::warn!("cannot tell the other ranks to unload: {e}");
+    }
+}
+
+/// Rank 0: hands every rank the next job.
+pub fn send_job(tp: &Parallel, job: &LockstepJob) -> Result<(), GenerateError> {
+    send(tp, &Command::Generate(job.clone()))?;
     if agree_stop(tp, false)? {
-        return Err(crate::generate::GenerateError::OtherRank(format!(
-            "another rank of the group does not serve model `{}` {} parallel (every rank must run `tandem worker` \
-             with it and the same --split)",
-            job.model, job.split
+        return Err(GenerateError::OtherRank(format!(
+            "another rank of the group has no model `{}` loaded (it refused or failed the load)",
+            job.model
         )));
     }
     Ok(())
-}
-
-/// The other ranks: the next job for `model` (a job for another model is refused, and so is not
-/// returned; rank 0 then fails that request).
-pub fn receive_job(tp: &Parallel, model: &str) -> mlx::Result<LockstepJob> {
-    loop {
-        let bytes = share_bytes(tp, &[])?;
-        let job: Option<LockstepJob> = serde_json::from_slice(&bytes).ok();
-        let ours = job.as_ref().is_some_and(|j| j.model == model && j.split == tp.split());
-        agree_stop(tp, !ours)?;
-        match job {
-            Some(job) if ours => return Ok(job),
-            Some(job) => tracing::warn!(
-                "rank 0 asked for model `{}` ({} parallel); this rank serves `{model}` ({} parallel)",
-                job.model,
-                job.split,
-                tp.split()
-            ),
-            None => tracing::warn!("an unreadable job from rank 0 ({} bytes)", bytes.len()),
-        }
-    }
 }
 
 /// Whether any rank wants to stop (in practice rank 0): every rank gets the same answer.
@@ -143,14 +185,48 @@ pub fn run(
     }
 }
 
-/// A follower rank (`tandem worker`): runs rank 0's jobs for the model it serves (`name`), until
-/// rank 0 is gone (the error says so).
-pub fn follow(model: &Qwen35, name: &str, tp: &Parallel) -> Result<(), crate::generate::GenerateError> {
+/// A follower rank (`tandem worker`): serves model `name` from `dir` as rank 0 commands (loads,
+/// generations, unloads) until rank 0 is gone (the error says so).
+pub fn follow(name: &str, dir: &Path, opts: &LoadOptions, tp: &Parallel) -> Result<(), GenerateError> {
+    let mine = model::identity(dir, opts).map_err(|e| GenerateError::OtherRank(format!("{}: {e}", dir.display())))?;
+    let mut loaded: Option<Qwen35> = None;
     loop {
-        let job = receive_job(tp, name)?;
-        tracing::info!(prompt = job.prompt.len(), max_tokens = job.max_tokens, "job from rank 0");
-        let out = run(model, tp, &job, None, &mut |_| Control::Continue)?;
-        tracing::info!(tokens = out.tokens.len(), "job done");
+        match receive(tp)? {
+            Command::Load { model, identity } => {
+                loaded = None;
+                let ours = model == name && identity == mine;
+                if !ours {
+                    tracing::warn!(
+                        "rank 0 loads `{model}` ({identity}); this rank serves `{name}` ({mine}): refused (the files, \
+                         dtype or --split differ)"
+                    );
+                }
+                if agree_stop(tp, !ours)? {
+                    continue;
+                }
+                let result = model::load(dir, opts);
+                if let Err(e) = &result {
+                    tracing::error!("cannot load {}: {e}", dir.display());
+                }
+                let failed = agree_stop(tp, result.is_err())?;
+                loaded = result.ok().filter(|_| !failed);
+                tracing::info!(model = name, loaded = loaded.is_some(), "load from rank 0");
+            }
+            Command::Generate(job) => {
+                let ready = loaded.as_ref().filter(|_| job.model == name && job.split == tp.split());
+                if agree_stop(tp, ready.is_none())? {
+                    continue;
+                }
+                let Some(m) = ready else { continue };
+                tracing::info!(prompt = job.prompt.len(), max_tokens = job.max_tokens, "job from rank 0");
+                let out = run(m, tp, &job, None, &mut |_| Control::Continue)?;
+                tracing::info!(tokens = out.tokens.len(), "job done");
+            }
+            Command::Unload => {
+                loaded = None;
+                tracing::info!(model = name, "unloaded by rank 0");
+            }
+        }
     }
 }
 
@@ -174,5 +250,9 @@ mod tests {
         assert_eq!(back, job);
         let o = back.options(None);
         assert_eq!((o.max_tokens, o.stop_ids.clone(), o.mtp.depth), (9, vec![5], 2));
+        for c in [Command::Load { model: "m".into(), identity: "ab12".into() }, Command::Generate(job), Command::Unload] {
+            let back: Command = serde_json::from_slice(&serde_json::to_vec(&c).unwrap()).unwrap();
+            assert_eq!(back, c);
+        }
     }
 }

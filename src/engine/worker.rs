@@ -123,7 +123,11 @@ impl Worker {
                         let _compute = super::compute_lock();
                         catch_unwind(AssertUnwindSafe(|| {
                             super::faults::on_load(&entry.name);
-                            crate::model::load(&entry.path, &load_options).map(|model| {
+                            let loaded = match &load_options.parallel {
+                                Some(tp) => super::lockstep::load(tp, &entry.name, &entry.path, &load_options),
+                                None => crate::model::load(&entry.path, &load_options),
+                            };
+                            loaded.map(|model| {
                                 let facts = ModelFacts { adaptive, max_token_bytes, ..ModelFacts::of(&model) };
                                 (model, facts)
                             })
@@ -150,7 +154,11 @@ impl Worker {
                     };
                     let served = Served { name: &entry.name, model: &model, tokenizer: &tokenizer };
                     match &load_options.parallel {
-                        Some(tp) => serve_in_lockstep(served, &jobs_rx, &shared, &engine, tp),
+                        Some(tp) => {
+                            if serve_in_lockstep(served, &jobs_rx, &shared, &engine, tp) {
+                                super::lockstep::unload(tp);
+                            }
+                        }
                         None => {
                             let prefix = prefix_cache::for_model(&entry, load_options.dtype);
                             serve(served, &jobs_rx, &shared, &engine, limits, prefix);
@@ -390,14 +398,15 @@ fn serve(
 
 /// The worker's loop for a model split over several processes (`engine::lockstep`): one request at
 /// a time, each run on every rank in step. A lost rank fails the request and ends the loop (later
-/// requests hear that the worker stopped); the other ranks keep their model when it is unloaded here.
+/// requests hear that the worker stopped). Returns whether the group is still whole (the model was
+/// unloaded: the other ranks are then told to drop theirs).
 fn serve_in_lockstep(
     served: Served<'_>,
     jobs: &std_mpsc::Receiver<Job>,
     shared: &Shared,
     engine: &WeakEngine,
     tp: &crate::model::parallel::Parallel,
-) {
+) -> bool {
     use super::lockstep;
     let Served { name, model, .. } = served;
     while let Ok(Job { mut prepared, events, cancel, slot }) = jobs.recv() {
@@ -432,9 +441,10 @@ fn serve_in_lockstep(
         stream.end(name, result, slot, engine);
         if lost {
             tracing::error!(model = %name, "a rank of the group is lost: this model no longer answers");
-            return;
+            return false;
         }
     }
+    true
 }
 
 /// A model's batching limits.

@@ -109,6 +109,17 @@ pub fn read_config(dir: &Path) -> Result<serde_json::Value, LoadError> {
     serde_json::from_str(&text).map_err(|e| LoadError::Json { path, message: e.to_string() })
 }
 
+/// What a rank of a split model loads, as a digest: its config.json, the dtype it casts to and the
+/// split. Ranks that would build different graphs (another model, dtype or split) have different
+/// identities, and are refused before they meet in the model's collectives (`engine::lockstep`).
+pub fn identity(dir: &Path, opts: &LoadOptions) -> Result<String, LoadError> {
+    use sha2::{Digest, Sha256};
+    let config = read_config(dir)?;
+    let split = opts.parallel.as_ref().map(|p| p.split().to_string()).unwrap_or_default();
+    let digest = Sha256::digest(format!("{config}\n{:?}\n{split}", opts.dtype).as_bytes());
+    Ok(digest.iter().take(12).map(|b| format!("{b:02x}")).collect())
+}
+
 /// Loads the model in `dir`, choosing the architecture from `model_type`.
 pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Qwen35, LoadError> {
     let config = read_config(dir)?;

@@ -1,6 +1,8 @@
 //! `tandem serve --hostfile` and `tandem worker` (issue 23): tandem-tiny (converted to f32) split over
-//! two processes on loopback answers an API request as one process does; a lost worker is answered
-//! with an error within seconds, and the server goes on answering; bad hostfiles and ranks are named.
+//! two processes on loopback, by heads or by layers, answers an API request as one process does; a
+//! lost worker is answered with an error within seconds, and the server goes on answering; a worker
+//! that would load the model another way is refused before the model runs; bad hostfiles and ranks
+//! are named.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -70,25 +72,24 @@ fn completion(a: SocketAddr) -> Value {
     v
 }
 
-#[test]
-fn two_processes_answer_as_one_and_a_lost_worker_is_an_error_not_a_hang() {
-    let dir = tempdir();
-    let toml = setup(dir.path());
+/// A worker (`--split worker_split`) and `tandem serve --hostfile` (`--split server_split`) over two
+/// loopback ports; returns them once the server listens.
+fn start_group(dir: &Path, toml: &Path, worker_split: &str, server_split: &str) -> (Kill, Kill, SocketAddr) {
     let [r0, r1, http]: [u16; 3] = free_ports(3).try_into().unwrap();
-    let hosts = dir.path().join("hosts.json");
+    let hosts = dir.join("hosts.json");
     std::fs::write(&hosts, json!([[format!("127.0.0.1:{r0}")], [format!("127.0.0.1:{r1}")]]).to_string()).unwrap();
     let hostfile = hosts.display().to_string();
-    let mut worker = Kill(
-        tandem(&toml)
-            .args(["worker", "--hostfile", &hostfile, "--rank", "1", "--model", "tiny"])
+    let worker = Kill(
+        tandem(toml)
+            .args(["worker", "--hostfile", &hostfile, "--rank", "1", "--model", "tiny", "--split", worker_split])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap(),
     );
     let mut server = Kill(
-        tandem(&toml)
-            .args(["serve", "--hostfile", &hostfile, "--port", &http.to_string()])
+        tandem(toml)
+            .args(["serve", "--hostfile", &hostfile, "--port", &http.to_string(), "--split", server_split])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -101,44 +102,92 @@ fn two_processes_answer_as_one_and_a_lost_worker_is_an_error_not_a_hang() {
         assert!(server.0.try_wait().unwrap().is_none(), "tandem serve --hostfile exited");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let addr: SocketAddr = format!("127.0.0.1:{http}").parse().unwrap();
-    let split = completion(addr);
-    assert_eq!(split["status"], 200, "{split}");
+    (worker, server, format!("127.0.0.1:{http}").parse().unwrap())
+}
 
-    // One process, the same request.
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let alone = rt.block_on(async {
-        let mut config = ServeConfig::new(&toml);
+/// The completion one process gives.
+fn alone(toml: &Path) -> Value {
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut config = ServeConfig::new(toml);
         config.port = 0;
         config.api_key = None;
-        let engine = Engine::new(Registry::load(&toml).unwrap(), EngineConfig::default());
+        let engine = Engine::new(Registry::load(toml).unwrap(), EngineConfig::default());
         let one = start_with_engine(config, engine).await.unwrap();
         let body =
             json!({"model": "tiny", "prompt": "Call me Ishmael. Some years ago", "max_tokens": 24, "temperature": 0});
         let r = post_json(one.addr(), "/v1/completions", &body).await;
         one.shutdown().await.unwrap();
         r.json()
-    });
+    })
+}
+
+fn assert_same_answer(split: &Value, alone: &Value, how: &str) {
+    assert_eq!(split["status"], 200, "{split}");
     let text = |v: &Value| v["choices"][0]["text"].as_str().unwrap_or_default().to_owned();
-    assert!(!text(&alone).is_empty(), "{alone}");
-    assert_eq!(text(&split), text(&alone), "split over 2 processes: {split}\none process: {alone}");
+    assert!(!text(alone).is_empty(), "{alone}");
+    assert_eq!(text(split), text(alone), "{how}: {split}\none process: {alone}");
     assert_eq!(split["usage"]["completion_tokens"], alone["usage"]["completion_tokens"]);
+}
+
+fn stderr_of(child: &mut Kill) -> String {
+    let _ = child.0.kill();
+    let _ = child.0.wait();
+    let mut stderr = String::new();
+    if let Some(mut e) = child.0.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut stderr);
+    }
+    stderr
+}
+
+#[test]
+fn two_processes_answer_as_one_and_a_lost_worker_is_an_error_not_a_hang() {
+    let dir = tempdir();
+    let toml = setup(dir.path());
+    let (mut worker, _server, addr) = start_group(dir.path(), &toml, "tensor", "tensor");
+    let split = completion(addr);
+    assert_same_answer(&split, &alone(&toml), "split by heads over 2 processes");
+    let rt = tokio::runtime::Runtime::new().unwrap();
 
     // The worker goes: the next request fails at once with an error, and the server still answers.
-    let _ = worker.0.kill();
-    let _ = worker.0.wait();
+    let said = stderr_of(&mut worker);
     let t0 = Instant::now();
     let lost = completion(addr);
     assert!(lost["status"].as_u64().is_some_and(|s| s >= 400), "{lost}");
     assert!(t0.elapsed() < Duration::from_secs(30), "the lost rank took {:?} to notice", t0.elapsed());
     let health = rt.block_on(crate::common::http::get(addr, "/api/health"));
     assert_eq!(health.status, 200);
-    let mut stderr = String::new();
-    if let Some(mut e) = worker.0.stderr.take() {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut stderr);
-    }
-    eprintln!("worker said: {stderr}");
+    eprintln!("worker said: {said}");
+}
+
+/// By layers: rank 0 runs layers 0-3, the worker 4-7.
+#[test]
+fn a_pipeline_of_two_processes_answers_as_one() {
+    let dir = tempdir();
+    let toml = setup(dir.path());
+    let (_worker, _server, addr) = start_group(dir.path(), &toml, "pipeline", "pipeline");
+    assert_same_answer(&completion(addr), &alone(&toml), "a pipeline of 2 processes");
+}
+
+/// A worker told another split than rank 0 would build another graph: it refuses the load before any
+/// of the model's collectives, rank 0's request fails naming why, and both stay up.
+#[test]
+fn a_worker_that_would_load_the_model_otherwise_is_refused_before_it_runs() {
+    let dir = tempdir();
+    let toml = setup(dir.path());
+    let (mut worker, mut server, addr) = start_group(dir.path(), &toml, "pipeline", "tensor");
+    let t0 = Instant::now();
+    let refused = completion(addr);
+    assert!(refused["status"].as_u64().is_some_and(|s| s >= 400), "{refused}");
+    let message = refused.to_string();
+    assert!(
+        message.contains("does not serve model `tiny` as this one loads it") && message.contains("--split tensor"),
+        "{message}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(60), "the refusal took {:?}", t0.elapsed());
+    assert!(worker.0.try_wait().unwrap().is_none() && server.0.try_wait().unwrap().is_none(), "both stay up");
+    let said = stderr_of(&mut worker);
+    assert!(said.contains("refused"), "the worker says why: {said}");
 }
 
 #[test]

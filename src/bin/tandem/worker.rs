@@ -1,6 +1,7 @@
 //! `tandem worker`: one rank (not 0) of a model split over several machines. It loads its share of
-//! the model and runs what rank 0 (`tandem serve --hostfile`) is asked, in step with it, until rank
-//! 0 goes away.
+//! the model when rank 0 (`tandem serve --hostfile`) loads it (refusing another model, or the same
+//! loaded another way), runs what rank 0 is asked, in step with it, and unloads with it, until rank 0
+//! goes away.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -38,9 +39,16 @@ pub fn run(a: WorkerArgs) -> Result<()> {
     let entry = model_arg::resolve(a.model.as_deref())?;
     let tp = group::join(&a.hostfile, a.rank, a.split, Duration::from_secs(a.join_timeout))?;
     let opts = LoadOptions { parallel: Some(tp.clone()), ..Default::default() };
-    let m = model::load(&entry.path, &opts).with_context(|| format!("cannot load {}", entry.path.display()))?;
-    eprintln!("rank {} of {}: serving {} with rank 0 ({} parallel)", tp.rank(), tp.size(), entry.name, a.split);
-    let end = tandem::engine::lockstep::follow(&m, &entry.name, &tp);
+    // Checked now, so that a folder without a model is named before rank 0 asks for it.
+    model::identity(&entry.path, &opts).with_context(|| format!("cannot serve {}", entry.path.display()))?;
+    eprintln!(
+        "rank {} of {}: serving {} with rank 0 ({} parallel); it loads when rank 0 does",
+        tp.rank(),
+        tp.size(),
+        entry.name,
+        a.split
+    );
+    let end = tandem::engine::lockstep::follow(&entry.name, &entry.path, &opts, &tp);
     // follow only returns when the group broke: rank 0 stopped or was lost.
     end.map_err(|e| anyhow::anyhow!("rank 0 is gone: {e}"))
 }
