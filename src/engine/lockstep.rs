@@ -250,7 +250,8 @@ mod tests {
         assert_eq!(back, job);
         let o = back.options(None);
         assert_eq!((o.max_tokens, o.stop_ids.clone(), o.mtp.depth), (9, vec![5], 2));
-        for c in [Command::Load { model: "m".into(), identity: "ab12".into() }, Command::Generate(job), Command::Unload] {
+        for c in [Command::Load { model: "m".into(), identity: "ab12".into() }, Command::Generate(job), Command::Unload]
+        {
             let back: Command = serde_json::from_slice(&serde_json::to_vec(&c).unwrap()).unwrap();
             assert_eq!(back, c);
         }
