@@ -9,9 +9,10 @@
 //!   hands its output to the next ([`Parallel::chain`]): one collective per rank per forward, for slow
 //!   links. A rank reads only its own layers from the files.
 //!
-//! Either way the norms, embeddings, LM head, MTP head and vision tower are replicated, so every rank
-//! computes the same logits, drafts and samples the same tokens, and keeps or rolls back the same
-//! number of verified tokens, with no further round trip.
+//! Either way the norms, embeddings, LM head and vision tower are replicated, so every rank computes
+//! the same logits and samples the same tokens. The MTP head is kept by rank 0 alone, which hands its
+//! drafts to the others (`Qwen35::share_drafts`): every rank then verifies the same drafts and keeps
+//! or rolls back the same number of tokens, with no further round trip.
 
 use std::ops::Range;
 use std::sync::Arc;

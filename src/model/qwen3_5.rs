@@ -276,6 +276,9 @@ pub struct Qwen35 {
     norm: RmsNorm,
     lm_head: Option<Linear>,
     mtp: Option<MtpHead>,
+    /// In a split model, the group whose rank 0 alone keeps the MTP head (model::parallel): it drafts,
+    /// and every rank verifies its drafts ([`Qwen35::share_drafts`]).
+    drafts_from: Option<Parallel>,
     pub mtp_status: MtpStatus,
     vision: Option<VisionTower>,
     /// Why a vision tower declared by the config is not loaded (None when loaded or not declared).
@@ -357,6 +360,7 @@ impl Qwen35 {
             norm,
             lm_head,
             mtp,
+            drafts_from: None,
             mtp_status,
             vision,
             vision_status,
@@ -366,6 +370,14 @@ impl Qwen35 {
         if let (true, Some(decision)) = (opts.probe, decision) {
             opts.check_cancelled()?;
             model.probe_mtp(&store, &decision, dir)?;
+        }
+        if let (Some(p), true) = (&opts.parallel, model.mtp.is_some()) {
+            // Every rank probed the same head the same way (the probe's forwards are collectives too);
+            // from here only rank 0 keeps it.
+            model.drafts_from = Some(p.clone());
+            if p.rank() != 0 {
+                model.mtp = None;
+            }
         }
         Ok(model)
     }
@@ -409,13 +421,34 @@ impl Qwen35 {
             .collect()
     }
 
-    /// The MTP head's own KV cache (None when the head is not loaded).
+    /// The MTP head's own KV cache (None when the model has no head).
     pub fn make_mtp_cache(&self) -> Option<KvCache> {
-        self.mtp.as_ref().map(|_| KvCache::default())
+        self.has_mtp().then(KvCache::default)
     }
 
+    /// Whether generation can draft with an MTP head: this process's, or rank 0's in a split model.
     pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some() || self.drafts_from.is_some()
+    }
+
+    /// Whether the drafts are made here: the head is in this process (false on a split model's ranks
+    /// but 0, which take rank 0's drafts from [`Qwen35::share_drafts`]).
+    pub fn drafts_here(&self) -> bool {
         self.mtp.is_some()
+    }
+
+    /// Whether drafts cross a group (a split model): then each sequence drafts on its own.
+    pub fn splits_drafting(&self) -> bool {
+        self.drafts_from.is_some()
+    }
+
+    /// Drafts `[k]` (u32) as every rank of a split model uses them: rank 0's, given to all by a sum in
+    /// which the others give zeros (token ids are exact in f32); elsewhere `drafts` itself.
+    pub fn share_drafts(&self, drafts: &Array) -> Result<Array> {
+        let Some(p) = &self.drafts_from else { return Ok(drafts.clone()) };
+        let mine =
+            if p.rank() == 0 { drafts.as_dtype(Dtype::F32)? } else { Array::zeros(&drafts.shape(), Dtype::F32)? };
+        p.reduce(&mine)?.as_dtype(Dtype::U32)
     }
 
     pub fn embed(&self, tokens: &Array) -> Result<Array> {

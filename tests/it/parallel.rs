@@ -70,6 +70,7 @@ fn rank_main() {
     // `load` alone: no forward pass, so no collective, and a rank that fails leaves the others be.
     match (what.as_str(), load(&model_dir(), split(), Some(tp), what == "generate")) {
         ("generate", Ok(m)) => {
+            println!("HEAD {}", m.drafts_here());
             for line in answers(&m) {
                 println!("RESULT {line}");
             }
@@ -134,6 +135,9 @@ fn split_matches_one(model: &Path, split: Split, n: usize) {
     let outs = wait_all(spawn_ranks(dir.path(), n, model, split, "generate"), Duration::from_secs(240));
     for (r, out) in outs.iter().enumerate() {
         assert_eq!(results(out), expected, "rank {r}: {}", String::from_utf8_lossy(&out.stderr));
+        // Only rank 0 keeps the MTP head; the others verify its drafts.
+        let head = String::from_utf8_lossy(&out.stdout).lines().any(|l| l.ends_with("HEAD true"));
+        assert_eq!(head, r == 0, "rank {r} holds the MTP head: {head}");
     }
 }
 

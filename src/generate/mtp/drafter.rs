@@ -100,6 +100,13 @@ impl Drafter {
     /// (`u32`) still to be computed: the verify pass is built on it without waiting. `depth` is the
     /// configured depth: more pending pairs than a cycle leaves mean the head is catching up.
     pub fn draft(&mut self, model: &Qwen35, k: usize, depth: usize) -> Result<Array> {
+        if !model.drafts_here() {
+            // A split model's rank without the head: rank 0 drafts for it.
+            self.pending_hidden.clear();
+            self.pending_tokens.clear();
+            self.catch_up_ms = 0.0;
+            return Ok(model.share_drafts(&Array::zeros(&[k as i32], mlx::Dtype::U32)?)?);
+        }
         let mut hm = self.flush_timed(model, depth)?;
         let mut drafts: Vec<Array> = Vec::with_capacity(k);
         for j in 0..k {
@@ -113,7 +120,7 @@ impl Drafter {
         let all = concatenate(&refs, 1)?.reshape(&[-1])?;
         // The k-1 chained entries were speculative.
         self.cache.trim(k as i32 - 1)?;
-        Ok(all)
+        Ok(model.share_drafts(&all)?)
     }
 
     /// Drafts `k` tokens for each of several sequences at once (`depths[i]`: drafter i's configured
@@ -134,6 +141,10 @@ impl Drafter {
         match drafters {
             [] => return Ok(Vec::new()),
             [one] => return Ok(vec![one.draft(model, k, depths[0])?]),
+            // A split model's drafts cross the group one sequence at a time (it serves one at a time).
+            _ if !model.drafts_here() || model.splits_drafting() => {
+                return drafters.iter_mut().zip(depths).map(|(d, &depth)| d.draft(model, k, depth)).collect();
+            }
             _ => {}
         }
         let mut hm = flush_batch(model, drafters, depths)?; // [B, 1, D]
@@ -186,6 +197,11 @@ impl Drafter {
         debug_assert_eq!(hidden.dim(1) as usize, ids.len());
         self.pending_hidden.clear();
         self.pending_tokens.clear();
+        if !model.drafts_here() {
+            // No head here (a split model's rank but 0): nothing to run; the pairs are rank 0's to keep.
+            let t = hidden.dim(1);
+            return Ok(hidden.slice_axis(1, t - 1, t)?);
+        }
         let mut out = None;
         for (i, ids) in ids.chunks(chunk).enumerate() {
             let start = (i * chunk) as i32;
