@@ -18,6 +18,8 @@
 #   streams  issue 22: the 4-bit and bf16 slices, 512-token prompts, 256 generated per stream: `tandem bench
 #            --streams 1,2,4,8` plain and at depth 3 with oracle acceptance 0.8 (drafts from the plain batch's
 #            tokens), then depth 3 adaptive at oracle 0.0
+#   cycles   issue 22: where a batched MTP cycle's time goes, 4-bit slice, depth 3, oracle 0.8, 2 / 4 / 8 streams
+#            (the `batched cycle (ms)` debug lines of generate::batch, averaged per stream count)
 #   prefix   issue 21: the 4-bit slice, a 32,000-token turn 1 and a 64-token reply: turn 2's time to first
 #            token cold and restored from the SSD tier (`--prefix-cache --prefix-disk`, a fresh memory tier over
 #            turn 1's files), and the bytes each turn wrote
@@ -118,6 +120,25 @@ for phase in $PHASES; do
       ENVS= bench s27-$f-streams-oracle00-adaptive --streams 1,2,4,8 --depths 0,3 --oracle-acceptance 0.0 --adaptive
     done
     ARGS="--prompt-tokens 512 --gen-tokens 512"
+    ;;
+  cycles)
+    env_setup
+    RUST_LOG=tandem::generate::batch=debug $B bench --model $M-4bit --prompt-tokens 512 --gen-tokens 128 \
+      --streams 2,4,8 --depths 3 --oracle-acceptance 0.8 --json > "$OUT/cycles.json" 2> "$OUT/cycles.log"
+    python3 - "$OUT/cycles.log" <<'PY' | tee -a "$S"
+import re, sys, collections
+rows = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    if "batched cycle" not in line:
+        continue
+    f = dict(re.findall(r"(\w+)=([\d.]+)", re.sub(r"\x1b\[[0-9;]*m", "", line)))
+    if f.get("k") == "3":
+        rows[f["streams"]].append({k: float(v) for k, v in f.items()})
+for b, rs in sorted(rows.items(), key=lambda x: int(x[0])):
+    rs = rs[len(rs) // 4:]  # past the warm-up
+    keys = ["draft_build", "verify_build", "eval", "decide", "commit", "after"]
+    print(f"streams {b}: {len(rs)} cycles, mean ms " + ", ".join(f"{k} {sum(r[k] for r in rs) / len(rs):.2f}" for k in keys))
+PY
     ;;
   prefix)
     env_setup

@@ -172,6 +172,7 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
         model.forward_batch(&input, &mut open)?
     };
     let logits = model.logits(&hidden)?.as_dtype(Dtype::F32)?; // [B, k+1, V]
+    let built = Instant::now();
     let mut wait: Vec<&Array> = vec![&logits];
     wait.extend(drafted.iter().flat_map(|d| [&d.drafts, &d.head]));
     mlx::device::eval(&wait)?;
@@ -196,5 +197,19 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
         let new = m.after_cycle(k, v, [since[i as usize], t0, t1], &mut seq.stats);
         seq.produced(new);
     }
+    // Where a batched cycle's time goes (`RUST_LOG=tandem::generate::batch=debug`): building the
+    // drafts' and the verify's graphs, waiting for both, the sequences' decisions, their rollbacks,
+    // and their bookkeeping.
+    tracing::debug!(
+        streams = group.len(),
+        k,
+        draft_build = ms(t0, t1),
+        verify_build = ms(t1, built),
+        eval = ms(built, t2),
+        decide = ms(t2, t3),
+        commit = ms(t3, t4),
+        after = ms(t4, Instant::now()),
+        "batched cycle (ms)"
+    );
     Ok(())
 }
