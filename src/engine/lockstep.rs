@@ -19,7 +19,7 @@ use std::path::Path;
 use crate::generate::{
     generate, Control, GenerateError, GenerateOptions, MtpOptions, Output, Progress, SamplingParams,
 };
-use crate::model::parallel::{Parallel, Split};
+use crate::model::parallel::Parallel;
 use crate::model::{self, LoadError, LoadOptions, Qwen35};
 
 /// What rank 0 tells the others, in order.
@@ -39,11 +39,9 @@ pub enum Command {
 /// What every rank needs to run a request's generation as rank 0 does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LockstepJob {
-    /// The model rank 0 runs it on, by name, and how it is split: a rank serving another model, or
-    /// the same split another way, refuses it.
+    /// The model rank 0 runs it on, by name: a rank without it loaded refuses it (the load's
+    /// identity already covered its files, dtype and split).
     pub model: String,
-    #[serde(default)]
-    pub split: Split,
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
     pub sampling: SamplingParams,
@@ -53,14 +51,12 @@ pub struct LockstepJob {
 }
 
 impl LockstepJob {
-    /// The job for `prompt` under `opts` on `model` split as `split`, made timing-free: fixed depth,
-    /// and a seed.
-    pub fn new(model: &str, split: Split, prompt: &[u32], opts: &GenerateOptions) -> LockstepJob {
+    /// The job for `prompt` under `opts` on `model`, made timing-free: fixed depth, and a seed.
+    pub fn new(model: &str, prompt: &[u32], opts: &GenerateOptions) -> LockstepJob {
         let mut sampling = opts.sampling.clone();
         sampling.seed.get_or_insert_with(crate::generate::sampler::fresh_seed);
         LockstepJob {
             model: model.to_owned(),
-            split,
             prompt: prompt.to_vec(),
             max_tokens: opts.max_tokens,
             sampling,
@@ -86,14 +82,14 @@ impl LockstepJob {
 
 /// Rank 0's bytes, on every rank (a sum where the others give zeros).
 fn share_bytes(tp: &Parallel, mine: &[u8]) -> mlx::Result<Vec<u8>> {
-    let len = Array::from_slice(&[mine.len() as i32], &[1])?;
-    let len = tp.reduce(&len)?.to_vec::<i32>()?.first().copied().unwrap_or(0).max(0);
+    let len = tp.from_rank0(&Array::from_slice(&[mine.len() as i32], &[1])?)?.to_vec::<i32>()?;
+    let len = len.first().copied().unwrap_or(0).max(0);
     if len == 0 {
         return Ok(Vec::new());
     }
     let words: Vec<i32> =
         if tp.rank() == 0 { mine.iter().map(|&b| i32::from(b)).collect() } else { vec![0; len as usize] };
-    let sum = tp.reduce(&Array::from_slice(&words, &[len])?)?.to_vec::<i32>()?;
+    let sum = tp.from_rank0(&Array::from_slice(&words, &[len])?)?.to_vec::<i32>()?;
     Ok(sum.into_iter().map(|b| b.clamp(0, 255) as u8).collect())
 }
 
@@ -213,7 +209,7 @@ pub fn follow(name: &str, dir: &Path, opts: &LoadOptions, tp: &Parallel) -> Resu
                 tracing::info!(model = name, loaded = loaded.is_some(), "load from rank 0");
             }
             Command::Generate(job) => {
-                let ready = loaded.as_ref().filter(|_| job.model == name && job.split == tp.split());
+                let ready = loaded.as_ref().filter(|_| job.model == name);
                 if agree_stop(tp, ready.is_none())? {
                     continue;
                 }
@@ -243,7 +239,7 @@ mod tests {
             stop_ids: vec![5],
             ..Default::default()
         };
-        let job = LockstepJob::new("m", Split::Pipeline, &[1, 2, 3], &opts);
+        let job = LockstepJob::new("m", &[1, 2, 3], &opts);
         assert!(job.sampling.seed.is_some(), "a seed is fixed so every rank draws the same");
         assert!(!job.mtp.adaptive, "the adaptive controller decides by timing");
         let back: LockstepJob = serde_json::from_slice(&serde_json::to_vec(&job).unwrap()).unwrap();

@@ -425,7 +425,7 @@ fn serve_in_lockstep(
             continue;
         }
         let mut stream = Stream::running(served, &prepared, events, cancel, shared);
-        let job = lockstep::LockstepJob::new(name, tp.split(), &prepared.prompt.ids, &prepared.opts);
+        let job = lockstep::LockstepJob::new(name, &prepared.prompt.ids, &prepared.opts);
         let outcome = {
             let _compute = super::compute_lock();
             let stream = &mut stream;

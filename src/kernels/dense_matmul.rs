@@ -27,8 +27,8 @@ const SOURCE: &str = include_str!("../../kernels/cuda/dense_matmul.cu");
 
 /// This kernel's name for `TANDEM_KERNELS=-dense_matmul` (every other kernel stays on).
 pub const NAME: &str = "dense_matmul";
-/// Rows of x the kernel takes (as quantized_matmul's: 8-row slabs, each computed as its rows alone).
-pub const MAX_ROWS: i32 = 32;
+/// Rows of x the kernel takes ([`super::VERIFY_ROWS`]).
+pub const MAX_ROWS: i32 = super::VERIFY_ROWS;
 /// K is consumed in chunks of this many elements (each lane loads two 16-byte pieces of a chunk).
 pub const CHUNK: i32 = 64;
 /// The range of K (x's last axis) and N (weight rows) the parity runs covered (benches/gpu/dmm_kernel.py,
@@ -111,7 +111,7 @@ pub fn cuda(x: &Array, w: &Array) -> Result<Array> {
     }
     let x2 = x.reshape(&[m, k])?;
     let (r, ks, u) = launch_shape(n, k);
-    let blocks = (n + 16 * r - 1) / (16 * r) * super::quantized_matmul::slabs(m);
+    let blocks = (n + 16 * r - 1) / (16 * r) * super::slabs(m);
     let out_shape = [m, n];
     let y = with_kernel(dt, |kernel| {
         kernel.call(

@@ -70,13 +70,23 @@ pub fn disabled(name: &str) -> bool {
     EXCLUDED.get_or_init(|| exclusions(std::env::var("TANDEM_KERNELS").ok().as_deref())).iter().any(|n| n == name)
 }
 
+/// Rows of x the verify-width matmul kernels take (quantized and dense): a verify of depth 7 alone, or
+/// of depth 3 for each of 8 batched streams. Past 8 rows each 8-row slab of x is its own block, so a
+/// row's bits stay those of M = 1; the weights are read once per slab (L2 shares some of it).
+pub const VERIFY_ROWS: i32 = 32;
+
+/// Blocks per group of weight rows for `m` rows of x: one per 8-row slab (the kernels' `slabs`).
+pub fn slabs(m: i32) -> i32 {
+    (m + 7) / 8
+}
+
 /// Rows up to which a matmul's output rows are the same bits whatever the number of rows (the
 /// verify-width kernels, M = 1..=32), where those kernels run; None where every path already is (the
 /// CPU). A batched verify wider than this would score drafts with other bits than plain decoding
 /// does, so MTP would no longer give plain decoding's tokens (`generate::batch` keeps under it).
 pub fn row_invariant_width() -> Option<usize> {
     use mlx::device::{backend, default_device, Backend, Device};
-    (backend() == Backend::Cuda && default_device() == Device::Gpu).then_some(quantized_matmul::MAX_ROWS as usize)
+    (backend() == Backend::Cuda && default_device() == Device::Gpu).then_some(VERIFY_ROWS as usize)
 }
 
 #[cfg(test)]

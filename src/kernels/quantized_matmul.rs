@@ -30,10 +30,8 @@ type Result<T> = std::result::Result<T, mlx::Error>;
 const HEADER: &str = include_str!("../../kernels/cuda/quantized_matmul.cuh");
 const SOURCE: &str = include_str!("../../kernels/cuda/quantized_matmul.cu");
 
-/// Rows of x the kernel takes: a verify of depth 7 alone, or of depth 3 for each of 8 batched streams. Past
-/// 8 rows each 8-row slab is its own block, so a row's bits stay those of M = 1; the weights are read once
-/// per slab (L2 shares some of it).
-pub const MAX_ROWS: i32 = 32;
+/// Rows of x the kernel takes ([`super::VERIFY_ROWS`]).
+pub const MAX_ROWS: i32 = super::VERIFY_ROWS;
 pub const GROUP_SIZE: i32 = 64;
 /// The range of K (x's last axis) and N (weight rows) the parity runs covered (benches/gpu/qmm_kernel.py:
 /// K from 128 to 17408, N from 40 to a 248320-row vocabulary).
@@ -47,11 +45,6 @@ pub const TESTED_CLASSES: &[(u32, u32)] = &[(9, 0)];
 const TILES_PER_WARP: i32 = 2;
 const WARPS: i32 = 4;
 const GROUPS_PER_ROUND: i32 = 2;
-
-/// Blocks per 16-row weight tile group: one per 8 rows of x (the kernel's `slabs`).
-pub fn slabs(m: i32) -> i32 {
-    (m + 7) / 8
-}
 
 /// Half an ulp of `dtype` at its worst, relative: the tolerance against an fp32 reference.
 pub fn tolerance(dtype: Dtype) -> f32 {
@@ -167,7 +160,7 @@ pub fn cuda(x: &Array, q: &Quantized) -> Result<Array> {
     }
     let dt = x.dtype();
     let x2 = x.reshape(&[m, k])?;
-    let blocks = (n + 16 * TILES_PER_WARP - 1) / (16 * TILES_PER_WARP) * slabs(m);
+    let blocks = (n + 16 * TILES_PER_WARP - 1) / (16 * TILES_PER_WARP) * super::slabs(m);
     let out_shape = [m, n];
     let y = with_kernel(dt, |kernel| {
         kernel.call(

@@ -122,6 +122,14 @@ impl Parallel {
         self.group.all_sum(&partial.as_dtype(Dtype::F32)?)?.as_dtype(dtype)
     }
 
+    /// Rank 0's `mine` on every rank: a sum in which the others give zeros of `mine`'s shape (exact:
+    /// integers below 2^24 and any float survive the f32 sum). `mine` only matters on rank 0.
+    pub fn from_rank0(&self, mine: &Array) -> Result<Array> {
+        let dtype = mine.dtype();
+        let part = if self.rank == 0 { mine.as_dtype(Dtype::F32)? } else { Array::zeros(&mine.shape(), Dtype::F32)? };
+        self.group.all_sum(&part)?.as_dtype(dtype)
+    }
+
     /// A pipeline's forward: `h` (the same on every rank) goes through every rank's stage in rank
     /// order, and the last stage's output comes back on every rank. Each hand-over is a sum in which
     /// all ranks but the stage's own give zeros, so it is exact in any dtype, and every rank takes

@@ -445,10 +445,10 @@ impl Qwen35 {
     /// Drafts `[k]` (u32) as every rank of a split model uses them: rank 0's, given to all by a sum in
     /// which the others give zeros (token ids are exact in f32); elsewhere `drafts` itself.
     pub fn share_drafts(&self, drafts: &Array) -> Result<Array> {
-        let Some(p) = &self.drafts_from else { return Ok(drafts.clone()) };
-        let mine =
-            if p.rank() == 0 { drafts.as_dtype(Dtype::F32)? } else { Array::zeros(&drafts.shape(), Dtype::F32)? };
-        p.reduce(&mine)?.as_dtype(Dtype::U32)
+        match &self.drafts_from {
+            Some(p) => p.from_rank0(drafts),
+            None => Ok(drafts.clone()),
+        }
     }
 
     pub fn embed(&self, tokens: &Array) -> Result<Array> {
@@ -504,18 +504,23 @@ impl Qwen35 {
     }
 
     fn forward_layers(&self, h: &Array, cache: &mut [LayerCache], rope: Option<&MRope>) -> Result<Array> {
-        let mut run = |h: &Array| {
+        let h = self.through_layers(h, |h| {
             let mut h = h.clone();
             for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
                 h = layer.forward(&h, c, rope)?;
             }
             Ok(h)
-        };
-        let h = match &self.stage {
-            Some((p, _)) => p.chain(h, run)?,
-            None => run(h)?,
-        };
+        })?;
         self.norm.forward(&h)
+    }
+
+    /// `run` (this process's layers over `h`) as the model's whole stack: alone, or as this rank's
+    /// turn of a pipeline (`Parallel::chain`).
+    fn through_layers(&self, h: &Array, run: impl FnOnce(&Array) -> Result<Array>) -> Result<Array> {
+        match &self.stage {
+            Some((p, _)) => p.chain(h, run),
+            None => run(h),
+        }
     }
 
     /// Runs the decoder over `tokens` `[B, T]` for B sequences at once, `caches[i]` being row i's
@@ -530,19 +535,14 @@ impl Qwen35 {
                 self.layers.len()
             )));
         }
-        let mut run = |h: &Array| {
+        let h = self.through_layers(&self.embed(tokens)?, |h| {
             let mut h = h.clone();
             for (i, layer) in self.layers.iter().enumerate() {
                 let mut per: Vec<&mut LayerCache> = caches.iter_mut().map(|c| &mut c[i]).collect();
                 h = layer.forward_batch(&h, &mut per, None)?;
             }
             Ok(h)
-        };
-        let h = self.embed(tokens)?;
-        let h = match &self.stage {
-            Some((p, _)) => p.chain(&h, run)?,
-            None => run(&h)?,
-        };
+        })?;
         self.norm.forward(&h)
     }
 

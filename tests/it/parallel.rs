@@ -172,22 +172,25 @@ fn two_ranks_of_a_4_bit_model_generate_what_one_process_does() {
     split_matches_one(&q4, Split::Tensor, 2);
 }
 
-#[test]
-fn a_split_that_does_not_divide_the_heads_is_refused_naming_the_field() {
+/// Every one of `n` ranks (split as `split`, running `what`) fails its load with an error containing
+/// `needle`.
+fn every_rank_refuses(n: usize, split: Split, what: &str, needle: &str) {
     let dir = tempdir();
-    // tandem-tiny's linear attention has 2 key heads (its first layer): 4 ranks cannot share them.
-    let outs =
-        wait_all(spawn_ranks(dir.path(), 4, &tiny_model_dir(), Split::Tensor, "generate"), Duration::from_secs(120));
+    let outs = wait_all(spawn_ranks(dir.path(), n, &tiny_model_dir(), split, what), Duration::from_secs(120));
     for (r, out) in outs.iter().enumerate() {
         let got = results(out);
         assert!(
-            got.first()
-                .is_some_and(|l| l.starts_with("load-error")
-                    && l.contains("linear_num_key_heads = 2 cannot be split evenly over 4")),
+            got.first().is_some_and(|l| l.starts_with("load-error") && l.contains(needle)),
             "rank {r}: {got:?} {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+#[test]
+fn a_split_that_does_not_divide_the_heads_is_refused_naming_the_field() {
+    // tandem-tiny's linear attention has 2 key heads (its first layer): 4 ranks cannot share them.
+    every_rank_refuses(4, Split::Tensor, "generate", "linear_num_key_heads = 2 cannot be split evenly over 4");
 }
 
 /// The ranks' load outcomes when a NaN sits at element `at` of tensor `key` of a copy of tandem-tiny.
@@ -225,19 +228,14 @@ fn a_tensor_parallel_rank_reads_only_its_rows_and_columns() {
     assert_loaded_and_refused(&loads_with_nan_at(key, 10 * 384 + 300, Split::Tensor, 2), key);
 }
 
+/// Every pipeline rank needs a layer: 9 ranks over tandem-tiny's 8 are refused (the stages' split
+/// itself is checked by the pipeline of 4 above).
 #[test]
-fn a_stage_is_a_contiguous_run_of_layers_and_every_rank_gets_one() {
-    // Stages from `Parallel::stage` need a group; their rule is checked through a pipeline of 4 over
-    // tandem-tiny's 8 layers above, and here through what a 9-rank split of 8 layers is told.
-    let dir = tempdir();
-    let outs =
-        wait_all(spawn_ranks(dir.path(), 9, &tiny_model_dir(), Split::Pipeline, "load"), Duration::from_secs(120));
-    for (r, out) in outs.iter().enumerate() {
-        let got = results(out);
-        assert!(
-            got.first()
-                .is_some_and(|l| l.contains("num_hidden_layers = 8 cannot give each of 9 pipeline ranks a layer")),
-            "rank {r}: {got:?}"
-        );
-    }
+fn more_pipeline_ranks_than_layers_are_refused_naming_the_field() {
+    every_rank_refuses(
+        9,
+        Split::Pipeline,
+        "load",
+        "num_hidden_layers = 8 cannot give each of 9 pipeline ranks a layer",
+    );
 }

@@ -30,7 +30,7 @@ pub struct ServeArgs {
     /// How the model is split over the group (with --hostfile): `tensor` (each rank a share of every
     /// layer's heads; for fast links) or `pipeline` (each rank whole layers; for slow links). Every
     /// worker must be given the same.
-    #[arg(long, default_value = "tensor", value_parser = parse_split)]
+    #[arg(long, default_value = "tensor")]
     split: tandem::model::parallel::Split,
     /// Seconds to wait for the other ranks to join (with --hostfile).
     #[arg(long, default_value_t = 120)]
@@ -62,9 +62,4 @@ pub fn run(a: ServeArgs) -> Result<()> {
         cfg.api_key = a.api_key;
     }
     server::serve(cfg)
-}
-
-/// `--split`'s value (also `tandem worker`'s).
-pub fn parse_split(s: &str) -> std::result::Result<tandem::model::parallel::Split, String> {
-    s.parse()
 }

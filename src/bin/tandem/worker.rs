@@ -25,7 +25,7 @@ pub struct WorkerArgs {
     #[arg(long)]
     model: Option<String>,
     /// How the model is split: `tensor` or `pipeline`, as rank 0's `tandem serve --split` says.
-    #[arg(long, default_value = "tensor", value_parser = crate::serve::parse_split)]
+    #[arg(long, default_value = "tensor")]
     split: tandem::model::parallel::Split,
     /// Seconds to wait for the other ranks to join.
     #[arg(long, default_value_t = 120)]

@@ -142,7 +142,7 @@ impl Drafter {
             [] => return Ok(Vec::new()),
             [one] => return Ok(vec![one.draft(model, k, depths[0])?]),
             // A split model's drafts cross the group one sequence at a time (it serves one at a time).
-            _ if !model.drafts_here() || model.splits_drafting() => {
+            _ if model.splits_drafting() => {
                 return drafters.iter_mut().zip(depths).map(|(d, &depth)| d.draft(model, k, depth)).collect();
             }
             _ => {}
