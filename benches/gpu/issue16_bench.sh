@@ -20,6 +20,8 @@
 #            tokens), then depth 3 adaptive at oracle 0.0
 #   cycles   issue 22: where a batched MTP cycle's time goes, 4-bit slice, depth 3, oracle 0.8, 2 / 4 / 8 streams
 #            (the `batched cycle (ms)` debug lines of generate::batch, averaged per stream count)
+#   split    issues 16 and 22: host against device time per step (Tandem's trace, mlx-lm by benches/host_split.py),
+#            one stream in 4-bit and bf16, then batched plain steps and cycles (drafts, verify) at 2 / 4 / 8 streams
 #   prefix   issue 21: the 4-bit slice, a 32,000-token turn 1 and a 64-token reply: turn 2's time to first
 #            token cold and restored from the SSD tier (`--prefix-cache --prefix-disk`, a fresh memory tier over
 #            turn 1's files), and the bytes each turn wrote
@@ -139,6 +141,23 @@ for b, rs in sorted(rows.items(), key=lambda x: int(x[0])):
     keys = ["draft_build", "verify_build", "eval", "decide", "commit", "after"]
     print(f"streams {b}: {len(rs)} cycles, mean ms " + ", ".join(f"{k} {sum(r[k] for r in rs) / len(rs):.2f}" for k in keys))
 PY
+    ;;
+  split)
+    # Host against device: per step, MLX's host work (building and launching kernels, until async_eval
+    # returns) and the wait for the device, Tandem (trace lines) and mlx-lm (benches/host_split.py), one
+    # stream; then a batched plain step and a batched cycle's drafts and verify at 2 / 4 / 8 streams
+    # (4-bit, depth 3, oracle 0.8), with their operation counts and the commonest operations.
+    env_setup
+    for f in ${FORMATS:-q4 bf16}; do
+      case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+      RUST_LOG=tandem::generate::step=trace $B bench --model $MODEL --prompt-tokens 512 --gen-tokens 256 \
+        --depths 0 --json > "$OUT/split-$f.json" 2> "$OUT/split-$f.log"
+      python3 benches/gpu/summarize_split.py "$OUT/split-$f.json" "$OUT/split-$f.log" | sed "s|^|$f tandem |" | tee -a "$S"
+      python3 benches/host_split.py $MODEL --prompt-tokens 512 --gen-tokens 256 2>&1 | tail -1 | sed "s|^|$f |" | tee -a "$S"
+    done
+    RUST_LOG=tandem::generate::batch=trace $B bench --model $M-4bit --prompt-tokens 512 --gen-tokens 96 \
+      --streams 2,4,8 --depths 0,3 --oracle-acceptance 0.8 --json > "$OUT/split-batch.json" 2> "$OUT/split-batch.log"
+    python3 benches/gpu/summarize_split.py "$OUT/split-batch.json" "$OUT/split-batch.log" | sed "s|^|q4 batch |" | tee -a "$S"
     ;;
   prefix)
     env_setup

@@ -112,7 +112,13 @@ fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
         let row = seq.sampler.penalize(&row, &seq.history)?;
         drawn.push(seq.sampler.sample(&row)?);
     }
-    mlx::device::eval(&drawn.iter().collect::<Vec<_>>())?;
+    let drawn_refs: Vec<&Array> = drawn.iter().collect();
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let built = ms(t0, Instant::now());
+        let [(ops, launch, wait), _] = split_eval(&drawn_refs, &[])?;
+        tracing::debug!(streams = group.len(), ops, built, launch, wait, "batched plain step (ms)");
+    }
+    mlx::device::eval(&drawn_refs)?;
     for (i, (seq, token)) in group.iter_mut().zip(&drawn).enumerate() {
         let next = token.item::<u32>()?;
         let h = hidden.slice_axis(0, i as i32, i as i32 + 1)?;
@@ -175,6 +181,9 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
     let built = Instant::now();
     let mut wait: Vec<&Array> = vec![&logits];
     wait.extend(drafted.iter().flat_map(|d| [&d.drafts, &d.head]));
+    // Traced: the drafts and the verify evaluated apart, each as MLX's host work (until
+    // `async_eval` returns: building and launching its kernels) and the wait after it (the device).
+    let split = tracing::enabled!(tracing::Level::DEBUG).then(|| split_eval(&wait[1..], &wait[..1])).transpose()?;
     mlx::device::eval(&wait)?;
     let t2 = Instant::now();
     let mut decided = Vec::with_capacity(lasts.len());
@@ -211,5 +220,37 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
         after = ms(t4, Instant::now()),
         "batched cycle (ms)"
     );
+    if let Some([(draft_ops, draft_launch, draft_wait), (verify_ops, verify_launch, verify_wait)]) = split {
+        tracing::debug!(
+            streams = group.len(),
+            k,
+            draft_ops,
+            draft_launch,
+            draft_wait,
+            verify_ops,
+            verify_launch,
+            verify_wait,
+            "batched cycle split (ms)"
+        );
+    }
     Ok(())
+}
+
+/// `first` then `second` evaluated apart: for each, its operations, MLX's host time (until
+/// `async_eval` returns) and the wait for the device after it, in ms (the debug trace's split).
+fn split_eval(first: &[&Array], second: &[&Array]) -> Result<[(usize, f64, f64); 2]> {
+    let timed = |arrays: &[&Array]| -> Result<(usize, f64, f64)> {
+        let ops = mlx::compile::graph_ops(arrays);
+        if tracing::enabled!(tracing::Level::TRACE) {
+            let top: Vec<String> =
+                mlx::compile::graph_op_histogram(arrays).iter().take(16).map(|(n, c)| format!("{n} {c}")).collect();
+            tracing::trace!(ops, "operations: {}", top.join(", "));
+        }
+        let t0 = Instant::now();
+        mlx::device::async_eval(arrays)?;
+        let t1 = Instant::now();
+        mlx::device::eval(arrays)?;
+        Ok((ops, ms(t0, t1), ms(t1, Instant::now())))
+    };
+    Ok([timed(first)?, timed(second)?])
 }

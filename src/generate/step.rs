@@ -48,7 +48,11 @@ pub fn start(model: &Qwen35, cache: &mut [LayerCache], sampler: &mut Sampler, to
     let hidden = model.forward(token, cache)?;
     let logits = model.logits(&hidden)?.reshape(&[-1])?.as_dtype(Dtype::F32)?;
     let token = sampler.sample(&logits)?;
+    let t0 = std::time::Instant::now();
     mlx::device::async_eval(&[&token])?;
+    // Traced: MLX's host time for the step (building and launching its kernels), to set against
+    // the device's (`pipelined step` below).
+    tracing::trace!(launch = t0.elapsed().as_secs_f64() * 1e3, "step started (ms)");
     Ok(Started { hidden, token })
 }
 
@@ -82,11 +86,21 @@ impl Pipeline {
             None => start(model, cache, sampler, &token_input(last)?)?,
         };
         history.push(last);
+        let t0 = std::time::Instant::now();
         if start_next {
             let token = current.token.reshape(&[1, 1])?;
             self.ahead = Some(start(model, cache, sampler, &token)?);
         }
-        Ok((current.hidden, current.token.item::<u32>()?))
+        let t1 = std::time::Instant::now();
+        let token = current.token.item::<u32>()?;
+        // Traced: building and starting the next step, then waiting for this one (near zero when
+        // the host is the slower side).
+        tracing::trace!(
+            next = (t1 - t0).as_secs_f64() * 1e3,
+            wait = t1.elapsed().as_secs_f64() * 1e3,
+            "pipelined step (ms)"
+        );
+        Ok((current.hidden, token))
     }
 
     /// The hidden state at the token the step running ahead fed (the caches already hold it).
