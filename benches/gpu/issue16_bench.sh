@@ -84,6 +84,11 @@ for phase in $PHASES; do
       # The binary finds the repository (tandem-tiny) at the path it was built in (the main checkout or a
       # helper's worktree).
       for d in /work/main /work/wt/gpu; do [ -e $d/assets ] || { mkdir -p "$(dirname $d)" && ln -sfn "$PWD" $d; }; done
+      if [ -n "${RUST_TESTS:-}" ]; then  # only these tests (a filter), e.g. RUST_TESTS=attention_kernel::
+        /tmp/itbin/deps/it $RUST_TESTS --test-threads 1 --nocapture > "$OUT/rust_kernels.txt" 2>&1
+        grep -E "parity|selected|SKIPPED|test result|panicked|FAILED|depth|compute capability|probe" "$OUT/rust_kernels.txt" | tee -a "$S"
+        continue
+      fi
       (/tmp/itbin/deps/it kernels:: --test-threads 1 --nocapture 2>&1; \
        TANDEM_KERNELS=off /tmp/itbin/deps/it kernels::gated_delta_cuda_selected --nocapture 2>&1; \
        TANDEM_KERNELS=-dense_matmul /tmp/itbin/deps/it kernels::dmm_cuda_selected --nocapture 2>&1) \
@@ -158,6 +163,35 @@ PY
     RUST_LOG=tandem::generate::batch=trace $B bench --model $M-4bit --prompt-tokens 512 --gen-tokens 96 \
       --streams 2,4,8 --depths 0,3 --oracle-acceptance 0.8 --json > "$OUT/split-batch.json" 2> "$OUT/split-batch.log"
     python3 benches/gpu/summarize_split.py "$OUT/split-batch.json" "$OUT/split-batch.log" | sed "s|^|q4 batch |" | tee -a "$S"
+    ;;
+  ncu)
+    # Device time per plain step: Nsight Compute's duration of 3000 kernels well inside decoding (past
+    # prefill and warm-up), Tandem and mlx-lm, per step = per argmax launch (one a step in both).
+    env_setup
+    for who in tandem mlxlm; do
+      case $who in
+        tandem) cmd="$B bench --model $M-4bit --prompt-tokens 512 --gen-tokens 256 --depths 0" ;;
+        mlxlm) cmd="python3 benches/host_split.py $M-4bit --prompt-tokens 512 --gen-tokens 256" ;;
+      esac
+      timeout 280 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip ${SKIP:-60000} \
+        --launch-count 3000 --csv $cmd > "$OUT/ncu-$who.csv" 2> "$OUT/ncu-$who.err"
+      python3 - "$OUT/ncu-$who.csv" <<'PY' | sed "s|^|ncu $who |" | tee -a "$S"
+import csv, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+head, rows = rows[0], rows[1:]
+name, val = head.index("Kernel Name"), head.index("Metric Value")
+by = collections.defaultdict(lambda: [0, 0.0])
+for r in rows:
+    v = float(r[val].replace(",", ""))
+    by[r[name][:60]][0] += 1
+    by[r[name][:60]][1] += v
+steps = sum(n for k, (n, _) in by.items() if "arg_reduce" in k.lower() or "argreduce" in k.lower()) or 1
+total = sum(t for _, t in by.values())
+print(f"{len(rows)} kernels, {steps} steps, {total / steps / 1e3:.3f} ms of kernels a step, {len(rows) / steps:.0f} kernels a step")
+for k, (n, t) in sorted(by.items(), key=lambda x: -x[1][1])[:14]:
+    print(f"  {t / steps / 1e3:.3f} ms/step {n / steps:5.1f}/step {k}")
+PY
+    done
     ;;
   prefix)
     env_setup

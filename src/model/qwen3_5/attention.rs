@@ -6,6 +6,7 @@ use mlx::Array;
 
 use super::{mlx_err, Config};
 use crate::cache::KvCache;
+use crate::kernels::attention;
 use crate::model::layers::{causal_attention, Fused, Linear, MRope, Result, RmsNorm, Tap};
 use crate::model::parallel::{Cut, Parallel};
 use crate::model::store::Store;
@@ -122,6 +123,14 @@ impl Attention {
             }
         };
         let (keys, values) = cache.update(&k, v)?;
-        causal_attention(&q, &keys, &values, 1.0 / (self.hd as f32).sqrt())
+        let scale = 1.0 / (self.hd as f32).sqrt();
+        // On CUDA a kernel reads the cache's buffers where they lie (kernels::attention); the valid
+        // slices above then stay unevaluated.
+        match cache.state() {
+            Some((kb, vb)) if attention::selected(&q, kb, vb, cache.offset) => {
+                attention::cuda(&q, kb, vb, cache.offset, scale)
+            }
+            _ => causal_attention(&q, &keys, &values, scale),
+        }
     }
 }
