@@ -45,7 +45,7 @@ const THREADS: i32 = 256;
 /// Head sizes the parity test covered.
 pub const TESTED_HEAD_DIMS: &[i32] = &[64, 128, 256];
 /// Compute capabilities (major, minor) where the parity test passed (kernels/README.md).
-pub const TESTED_CLASSES: &[(u32, u32)] = &[];
+pub const TESTED_CLASSES: &[(u32, u32)] = &[(9, 0)];
 /// Relative Frobenius error against the fp32 reference for f32 inputs.
 pub const F32_TOLERANCE: f32 = 1e-5;
 

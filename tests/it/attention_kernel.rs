@@ -152,3 +152,36 @@ fn attention_cuda_selected_and_lossless() {
         assert_eq!(out.tokens, plain, "depth {depth}: MTP output differs from plain greedy");
     }
 }
+
+/// On any machine with a C++ compiler: the CUDA source itself, run by a CPU emulation
+/// (tests/it/emulate/attention.cpp: a thread per CUDA thread, barriers for `__syncthreads` and warp
+/// shuffles), against a double-precision reference, and each query of a 5-query call bit-identical to
+/// its one-query call, over one chunk, a chunk edge and three chunks. CI has no GPU: this is what checks
+/// the kernel's indexing and masking there.
+#[test]
+fn attention_source_emulated_on_cpu() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    if std::process::Command::new(&cxx).arg("--version").output().is_err() {
+        println!("attention_source_emulated_on_cpu: SKIPPED: no C++ compiler ({cxx}) here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("attention_emulated");
+    let define = |name: &str, file: &str| format!("-D{name}=\"{}\"", root.join("kernels/cuda").join(file).display());
+    let built = std::process::Command::new(&cxx)
+        .args(["-std=c++17", "-O1", "-pthread", "-w"])
+        .arg(define("ATTENTION_CUH", "attention.cuh"))
+        .arg(define("ATTENTION_PARTIAL", "attention_partial.cu"))
+        .arg(root.join("tests/it/emulate/attention.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "compiling the emulation: {}", String::from_utf8_lossy(&built.stderr));
+    let run = std::process::Command::new(&exe).output().unwrap();
+    let out = String::from_utf8_lossy(&run.stdout);
+    println!("{out}");
+    assert!(run.status.success(), "the emulated kernel failed: {out}");
+    assert_eq!(out.matches("every query identical alone").count(), 4, "{out}");
+}
