@@ -160,28 +160,8 @@ fn attention_cuda_selected_and_lossless() {
 /// the kernel's indexing and masking there.
 #[test]
 fn attention_source_emulated_on_cpu() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    if std::process::Command::new(&cxx).arg("--version").output().is_err() {
-        println!("attention_source_emulated_on_cpu: SKIPPED: no C++ compiler ({cxx}) here");
-        return;
+    let defines = [("ATTENTION_CUH", "attention.cuh"), ("ATTENTION_PARTIAL", "attention_partial.cu")];
+    if let Some(out) = crate::common::run_emulation("attention", &defines) {
+        assert_eq!(out.matches("every query identical alone").count(), 4, "{out}");
     }
-    let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("attention_emulated");
-    let define = |name: &str, file: &str| format!("-D{name}=\"{}\"", root.join("kernels/cuda").join(file).display());
-    let built = std::process::Command::new(&cxx)
-        .args(["-std=c++17", "-O1", "-pthread", "-w"])
-        .arg(define("ATTENTION_CUH", "attention.cuh"))
-        .arg(define("ATTENTION_PARTIAL", "attention_partial.cu"))
-        .arg(root.join("tests/it/emulate/attention.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    assert!(built.status.success(), "compiling the emulation: {}", String::from_utf8_lossy(&built.stderr));
-    let run = std::process::Command::new(&exe).output().unwrap();
-    let out = String::from_utf8_lossy(&run.stdout);
-    println!("{out}");
-    assert!(run.status.success(), "the emulated kernel failed: {out}");
-    assert_eq!(out.matches("every query identical alone").count(), 4, "{out}");
 }

@@ -5,6 +5,7 @@ mod batch;
 mod cli;
 mod common;
 mod constrained;
+mod conv_kernel;
 mod convert;
 mod distributed_serve;
 mod engine_load;

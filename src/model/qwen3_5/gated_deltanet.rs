@@ -84,6 +84,9 @@ impl GatedDeltaNet {
             neg_a = heads(&neg_a).map_err(err)?;
         }
         let (hk, hv) = (k1 - k0, v1 - v0);
+        // The conv runs in f32 (below): its weight is cast once here, not at every step.
+        let conv_weight =
+            conv_weight.as_dtype(Dtype::F32).and_then(|w| w.contiguous()).map_err(|e| mlx_err(&conv_name, e))?;
         Ok(GatedDeltaNet {
             in_proj: Fused::new(parts).map_err(|e| mlx_err(p, e))?,
             conv_weight,
@@ -124,8 +127,7 @@ impl GatedDeltaNet {
         let conv_input = concatenate(&[&prev, &qkv], 1)?;
         // In f32: q and k are L2-normalised next; rounding the conv output to bf16 first was the largest
         // bf16 drift found op by op against mlx-lm (it cost a third to a half of the layer's accuracy).
-        let conv_f32 = conv_input.as_dtype(Dtype::F32)?;
-        let conv = fused::silu(&mlx::ops::conv1d(&conv_f32, &self.conv_weight.as_dtype(Dtype::F32)?, 1, 0, 1, c)?)?;
+        let conv = crate::kernels::conv::conv_silu(&conv_input, &self.conv_weight)?;
         let window = conv_input.slice_axis(1, t, t + self.kernel - 1)?;
 
         let kd = self.hk * self.dk;

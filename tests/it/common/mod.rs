@@ -160,3 +160,30 @@ pub fn poison(file: &Path, key: &str, at: usize, value: f32) {
     std::fs::remove_file(file).unwrap(); // a link to the bundled model is replaced, never written through
     std::fs::write(file, bytes).unwrap();
 }
+
+/// Compiles a CPU emulation of a CUDA kernel (`tests/it/emulate/<name>.cpp`, with `defines` naming the kernel
+/// files under `kernels/cuda/` it includes) with the machine's C++ compiler (`CXX`, or `c++`) and runs it;
+/// returns its output, or None (printing why) when there is no compiler. Panics when it does not compile
+/// or reports a failure.
+pub fn run_emulation(name: &str, defines: &[(&str, &str)]) -> Option<String> {
+    let root = repo();
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    if std::process::Command::new(&cxx).arg("--version").output().is_err() {
+        println!("{name} emulation: SKIPPED: no C++ compiler ({cxx}) here");
+        return None;
+    }
+    let dir = tempdir();
+    let exe = dir.path().join(name);
+    let mut cmd = std::process::Command::new(&cxx);
+    cmd.args(["-std=c++17", "-O1", "-pthread", "-w"]);
+    for (macro_name, file) in defines {
+        cmd.arg(format!("-D{macro_name}=\"{}\"", root.join("kernels/cuda").join(file).display()));
+    }
+    let built = cmd.arg(root.join(format!("tests/it/emulate/{name}.cpp"))).arg("-o").arg(&exe).output().unwrap();
+    assert!(built.status.success(), "compiling the {name} emulation: {}", String::from_utf8_lossy(&built.stderr));
+    let run = std::process::Command::new(&exe).output().unwrap();
+    let out = String::from_utf8_lossy(&run.stdout).into_owned();
+    println!("{out}");
+    assert!(run.status.success(), "the emulated {name} kernel failed: {out}");
+    Some(out)
+}
