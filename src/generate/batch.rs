@@ -16,7 +16,7 @@ use mlx::{Array, Dtype};
 
 use super::decoder::Decoder;
 use super::error::Result;
-use super::mtp::{decide, draft_batch, ms, verify_input, Drafted, MtpDecoder, Verified};
+use super::mtp::{decide, draft_batch, draw_ahead, ms, verify_input, Drafted, MtpDecoder, Verified};
 use super::sequence::Sequence;
 use crate::cache::{LayerCache, Verify};
 
@@ -178,18 +178,34 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
         model.forward_batch(&input, &mut open)?
     };
     let logits = model.logits(&hidden)?.as_dtype(Dtype::F32)?; // [B, k+1, V]
+                                                               // Each sequence's targets, where they can be drawn before the logits are read: evaluated with
+                                                               // them, so the cycle waits for the device once (not once more per sequence).
+    let logit_rows = (0..lasts.len() as i32)
+        .map(|i| logits.slice_axis(0, i, i + 1)?.squeeze(&[0]))
+        .collect::<mlx::Result<Vec<_>>>()?;
+    let drawn = samplers.iter().zip(&logit_rows).map(|(s, row)| draw_ahead(s, row)).collect::<Result<Vec<_>>>()?;
     let built = Instant::now();
     let mut wait: Vec<&Array> = vec![&logits];
     wait.extend(drafted.iter().flat_map(|d| [&d.drafts, &d.head]));
+    wait.extend(drawn.iter().flatten());
     // Traced: the drafts and the verify evaluated apart, each as MLX's host work (until
     // `async_eval` returns: building and launching its kernels) and the wait after it (the device).
-    let split = tracing::enabled!(tracing::Level::DEBUG).then(|| split_eval(&wait[1..], &wait[..1])).transpose()?;
+    let split = tracing::enabled!(tracing::Level::DEBUG)
+        .then(|| split_eval(&wait[1..1 + 2 * drafted.len()], &[&wait[..1], &wait[1 + 2 * drafted.len()..]].concat()))
+        .transpose()?;
     mlx::device::eval(&wait)?;
     let t2 = Instant::now();
     let mut decided = Vec::with_capacity(lasts.len());
     for (i, (sampler, history)) in samplers.iter_mut().zip(histories.iter_mut()).enumerate() {
-        let row = logits.slice_axis(0, i as i32, i as i32 + 1)?.squeeze(&[0])?;
-        decided.push(decide(sampler, history, lasts[i], &row, &drafted[i].drafts, stops[i])?);
+        decided.push(decide(
+            sampler,
+            history,
+            lasts[i],
+            &logit_rows[i],
+            &drafted[i].drafts,
+            stops[i],
+            drawn[i].as_ref(),
+        )?);
     }
     let t3 = Instant::now();
     for (verify, (_, accepted, _)) in verifies.into_iter().zip(&decided) {

@@ -16,12 +16,39 @@ use crate::generate::sampler::Sampler;
 /// `history` holds the tokens before the verified ones (the repetition penalty's context); it is
 /// not changed: the caller appends what was accepted.
 pub fn accept(sampler: &mut Sampler, logits: &Array, drafts: &[u32], history: &[u32]) -> Result<(usize, u32)> {
+    accept_drawn(sampler, logits, drafts, history, None)
+}
+
+/// The targets of a verify drawn before its logits are read, where [`accept`] will not need the
+/// drafts or the history to draw them (no penalties, no grammar): lazy, so the caller evaluates them
+/// with the logits and the cycle waits for the device once. None where the rows must wait.
+pub fn draw_ahead(sampler: &Sampler, logits: &Array) -> Result<Option<Array>> {
+    if sampler.params.uses_history() || sampler.is_constrained() {
+        return Ok(None);
+    }
+    Ok(Some(sampler.sample_rows(logits)?))
+}
+
+/// [`accept`] with the targets [`draw_ahead`] drew (the same draws: nothing advances the sampler
+/// in between), or None to draw them here.
+pub fn accept_drawn(
+    sampler: &mut Sampler,
+    logits: &Array,
+    drafts: &[u32],
+    history: &[u32],
+    drawn: Option<&Array>,
+) -> Result<(usize, u32)> {
     let k = drafts.len();
     if !sampler.params.uses_history() {
         // The rows do not depend on each other: every position's token at once, one wait. Under a
         // grammar each row is masked with the state after the drafts before it.
-        let masked = sampler.mask_verify(logits, drafts)?;
-        let targets = sampler.sample_rows(&masked)?.to_vec::<u32>()?;
+        let targets = match drawn.filter(|_| !sampler.is_constrained()) {
+            Some(t) => t.to_vec::<u32>()?,
+            None => {
+                let masked = sampler.mask_verify(logits, drafts)?;
+                sampler.sample_rows(&masked)?.to_vec::<u32>()?
+            }
+        };
         let a = (0..k).take_while(|&j| targets[j] == drafts[j]).count();
         if sampler.records_logprobs() {
             sampler.record(&logits.slice_axis(0, 0, a as i32 + 1)?, &targets[..=a])?;

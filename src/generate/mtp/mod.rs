@@ -15,7 +15,8 @@ use std::time::Instant;
 
 use mlx::{Array, Dtype};
 
-use self::acceptance::accept;
+use self::acceptance::accept_drawn;
+pub(crate) use self::acceptance::draw_ahead;
 use self::controller::Controller;
 use self::drafter::Drafter;
 use self::oracle::{Oracle, OracleDrafts};
@@ -277,9 +278,13 @@ impl<'m> MtpDecoder<'m> {
         let mut verify = Verify::begin(&mut self.cache, k + 1);
         let hidden = self.model.forward(&input, verify.cache())?;
         let logits = self.model.logits(&hidden)?.squeeze(&[0])?.as_dtype(Dtype::F32)?; // [k+1, V]
-        mlx::device::eval(&[&logits, &d.drafts, &d.head])?;
+        let drawn = draw_ahead(sampler, &logits)?;
+        let mut wait = vec![&logits, &d.drafts, &d.head];
+        wait.extend(drawn.as_ref());
+        mlx::device::eval(&wait)?;
         let t2 = Instant::now();
-        let (drafts, accepted, next) = decide(sampler, history, self.last, &logits, &d.drafts, &self.stop_ids)?;
+        let (drafts, accepted, next) =
+            decide(sampler, history, self.last, &logits, &d.drafts, &self.stop_ids, drawn.as_ref())?;
         let t3 = Instant::now();
         verify.commit(accepted + 1)?;
         let hidden = vec![hidden.slice_axis(1, 0, accepted as i32 + 1)?];
@@ -326,7 +331,8 @@ pub(crate) fn verify_input(last: u32, drafts: &Array) -> Result<Array> {
     Ok(mlx::concatenate(&[&last, &drafts.as_dtype(Dtype::U32)?.reshape(&[1, k])?], 1)?)
 }
 
-/// Decides a verified cycle from its logits `[k + 1, V]` (evaluated): how many drafts stay and
+/// Decides a verified cycle from its logits `[k + 1, V]` (evaluated) and the targets drawn ahead
+/// with them, if any ([`draw_ahead`]): how many drafts stay and
 /// the token after them, appending `last` and the kept drafts to `history`. An accepted draft
 /// that ends the generation is emitted as the cycle's last token instead of being fed: the same
 /// tokens come out, and the caches hold exactly the prompt and the reply (what the prefix cache
@@ -338,10 +344,11 @@ pub(crate) fn decide(
     logits: &Array,
     drafts: &Array,
     stop_ids: &[u32],
+    drawn: Option<&Array>,
 ) -> Result<(Vec<u32>, usize, u32)> {
     let drafts = drafts.to_vec::<u32>()?;
     history.push(last);
-    let (mut accepted, mut next) = accept(sampler, logits, &drafts, history)?;
+    let (mut accepted, mut next) = accept_drawn(sampler, logits, &drafts, history, drawn)?;
     if let Some(j) = drafts[..accepted].iter().position(|d| stop_ids.contains(d)) {
         (accepted, next) = (j, drafts[j]);
     }
