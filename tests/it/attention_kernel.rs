@@ -112,9 +112,7 @@ fn attention_cuda_parity() {
 /// 64, where it runs at every attention layer) greedy MTP output equals plain greedy output at depths 1-3.
 #[test]
 fn attention_cuda_selected_and_lossless() {
-    use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams};
     use tandem::kernels::{disabled, policy, Policy};
-    use tandem::model::{self, LoadOptions};
     if !cuda_or_skip("attention_cuda_selected_and_lossless") {
         return;
     }
@@ -128,29 +126,7 @@ fn attention_cuda_selected_and_lossless() {
         let [q, k, v] = attn::random_inputs(6, 2, 2, 128, 64, dtype, 4).unwrap();
         assert_eq!(attn::selected(&q, &k, &v, 40), on, "{dtype:?}");
     }
-    let m = model::load(
-        &crate::common::tiny_model_dir(),
-        &LoadOptions { dtype: Some(Dtype::BF16), probe: false, ..Default::default() },
-    )
-    .unwrap();
-    let prompt: Vec<u32> = (0..24).map(|i| 20 + (i * 37) % 400).collect();
-    let run = |mtp: MtpOptions| {
-        let opts = GenerateOptions {
-            max_tokens: 48,
-            sampling: SamplingParams::greedy(),
-            stop_ids: vec![],
-            mtp,
-            ..Default::default()
-        };
-        generate(&m, &prompt, &opts, &mut |_| Control::Continue).unwrap()
-    };
-    let plain = run(MtpOptions { enabled: false, ..Default::default() }).tokens;
-    for depth in 1..=3 {
-        let out = run(MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false });
-        let s = out.stats.spec.expect("spec stats");
-        println!("tandem-tiny bf16 depth {depth}: {} cycles, acceptance {:.2}", s.cycles, s.acceptance);
-        assert_eq!(out.tokens, plain, "depth {depth}: MTP output differs from plain greedy");
-    }
+    crate::common::tiny_mtp_matches_plain(Dtype::BF16, true);
 }
 
 /// On any machine with a C++ compiler: the CUDA source itself, run by a CPU emulation

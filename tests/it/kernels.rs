@@ -342,9 +342,7 @@ fn dmm_cuda_parity() {
 /// decode and verify projection) greedy MTP output equals plain greedy output at depths 1-3.
 #[test]
 fn dmm_cuda_selected_and_lossless() {
-    use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams};
     use tandem::kernels::dense_matmul as dmm;
-    use tandem::model::{self, LoadOptions};
     if !cuda_or_skip("dmm_cuda_selected_and_lossless") {
         return;
     }
@@ -362,31 +360,7 @@ fn dmm_cuda_selected_and_lossless() {
             assert_eq!(y.to_bytes().unwrap(), dmm::cuda(&x, &w).unwrap().to_bytes().unwrap());
         }
     }
-    let m = model::load(
-        &crate::common::tiny_model_dir(),
-        &LoadOptions { dtype: Some(Dtype::BF16), probe: false, ..Default::default() },
-    )
-    .unwrap();
-    let prompt: Vec<u32> = (0..24).map(|i| 20 + (i * 37) % 400).collect();
-    let run = |mtp: MtpOptions| {
-        let opts = GenerateOptions {
-            max_tokens: 48,
-            sampling: SamplingParams::greedy(),
-            stop_ids: vec![],
-            mtp,
-            ..Default::default()
-        };
-        generate(&m, &prompt, &opts, &mut |_| Control::Continue).unwrap()
-    };
-    let plain = run(MtpOptions { enabled: false, ..Default::default() }).tokens;
-    for depth in 1..=3 {
-        let out = run(MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false });
-        let s = out.stats.spec.expect("spec stats");
-        println!("tandem-tiny bf16 depth {depth}: {} cycles, acceptance {:.2}", s.cycles, s.acceptance);
-        if !off {
-            assert_eq!(out.tokens, plain, "depth {depth}: MTP output differs from plain greedy");
-        }
-    }
+    crate::common::tiny_mtp_matches_plain(Dtype::BF16, !off);
 }
 
 /// Every compiled elementwise chain (src/kernels/fused.rs) gives the values its op-by-op body gives,
@@ -549,9 +523,7 @@ fn gated_delta_cuda_parity() {
 #[test]
 fn gated_delta_cuda_selected_and_lossless() {
     use tandem::cache::Verify;
-    use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams};
     use tandem::kernels::gated_delta as gd;
-    use tandem::model::{self, LoadOptions};
     if !cuda_or_skip("gated_delta_cuda_selected_and_lossless") {
         return;
     }
@@ -566,29 +538,7 @@ fn gated_delta_cuda_selected_and_lossless() {
     let err = gd::probe().unwrap();
     assert!(err <= gd::TOLERANCE, "probe error {err:.2e}");
 
-    let m = model::load(
-        &crate::common::tiny_model_dir(),
-        &LoadOptions { dtype: Some(Dtype::F32), probe: false, ..Default::default() },
-    )
-    .unwrap();
-    let prompt: Vec<u32> = (0..24).map(|i| 20 + (i * 37) % 400).collect();
-    let run = |mtp: MtpOptions| {
-        let opts = GenerateOptions {
-            max_tokens: 48,
-            sampling: SamplingParams::greedy(),
-            stop_ids: vec![],
-            mtp,
-            ..Default::default()
-        };
-        generate(&m, &prompt, &opts, &mut |_| Control::Continue).unwrap()
-    };
-    let plain = run(MtpOptions { enabled: false, ..Default::default() }).tokens;
-    for depth in 1..=3 {
-        let out = run(MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false });
-        let s = out.stats.spec.expect("spec stats");
-        println!("tandem-tiny f32 depth {depth}: {} cycles, acceptance {:.2}", s.cycles, s.acceptance);
-        assert_eq!(out.tokens, plain, "depth {depth}: MTP output differs from plain greedy");
-    }
+    let m = crate::common::tiny_mtp_matches_plain(Dtype::F32, true);
     let ids = |v: &[i32]| Array::from_slice(v, &[1, v.len() as i32]).unwrap();
     let contents = |c: &[tandem::cache::LayerCache]| -> Vec<Vec<f32>> {
         c.iter().flat_map(|c| c.contents().unwrap()).map(|a| a.to_f32_vec().unwrap()).collect()

@@ -187,3 +187,34 @@ pub fn run_emulation(name: &str, defines: &[(&str, &str)]) -> Option<String> {
     assert!(run.status.success(), "the emulated {name} kernel failed: {out}");
     Some(out)
 }
+
+/// tandem-tiny loaded in `dtype`, and its greedy MTP output at depths 1-3 against its plain greedy output
+/// (48 tokens after a fixed 24-token prompt): equal when `check` (each depth's cycles and acceptance are
+/// printed either way). Returns the model for further checks.
+pub fn tiny_mtp_matches_plain(dtype: mlx::Dtype, check: bool) -> tandem::model::Qwen35 {
+    use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams};
+    use tandem::model::{self, LoadOptions};
+    let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(dtype), probe: false, ..Default::default() })
+        .unwrap();
+    let prompt: Vec<u32> = (0..24).map(|i| 20 + (i * 37) % 400).collect();
+    let run = |mtp: MtpOptions| {
+        let opts = GenerateOptions {
+            max_tokens: 48,
+            sampling: SamplingParams::greedy(),
+            stop_ids: vec![],
+            mtp,
+            ..Default::default()
+        };
+        generate(&m, &prompt, &opts, &mut |_| Control::Continue).unwrap()
+    };
+    let plain = run(MtpOptions { enabled: false, ..Default::default() }).tokens;
+    for depth in 1..=3 {
+        let out = run(MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false });
+        let s = out.stats.spec.expect("spec stats");
+        println!("tandem-tiny {dtype:?} depth {depth}: {} cycles, acceptance {:.2}", s.cycles, s.acceptance);
+        if check {
+            assert_eq!(out.tokens, plain, "{dtype:?} depth {depth}: MTP output differs from plain greedy");
+        }
+    }
+    m
+}
