@@ -12,7 +12,7 @@
 #            acceptance 0.8 at depths 1 and 3 (depth 0 is plain decoding), the same without the
 #            gated-delta kernel (TANDEM_KERNELS=-gated_delta), oracle 0.0 at depth 3 fixed and adaptive,
 #            then mlx-lm on the same files
-#   repeat   plain decoding, Tandem and mlx-lm alternated, two more rounds per format
+#   repeat   plain decoding, Tandem and mlx-lm alternated, two more rounds per format (FORMATS, default q4 q8 bf16)
 #   dense    bf16 only, with and without the dense matmul kernel (TANDEM_KERNELS=-dense_matmul), alternated:
 #            oracle acceptance 0.8 at depths 1 and 3 and plain decoding, twice each (no mlx-lm)
 #   streams  issue 22: the 4-bit and bf16 slices, 512-token prompts, 256 generated per stream: `tandem bench
@@ -203,7 +203,7 @@ PY
   repeat)
     env_setup
     for round in 2 3; do
-      for f in q4 q8 bf16; do
+      for f in ${FORMATS:-q4 q8 bf16}; do
         case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
         ENVS= bench s27-$f-plain-r$round --depths 0
         mlx_lm s27-$f-mlx-lm-r$round
