@@ -177,9 +177,10 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
         let mut open: Vec<&mut [LayerCache]> = verifies.iter_mut().map(|v| v.cache()).collect();
         model.forward_batch(&input, &mut open)?
     };
-    let logits = model.logits(&hidden)?.as_dtype(Dtype::F32)?; // [B, k+1, V]
-                                                               // Each sequence's targets, where they can be drawn before the logits are read: evaluated with
-                                                               // them, so the cycle waits for the device once (not once more per sequence).
+    let logits = model.logits(&hidden)?.as_dtype(Dtype::F32)?;
+    // Each sequence's rows of logits `[k+1, V]` and its targets, where they can be drawn before the
+    // logits are read: evaluated with them, so the cycle waits for the device once (not once more per
+    // sequence).
     let logit_rows = (0..lasts.len() as i32)
         .map(|i| logits.slice_axis(0, i, i + 1)?.squeeze(&[0]))
         .collect::<mlx::Result<Vec<_>>>()?;

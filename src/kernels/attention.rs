@@ -17,12 +17,11 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use mlx::device::{backend, cuda_compute_capability, default_device, Backend, Device};
 use mlx::kernel::{Kernel, KernelBackend, Launch};
 use mlx::{concatenate, random, Array, Dtype};
 
 use super::quantized_matmul::{relative_error, tolerance};
-use super::{disabled, policy, Policy};
+use super::{probe_verdict, with_cached, KernelCache};
 
 type Result<T> = std::result::Result<T, mlx::Error>;
 
@@ -61,16 +60,10 @@ pub fn tolerance_for(dtype: Dtype) -> f32 {
 /// [`TESTED_HEAD_DIMS`], a machine class whose parity test passed (or `TANDEM_KERNELS=on`), not
 /// `-attention`, and this machine's probe passed.
 pub fn selected(q: &Array, keys: &Array, values: &Array, len: i32) -> bool {
-    if policy() == Policy::Off || disabled(NAME) || backend() != Backend::Cuda || default_device() != Device::Gpu {
-        return false;
-    }
-    if !applicable(q, keys, values, len) || !TESTED_HEAD_DIMS.contains(&q.dim(3)) {
-        return false;
-    }
-    if policy() == Policy::Auto && !tested_class() {
-        return false;
-    }
-    probe_passed(q.dtype())
+    super::cuda_allows(Some(NAME), TESTED_CLASSES)
+        && applicable(q, keys, values, len)
+        && TESTED_HEAD_DIMS.contains(&q.dim(3))
+        && probe_passed(q.dtype())
 }
 
 /// The shapes the kernel computes: q `[1, Hq, T, D]`, the cache's buffers `[1, Hkv, CAP, D]` of q's dtype
@@ -97,11 +90,6 @@ pub fn applicable(q: &Array, keys: &Array, values: &Array, len: i32) -> bool {
         && (1..=MAX_QUERIES).contains(&t)
         && t <= len
         && len <= cap
-}
-
-fn tested_class() -> bool {
-    static TESTED: OnceLock<bool> = OnceLock::new();
-    *TESTED.get_or_init(|| cuda_compute_capability().is_some_and(|cc| TESTED_CLASSES.contains(&cc)))
 }
 
 /// Runs the kernels (CUDA only; elsewhere MLX reports an error when the result is evaluated): the T
@@ -205,43 +193,35 @@ enum Stage {
     Combine,
 }
 
-/// The kernel object for a stage and dtype, made once per thread. MLX names a compiled kernel by its name
-/// and template integers only, so each dtype gets its own name.
+/// The kernel object for a stage and dtype, made once per thread ([`super::with_cached`]).
 fn with_kernel<R>(stage: Stage, dtype: Dtype, f: impl FnOnce(&Kernel) -> Result<R>) -> Result<R> {
     thread_local! {
-        static KERNELS: RefCell<Vec<(Stage, Dtype, Kernel)>> = const { RefCell::new(Vec::new()) };
+        static KERNELS: KernelCache<(Stage, Dtype)> = const { RefCell::new(Vec::new()) };
     }
-    KERNELS.with(|cell| {
-        let mut kernels = cell.borrow_mut();
-        if !kernels.iter().any(|(s, d, _)| *s == stage && *d == dtype) {
-            let suffix = match dtype {
-                Dtype::F16 => "f16",
-                Dtype::F32 => "f32",
-                _ => "bf16",
-            };
-            let kernel = match stage {
-                Stage::Partial => Kernel::new(
-                    KernelBackend::Cuda,
-                    &format!("tandem_attn_partial_{suffix}"),
-                    &["q", "k", "v", "params"],
-                    &["parts", "stats"],
-                    PARTIAL,
-                    HEADER,
-                )?,
-                Stage::Combine => Kernel::new(
-                    KernelBackend::Cuda,
-                    &format!("tandem_attn_combine_{suffix}"),
-                    &["parts", "stats"],
-                    &["o"],
-                    COMBINE,
-                    HEADER,
-                )?,
-            };
-            kernels.push((stage, dtype, kernel));
-        }
-        let kernel = kernels.iter().find(|(s, d, _)| *s == stage && *d == dtype).map(|(_, _, k)| k);
-        kernel.map_or_else(|| Err(mlx::Error::Invalid("kernel cache".into())), f)
-    })
+    let suffix = match dtype {
+        Dtype::F16 => "f16",
+        Dtype::F32 => "f32",
+        _ => "bf16",
+    };
+    let make = || match stage {
+        Stage::Partial => Kernel::new(
+            KernelBackend::Cuda,
+            &format!("tandem_attn_partial_{suffix}"),
+            &["q", "k", "v", "params"],
+            &["parts", "stats"],
+            PARTIAL,
+            HEADER,
+        ),
+        Stage::Combine => Kernel::new(
+            KernelBackend::Cuda,
+            &format!("tandem_attn_combine_{suffix}"),
+            &["parts", "stats"],
+            &["o"],
+            COMBINE,
+            HEADER,
+        ),
+    };
+    with_cached(&KERNELS, (stage, dtype), make, f)
 }
 
 /// Random inputs of one call: q `[1, hq, t, d]` and buffers `[1, hkv, cap, d]` of `dtype`.
@@ -253,7 +233,7 @@ pub fn random_inputs(hq: i32, hkv: i32, t: i32, d: i32, cap: i32, dtype: Dtype, 
 
 /// The probe's verdict for `dtype`, run once per process: the kernel on a small random problem (3 queries
 /// of 6 heads over 2 key heads, 130 of 192 positions: three chunks, the last partly seen) against
-/// [`reference`]. A kernel that fails to compile or to match is never selected; the reason is logged.
+/// [`reference`] ([`super::probe_verdict`]).
 fn probe_passed(dtype: Dtype) -> bool {
     static PROBES: [OnceLock<bool>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     let slot = &PROBES[match dtype {
@@ -261,23 +241,7 @@ fn probe_passed(dtype: Dtype) -> bool {
         Dtype::F32 => 2,
         _ => 0,
     }];
-    *slot.get_or_init(|| {
-        let tol = tolerance_for(dtype);
-        match probe(dtype) {
-            Ok(err) if err <= tol => {
-                tracing::info!("attention kernel ({dtype:?}): probe error {err:.2e}, selected");
-                true
-            }
-            Ok(err) => {
-                tracing::warn!("attention kernel ({dtype:?}): probe error {err:.2e} over {tol:.1e}; using MLX's op");
-                false
-            }
-            Err(e) => {
-                tracing::warn!("attention kernel ({dtype:?}) failed its probe ({e}); using MLX's op");
-                false
-            }
-        }
-    })
+    *slot.get_or_init(|| probe_verdict(&format!("attention kernel ({dtype:?})"), probe(dtype), tolerance_for(dtype)))
 }
 
 /// Relative error of the kernel against [`reference`] on one small random problem.

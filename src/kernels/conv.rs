@@ -18,12 +18,11 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use mlx::device::{backend, cuda_compute_capability, default_device, Backend, Device};
 use mlx::kernel::{Kernel, KernelBackend, Launch};
 use mlx::{random, Array, Dtype};
 
 use super::quantized_matmul::relative_error;
-use super::{disabled, fused, policy, Policy};
+use super::{fused, probe_verdict, with_cached, KernelCache};
 
 type Result<T> = std::result::Result<T, mlx::Error>;
 
@@ -59,16 +58,7 @@ pub fn fallback(x: &Array, w: &Array) -> Result<Array> {
 /// Whether a call goes to the kernel: CUDA on the GPU, shapes inside [`applicable`], a machine class whose
 /// parity test passed (or `TANDEM_KERNELS=on`), not `-conv`, and this machine's probe passed.
 pub fn selected(x: &Array, w: &Array) -> bool {
-    if policy() == Policy::Off || disabled(NAME) || backend() != Backend::Cuda || default_device() != Device::Gpu {
-        return false;
-    }
-    if !applicable(x, w) {
-        return false;
-    }
-    if policy() == Policy::Auto && !tested_class() {
-        return false;
-    }
-    probe_passed()
+    super::cuda_allows(Some(NAME), TESTED_CLASSES) && applicable(x, w) && probe_passed()
 }
 
 /// The shapes the kernel computes: x `[B, K - 1 + T, C]` of bf16, f16 or f32 with T in 1..=[`MAX_STEPS`],
@@ -88,11 +78,6 @@ pub fn applicable(x: &Array, w: &Array) -> bool {
         && x.dim(0) >= 1
         && (1..=MAX_WIDTH).contains(&k)
         && (1..=MAX_STEPS).contains(&steps)
-}
-
-fn tested_class() -> bool {
-    static TESTED: OnceLock<bool> = OnceLock::new();
-    *TESTED.get_or_init(|| cuda_compute_capability().is_some_and(|cc| TESTED_CLASSES.contains(&cc)))
 }
 
 /// Runs the kernel (CUDA only; elsewhere MLX reports an error when the result is evaluated). Checks only
@@ -126,25 +111,17 @@ pub fn cuda(x: &Array, w: &Array) -> Result<Array> {
     .ok_or_else(|| mlx::Error::Invalid("conv kernel: no output".into()))
 }
 
-/// The kernel object for x's dtype, made once per thread (MLX names compiled kernels by name and template
-/// integers only, so each input dtype gets its own name).
+/// The kernel object for x's dtype, made once per thread ([`super::with_cached`]).
 fn with_kernel<R>(dtype: Dtype, f: impl FnOnce(&Kernel) -> Result<R>) -> Result<R> {
     thread_local! {
-        static KERNELS: RefCell<Vec<(Dtype, Kernel)>> = const { RefCell::new(Vec::new()) };
+        static KERNELS: KernelCache<Dtype> = const { RefCell::new(Vec::new()) };
     }
-    KERNELS.with(|cell| {
-        let mut kernels = cell.borrow_mut();
-        if !kernels.iter().any(|(d, _)| *d == dtype) {
-            let name = match dtype {
-                Dtype::F16 => "tandem_conv_silu_f16",
-                Dtype::F32 => "tandem_conv_silu_f32",
-                _ => "tandem_conv_silu_bf16",
-            };
-            kernels.push((dtype, Kernel::new(KernelBackend::Cuda, name, &["x", "w"], &["y"], SOURCE, HEADER)?));
-        }
-        let kernel = kernels.iter().find(|(d, _)| *d == dtype).map(|(_, k)| k);
-        kernel.map_or_else(|| Err(mlx::Error::Invalid("kernel cache".into())), f)
-    })
+    let name = match dtype {
+        Dtype::F16 => "tandem_conv_silu_f16",
+        Dtype::F32 => "tandem_conv_silu_f32",
+        _ => "tandem_conv_silu_bf16",
+    };
+    with_cached(&KERNELS, dtype, || Kernel::new(KernelBackend::Cuda, name, &["x", "w"], &["y"], SOURCE, HEADER), f)
 }
 
 /// Random inputs of one call: x `[b, k - 1 + t, c]` of `dtype` and an fp32 weight `[c, k, 1]`.
@@ -158,20 +135,7 @@ pub fn random_inputs(b: i32, t: i32, c: i32, k: i32, dtype: Dtype, seed: u64) ->
 /// The probe's verdict, run once per process: the kernel against the fallback on a small random problem.
 fn probe_passed() -> bool {
     static PROBE: OnceLock<bool> = OnceLock::new();
-    *PROBE.get_or_init(|| match probe() {
-        Ok(err) if err <= TOLERANCE => {
-            tracing::info!("conv kernel: probe error {err:.2e}, selected");
-            true
-        }
-        Ok(err) => {
-            tracing::warn!("conv kernel: probe error {err:.2e} over {TOLERANCE:.0e}; using MLX's conv");
-            false
-        }
-        Err(e) => {
-            tracing::warn!("conv kernel failed its probe ({e}); using MLX's conv");
-            false
-        }
-    })
+    *PROBE.get_or_init(|| probe_verdict("conv kernel", probe(), TOLERANCE))
 }
 
 /// Relative error of the kernel against the fallback on 2 sequences of 3 positions, 300 channels, K = 4.

@@ -13,12 +13,11 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use mlx::device::{backend, cuda_compute_capability, default_device, Backend, Device};
 use mlx::kernel::{Kernel, KernelBackend, Launch};
 use mlx::{random, Array, Dtype};
 
 use super::quantized_matmul::{relative_error, tolerance};
-use super::{disabled, policy, Policy};
+use super::{probe_verdict, with_cached, KernelCache};
 
 type Result<T> = std::result::Result<T, mlx::Error>;
 
@@ -62,16 +61,7 @@ pub fn fallback(x: &Array, w: &Array) -> Result<Array> {
 /// class whose parity test passed (or `TANDEM_KERNELS=on`), not `-dense_matmul`, and this machine's probe
 /// passed.
 pub fn selected(x: &Array, w: &Array) -> bool {
-    if policy() == Policy::Off || disabled(NAME) || backend() != Backend::Cuda || default_device() != Device::Gpu {
-        return false;
-    }
-    if !applicable(x, w) {
-        return false;
-    }
-    if policy() == Policy::Auto && !tested_class() {
-        return false;
-    }
-    probe_passed(x.dtype())
+    super::cuda_allows(Some(NAME), TESTED_CLASSES) && applicable(x, w) && probe_passed(x.dtype())
 }
 
 /// The formats and shapes the kernel computes and its parity runs covered: x and w both bf16 or both f16,
@@ -86,11 +76,6 @@ pub fn applicable(x: &Array, w: &Array) -> bool {
         return false;
     }
     (1..=MAX_ROWS as usize).contains(&(x.size() / k as usize))
-}
-
-fn tested_class() -> bool {
-    static TESTED: OnceLock<bool> = OnceLock::new();
-    *TESTED.get_or_init(|| cuda_compute_capability().is_some_and(|cc| TESTED_CLASSES.contains(&cc)))
 }
 
 /// Runs the kernel (CUDA only; elsewhere MLX reports an error when the result is evaluated). Checks only
@@ -134,25 +119,16 @@ pub fn cuda(x: &Array, w: &Array) -> Result<Array> {
     y.reshape(&shape)
 }
 
-/// The kernel object for `dtype`, made once per thread. MLX names a compiled kernel by its name and
-/// template integers only, so each input dtype gets its own name.
+/// The kernel object for `dtype`, made once per thread ([`super::with_cached`]).
 fn with_kernel<R>(dtype: Dtype, f: impl FnOnce(&Kernel) -> Result<R>) -> Result<R> {
     thread_local! {
-        static KERNELS: RefCell<Vec<(Dtype, Kernel)>> = const { RefCell::new(Vec::new()) };
+        static KERNELS: KernelCache<Dtype> = const { RefCell::new(Vec::new()) };
     }
-    KERNELS.with(|cell| {
-        let mut kernels = cell.borrow_mut();
-        if !kernels.iter().any(|(d, _)| *d == dtype) {
-            let name = match dtype {
-                Dtype::F16 => "tandem_dmm_f16",
-                _ => "tandem_dmm_bf16",
-            };
-            let kernel = Kernel::new(KernelBackend::Cuda, name, &["x", "w"], &["y"], SOURCE, HEADER)?;
-            kernels.push((dtype, kernel));
-        }
-        let kernel = kernels.iter().find(|(d, _)| *d == dtype).map(|(_, k)| k);
-        kernel.map_or_else(|| Err(mlx::Error::Invalid("kernel cache".into())), f)
-    })
+    let name = match dtype {
+        Dtype::F16 => "tandem_dmm_f16",
+        _ => "tandem_dmm_bf16",
+    };
+    with_cached(&KERNELS, dtype, || Kernel::new(KernelBackend::Cuda, name, &["x", "w"], &["y"], SOURCE, HEADER), f)
 }
 
 /// The probe's verdict for `dtype`, run once per process: the kernel on a small random problem (3 rows, 40
@@ -161,23 +137,7 @@ fn with_kernel<R>(dtype: Dtype, f: impl FnOnce(&Kernel) -> Result<R>) -> Result<
 fn probe_passed(dtype: Dtype) -> bool {
     static PROBES: [OnceLock<bool>; 2] = [OnceLock::new(), OnceLock::new()];
     let slot = &PROBES[usize::from(dtype == Dtype::F16)];
-    *slot.get_or_init(|| match probe(dtype) {
-        Ok(err) if err <= tolerance(dtype) => {
-            tracing::info!("dense_matmul kernel ({dtype:?}): probe error {err:.2e}, selected");
-            true
-        }
-        Ok(err) => {
-            tracing::warn!(
-                "dense_matmul kernel ({dtype:?}): probe error {err:.2e} over {:.2e}; using MLX's op",
-                tolerance(dtype)
-            );
-            false
-        }
-        Err(e) => {
-            tracing::warn!("dense_matmul kernel ({dtype:?}) failed its probe ({e}); using MLX's op");
-            false
-        }
-    })
+    *slot.get_or_init(|| probe_verdict(&format!("dense_matmul kernel ({dtype:?})"), probe(dtype), tolerance(dtype)))
 }
 
 /// Relative Frobenius error of the kernel on one small random problem against an fp32 reference.

@@ -17,12 +17,11 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use mlx::device::{backend, cuda_compute_capability, default_device, Backend, Device};
 use mlx::kernel::{Kernel, KernelBackend, Launch};
 use mlx::{random, Array, Dtype};
 
+use super::probe_verdict;
 use super::quantized_matmul::relative_error;
-use super::{disabled, policy, Policy};
 
 type Result<T> = std::result::Result<T, mlx::Error>;
 
@@ -69,16 +68,10 @@ pub fn fallback(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state:
 /// [`TESTED_DIMS`], a machine class whose parity test passed (or `TANDEM_KERNELS=on`), and this machine's
 /// probe passed.
 pub fn selected(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> bool {
-    if policy() == Policy::Off || disabled(NAME) || backend() != Backend::Cuda || default_device() != Device::Gpu {
-        return false;
-    }
-    if !applicable(q, k, v, g, beta, state) || !TESTED_DIMS.contains(&(q.dim(3), v.dim(3))) {
-        return false;
-    }
-    if policy() == Policy::Auto && !tested_class() {
-        return false;
-    }
-    probe_passed()
+    super::cuda_allows(Some(NAME), TESTED_CLASSES)
+        && applicable(q, k, v, g, beta, state)
+        && TESTED_DIMS.contains(&(q.dim(3), v.dim(3)))
+        && probe_passed()
 }
 
 /// The shapes the kernel computes: all fp32; q, k `[B, T, Hk, Dk]` with T in 1..=[`MAX_TOKENS`] and Dk a
@@ -104,11 +97,6 @@ pub fn applicable(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, stat
         && dk % 32 == 0
         && (32..=256).contains(&dk)
         && (1..=256).contains(&dv)
-}
-
-fn tested_class() -> bool {
-    static TESTED: OnceLock<bool> = OnceLock::new();
-    *TESTED.get_or_init(|| cuda_compute_capability().is_some_and(|cc| TESTED_CLASSES.contains(&cc)))
 }
 
 /// Runs the kernel (CUDA only; elsewhere MLX reports an error when the result is evaluated). Checks only
@@ -177,20 +165,7 @@ fn with_kernel<R>(f: impl FnOnce(&Kernel) -> Result<R>) -> Result<R> {
 /// A kernel that fails to compile or to match is never selected; the reason is logged.
 fn probe_passed() -> bool {
     static PROBE: OnceLock<bool> = OnceLock::new();
-    *PROBE.get_or_init(|| match probe() {
-        Ok(err) if err <= TOLERANCE => {
-            tracing::info!("gated_delta kernel: probe error {err:.2e}, selected");
-            true
-        }
-        Ok(err) => {
-            tracing::warn!("gated_delta kernel: probe error {err:.2e} over {TOLERANCE:.0e}; using MLX's op");
-            false
-        }
-        Err(e) => {
-            tracing::warn!("gated_delta kernel failed its probe ({e}); using MLX's op");
-            false
-        }
-    })
+    *PROBE.get_or_init(|| probe_verdict("gated_delta kernel", probe(), TOLERANCE))
 }
 
 /// Random inputs of one call: `(q, k, v, g, beta, state)`, q and k L2-normalised as the model's are,

@@ -72,6 +72,64 @@ pub fn disabled(name: &str) -> bool {
     EXCLUDED.get_or_init(|| exclusions(std::env::var("TANDEM_KERNELS").ok().as_deref())).iter().any(|n| n == name)
 }
 
+/// Whether a kernel may be taken on this machine at all, before its shapes and its probe are asked: MLX on
+/// a CUDA GPU, `TANDEM_KERNELS` not `off` nor `-name` (`name`: the kernel's switch, where it has one), and
+/// unless it is `on`, this GPU's compute capability among `tested` (the classes where the kernel's parity
+/// test passed).
+pub(crate) fn cuda_allows(name: Option<&str>, tested: &[(u32, u32)]) -> bool {
+    use mlx::device::{backend, cuda_compute_capability, default_device, Backend, Device};
+    static CLASS: OnceLock<Option<(u32, u32)>> = OnceLock::new();
+    if policy() == Policy::Off
+        || name.is_some_and(disabled)
+        || backend() != Backend::Cuda
+        || default_device() != Device::Gpu
+    {
+        return false;
+    }
+    policy() == Policy::On || CLASS.get_or_init(cuda_compute_capability).is_some_and(|cc| tested.contains(&cc))
+}
+
+/// A kernel's probe verdict, logged: `what` (the kernel, and the variant probed) is selected when its probe
+/// ran and its error is within `tolerance`. A kernel that fails to compile or to match is never selected.
+pub(crate) fn probe_verdict(what: &str, probe: mlx::Result<f32>, tolerance: f32) -> bool {
+    match probe {
+        Ok(err) if err <= tolerance => {
+            tracing::info!("{what}: probe error {err:.2e}, selected");
+            true
+        }
+        Ok(err) => {
+            tracing::warn!("{what}: probe error {err:.2e} over {tolerance:.2e}; using MLX's op");
+            false
+        }
+        Err(e) => {
+            tracing::warn!("{what} failed its probe ({e}); using MLX's op");
+            false
+        }
+    }
+}
+
+/// Kernel objects of one module, one per key (an input dtype, a stage), made once per thread.
+pub(crate) type KernelCache<K> = std::cell::RefCell<Vec<(K, mlx::kernel::Kernel)>>;
+
+/// `f` with the kernel object for `key` from `cache`, made by `make` on first use. MLX names a compiled
+/// kernel by its name and template integers only, so each input dtype gets its own name and object.
+pub(crate) fn with_cached<K: Copy + PartialEq + 'static, R>(
+    cache: &'static std::thread::LocalKey<KernelCache<K>>,
+    key: K,
+    make: impl FnOnce() -> mlx::Result<mlx::kernel::Kernel>,
+    f: impl FnOnce(&mlx::kernel::Kernel) -> mlx::Result<R>,
+) -> mlx::Result<R> {
+    cache.with(|cell| {
+        let mut kernels = cell.borrow_mut();
+        if !kernels.iter().any(|(k, _)| *k == key) {
+            let kernel = make()?;
+            kernels.push((key, kernel));
+        }
+        let kernel = kernels.iter().find(|(k, _)| *k == key).map(|(_, kernel)| kernel);
+        kernel.map_or_else(|| Err(mlx::Error::Invalid("kernel cache".into())), f)
+    })
+}
+
 /// Rows of x the verify-width matmul kernels take (quantized and dense): a verify of depth 7 alone, or
 /// of depth 3 for each of 8 batched streams. Past 8 rows each 8-row slab of x is its own block, so a
 /// row's bits stay those of M = 1; the weights are read once per slab (L2 shares some of it).

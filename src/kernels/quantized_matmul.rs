@@ -18,12 +18,12 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use mlx::device::{backend, cuda_compute_capability, default_device, Backend, Device};
+use mlx::device::{default_device, Device};
 use mlx::kernel::{Kernel, KernelBackend, Launch};
 use mlx::quantized::{dequantize, quantize};
 use mlx::{random, Array, Dtype, QuantMode, Quantized};
 
-use super::{policy, Policy};
+use super::{policy, probe_verdict, with_cached, KernelCache, Policy};
 
 type Result<T> = std::result::Result<T, mlx::Error>;
 
@@ -102,16 +102,7 @@ pub fn fallback(x: &Array, q: &Quantized) -> Result<Array> {
 /// Whether a call goes to the kernel: CUDA on the GPU, a format and shape inside [`applicable`], a machine
 /// class whose parity test passed (or `TANDEM_KERNELS=on`), and this machine's probe passed.
 pub fn selected(x: &Array, q: &Quantized) -> bool {
-    if policy() == Policy::Off || backend() != Backend::Cuda || default_device() != Device::Gpu {
-        return false;
-    }
-    if !applicable(x, q) {
-        return false;
-    }
-    if policy() == Policy::Auto && !tested_class() {
-        return false;
-    }
-    probe_passed(x.dtype(), q.bits)
+    super::cuda_allows(None, TESTED_CLASSES) && applicable(x, q) && probe_passed(x.dtype(), q.bits)
 }
 
 /// The formats and shapes the kernel computes and its parity runs covered: x bf16 or f16 with M = 1..=32
@@ -138,11 +129,6 @@ pub fn applicable(x: &Array, q: &Quantized) -> bool {
         return false;
     }
     (1..=MAX_ROWS as usize).contains(&(x.size() / k as usize))
-}
-
-fn tested_class() -> bool {
-    static TESTED: OnceLock<bool> = OnceLock::new();
-    *TESTED.get_or_init(|| cuda_compute_capability().is_some_and(|cc| TESTED_CLASSES.contains(&cc)))
 }
 
 /// Runs the kernel (CUDA only; elsewhere MLX reports an error when the result is evaluated). Checks only
@@ -183,26 +169,17 @@ pub fn cuda(x: &Array, q: &Quantized) -> Result<Array> {
     y.reshape(&shape)
 }
 
-/// The kernel object for `dtype`, made once per thread. MLX names a compiled kernel by its name and
-/// template integers only, so each input dtype gets its own name.
+/// The kernel object for `dtype`, made once per thread ([`super::with_cached`]).
 fn with_kernel<R>(dtype: Dtype, f: impl FnOnce(&Kernel) -> Result<R>) -> Result<R> {
     thread_local! {
-        static KERNELS: RefCell<Vec<(Dtype, Kernel)>> = const { RefCell::new(Vec::new()) };
+        static KERNELS: KernelCache<Dtype> = const { RefCell::new(Vec::new()) };
     }
-    KERNELS.with(|cell| {
-        let mut kernels = cell.borrow_mut();
-        if !kernels.iter().any(|(d, _)| *d == dtype) {
-            let name = match dtype {
-                Dtype::F16 => "tandem_qmm_f16",
-                _ => "tandem_qmm_bf16",
-            };
-            let kernel =
-                Kernel::new(KernelBackend::Cuda, name, &["x", "w", "scales", "biases"], &["y"], SOURCE, HEADER)?;
-            kernels.push((dtype, kernel));
-        }
-        let kernel = kernels.iter().find(|(d, _)| *d == dtype).map(|(_, k)| k);
-        kernel.map_or_else(|| Err(mlx::Error::Invalid("kernel cache".into())), f)
-    })
+    let name = match dtype {
+        Dtype::F16 => "tandem_qmm_f16",
+        _ => "tandem_qmm_bf16",
+    };
+    let make = || Kernel::new(KernelBackend::Cuda, name, &["x", "w", "scales", "biases"], &["y"], SOURCE, HEADER);
+    with_cached(&KERNELS, dtype, make, f)
 }
 
 /// The probe's verdict for (dtype, bits), run once per process: the kernel on a small random problem
@@ -211,22 +188,12 @@ fn with_kernel<R>(dtype: Dtype, f: impl FnOnce(&Kernel) -> Result<R>) -> Result<
 fn probe_passed(dtype: Dtype, bits: i32) -> bool {
     static PROBES: [[OnceLock<bool>; 2]; 2] = [[OnceLock::new(), OnceLock::new()], [OnceLock::new(), OnceLock::new()]];
     let slot = &PROBES[usize::from(dtype == Dtype::F16)][usize::from(bits == 8)];
-    *slot.get_or_init(|| match probe(dtype, bits) {
-        Ok(err) if err <= tolerance(dtype) => {
-            tracing::info!("quantized_matmul kernel ({dtype:?}, {bits} bits): probe error {err:.2e}, selected");
-            true
-        }
-        Ok(err) => {
-            tracing::warn!(
-                "quantized_matmul kernel ({dtype:?}, {bits} bits): probe error {err:.2e} over {:.2e}; using MLX's op",
-                tolerance(dtype)
-            );
-            false
-        }
-        Err(e) => {
-            tracing::warn!("quantized_matmul kernel ({dtype:?}, {bits} bits) failed its probe ({e}); using MLX's op");
-            false
-        }
+    *slot.get_or_init(|| {
+        probe_verdict(
+            &format!("quantized_matmul kernel ({dtype:?}, {bits} bits)"),
+            probe(dtype, bits),
+            tolerance(dtype),
+        )
     })
 }
 
