@@ -50,6 +50,9 @@ SYSTEM_PACKAGES := libwebkit2gtk-4.1-dev libgtk-3-dev libayatana-appindicator3-d
 SYSTEM_PACKAGES += x11-apps dbus-daemon libglib2.0-bin
 # The package test: readelf reads the binary's RUNPATH (dpkg-deb and ldd come with Debian itself).
 SYSTEM_PACKAGES += binutils
+# A C++ compiler: the MLX bridge (crates/mlx/cxx) and the CPU emulations of the CUDA kernels
+# (tests/it/emulate/*.cpp, compiled by the tests).
+SYSTEM_PACKAGES += g++
 setup-system:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
