@@ -17,7 +17,7 @@
 #            oracle acceptance 0.8 at depths 1 and 3 and plain decoding, twice each (no mlx-lm)
 #   streams  issue 22: the 4-bit and bf16 slices, 512-token prompts, 256 generated per stream: `tandem bench
 #            --streams 1,2,4,8` plain and at depth 3 with oracle acceptance 0.8 (drafts from the plain batch's
-#            tokens), then depth 3 adaptive at oracle 0.0
+#            tokens), then depth 3 adaptive at oracle 0.0 (ADAPTIVE=0 leaves that out)
 #   cycles   issue 22: where a batched MTP cycle's time goes, 4-bit slice, depth 3, oracle 0.8, 2 / 4 / 8 streams
 #            (the `batched cycle (ms)` debug lines of generate::batch, averaged per stream count)
 #   split    issues 16 and 22: host against device time per step (Tandem's trace, mlx-lm by benches/host_split.py),
@@ -124,7 +124,7 @@ for phase in $PHASES; do
       case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
       ARGS="--prompt-tokens 512 --gen-tokens 256"
       ENVS= bench s27-$f-streams-oracle08 --streams 1,2,4,8 --depths 0,3 --oracle-acceptance 0.8
-      ENVS= bench s27-$f-streams-oracle00-adaptive --streams 1,2,4,8 --depths 0,3 --oracle-acceptance 0.0 --adaptive
+      [ "${ADAPTIVE:-1}" = 0 ] || ENVS= bench s27-$f-streams-oracle00-adaptive --streams 1,2,4,8 --depths 0,3 --oracle-acceptance 0.0 --adaptive
     done
     ARGS="--prompt-tokens 512 --gen-tokens 512"
     ;;
@@ -166,15 +166,16 @@ PY
     ;;
   ncu)
     # Device time per plain step: Nsight Compute's duration of 3000 kernels well inside decoding (past
-    # prefill and warm-up), Tandem and mlx-lm, per step = per argmax launch (one a step in both).
+    # prefill and warm-up), Tandem and mlx-lm, per step = per argmax launch (one a step in both). SKIP,
+    # COUNT (kernels skipped, profiled) and NCU_TIMEOUT (seconds per engine) change the defaults.
     env_setup
     for who in tandem mlxlm; do
       case $who in
         tandem) cmd="$B bench --model $M-4bit --prompt-tokens 512 --gen-tokens 256 --depths 0" ;;
         mlxlm) cmd="python3 benches/host_split.py $M-4bit --prompt-tokens 512 --gen-tokens 256" ;;
       esac
-      timeout 280 ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip ${SKIP:-60000} \
-        --launch-count 3000 --csv $cmd > "$OUT/ncu-$who.csv" 2> "$OUT/ncu-$who.err"
+      timeout ${NCU_TIMEOUT:-280} ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip ${SKIP:-60000} \
+        --launch-count ${COUNT:-3000} --csv $cmd > "$OUT/ncu-$who.csv" 2> "$OUT/ncu-$who.err"
       python3 - "$OUT/ncu-$who.csv" <<'PY' | sed "s|^|ncu $who |" | tee -a "$S"
 import csv, sys, collections
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
