@@ -11,9 +11,8 @@
 //!
 //! Tolerance: against the fallback (both fp32), relative Frobenius error at most [`TOLERANCE`].
 //!
-//! Not selected by default yet: [`TESTED_CLASSES`] is empty until its parity test
-//! (`tests/it/conv_kernel.rs::conv_cuda_parity`) has passed on a GPU; `TANDEM_KERNELS=on` takes it for that
-//! run. Its CUDA source is checked on every machine by a CPU emulation (`conv_source_emulated_on_cpu`).
+//! Selected on the classes where its parity test (`tests/it/conv_kernel.rs::conv_cuda_parity`) passed; its CUDA
+//! source is also checked on every machine by a CPU emulation (`conv_source_emulated_on_cpu`).
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -35,8 +34,8 @@ pub const NAME: &str = "conv";
 pub const MAX_STEPS: i32 = 16;
 /// Kernel widths it takes (Qwen3.5's is 4).
 pub const MAX_WIDTH: i32 = 8;
-/// Compute capabilities (major, minor) where the parity test passed: none yet (kernels/README.md).
-pub const TESTED_CLASSES: &[(u32, u32)] = &[];
+/// Compute capabilities (major, minor) where the parity test passed (the H200, kernels/README.md).
+pub const TESTED_CLASSES: &[(u32, u32)] = &[(9, 0)];
 /// Relative Frobenius error against the fallback.
 pub const TOLERANCE: f32 = 1e-5;
 
