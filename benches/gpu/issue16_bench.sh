@@ -165,7 +165,7 @@ PY
     python3 benches/gpu/summarize_split.py "$OUT/split-batch.json" "$OUT/split-batch.log" | sed "s|^|q4 batch |" | tee -a "$S"
     ;;
   ncu)
-    # Device time per plain step: Nsight Compute's duration of 3000 kernels well inside decoding (past
+    # Device time per plain step: Nsight Compute's duration of 1000 kernels well inside decoding (past
     # prefill and warm-up), Tandem and mlx-lm, per step = per argmax launch (one a step in both). SKIP,
     # COUNT (kernels skipped, profiled) and NCU_TIMEOUT (seconds per engine) change the defaults.
     env_setup
@@ -174,8 +174,8 @@ PY
         tandem) cmd="$B bench --model $M-4bit --prompt-tokens 512 --gen-tokens 256 --depths 0" ;;
         mlxlm) cmd="python3 benches/host_split.py $M-4bit --prompt-tokens 512 --gen-tokens 256" ;;
       esac
-      timeout ${NCU_TIMEOUT:-280} ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip ${SKIP:-60000} \
-        --launch-count ${COUNT:-3000} --csv $cmd > "$OUT/ncu-$who.csv" 2> "$OUT/ncu-$who.err"
+      timeout ${NCU_TIMEOUT:-280} ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip ${SKIP:-120000} \
+        --launch-count ${COUNT:-1000} --csv $cmd > "$OUT/ncu-$who.csv" 2> "$OUT/ncu-$who.err"
       python3 - "$OUT/ncu-$who.csv" <<'PY' | sed "s|^|ncu $who |" | tee -a "$S"
 import csv, sys, collections
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
