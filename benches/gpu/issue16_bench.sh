@@ -181,16 +181,20 @@ import csv, sys, collections
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 head, rows = rows[0], rows[1:]
 name, val = head.index("Kernel Name"), head.index("Metric Value")
+# Whole steps only: the kernels after the first argmax up to and including the last.
+marks = [i for i, r in enumerate(rows) if "arg_reduce" in r[name].lower()]
+if len(marks) < 2:
+    sys.exit(f"fewer than two argmax launches among {len(rows)} kernels: no whole step (change SKIP)")
+rows, steps = rows[marks[0] + 1 : marks[-1] + 1], len(marks) - 1
 by = collections.defaultdict(lambda: [0, 0.0])
 for r in rows:
     v = float(r[val].replace(",", ""))
     by[r[name][:60]][0] += 1
     by[r[name][:60]][1] += v
-steps = sum(n for k, (n, _) in by.items() if "arg_reduce" in k.lower() or "argreduce" in k.lower()) or 1
 total = sum(t for _, t in by.values())
-print(f"{len(rows)} kernels, {steps} steps, {total / steps / 1e3:.3f} ms of kernels a step, {len(rows) / steps:.0f} kernels a step")
+print(f"{steps} steps, {total / steps / 1e6:.3f} ms of kernels a step, {len(rows) / steps:.0f} kernels a step")
 for k, (n, t) in sorted(by.items(), key=lambda x: -x[1][1])[:14]:
-    print(f"  {t / steps / 1e3:.3f} ms/step {n / steps:5.1f}/step {k}")
+    print(f"  {t / steps / 1e6:.3f} ms/step {n / steps:5.1f}/step {k}")
 PY
     done
     ;;
