@@ -4,7 +4,7 @@
 //! covers, on machine classes where that test passed, after a small parity probe on this machine; every
 //! other call goes to the MLX op. `TANDEM_KERNELS=off` turns them all off; `TANDEM_KERNELS=-gated_delta`
 //! (a comma-separated list: a policy, and names with a `-` before them) turns off the named kernels only
-//! (`gated_delta`, `dense_matmul`, `attention`, `conv`).
+//! (`gated_delta`, `dense_matmul`, `attention`, `conv`, `norm`).
 //! `fused` holds the elementwise chains MLX's graph compiler fuses on every backend (`TANDEM_COMPILE=off`
 //! runs them op by op).
 
@@ -13,6 +13,7 @@ pub mod conv;
 pub mod dense_matmul;
 pub mod fused;
 pub mod gated_delta;
+pub mod norm;
 pub mod quantized_matmul;
 
 pub use dense_matmul::dense_matmul;

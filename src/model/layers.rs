@@ -120,9 +120,14 @@ impl RmsNorm {
         Ok(RmsNorm { scale, eps })
     }
 
+    /// In fp32, rounded once to x's dtype (`kernels::norm`: one launch on CUDA).
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let dt = x.dtype();
-        fast::rms_norm(&x.as_dtype(Dtype::F32)?, Some(&self.scale), self.eps)?.as_dtype(dt)
+        crate::kernels::norm::rms_norm(x, &self.scale, self.eps)
+    }
+
+    /// The residual add before the norm: `(h + m, norm(h + m))`, the sum in h's dtype.
+    pub fn forward_residual(&self, h: &Array, m: &Array) -> Result<(Array, Array)> {
+        crate::kernels::norm::add_rms_norm(h, m, &self.scale, self.eps)
     }
 }
 

@@ -21,6 +21,7 @@ mod load_layouts;
 mod mtp_decode;
 mod mtp_probe;
 mod mtp_regression;
+mod norm_kernel;
 mod parallel;
 mod prefix_cache;
 mod relocate;

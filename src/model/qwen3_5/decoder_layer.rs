@@ -90,8 +90,7 @@ impl DecoderLayer {
                 l.forward(&x, &mut st)?
             }
         };
-        let h = h.add(&self.reduced(mixed)?)?;
-        let x = self.post_attention_layernorm.forward(&h)?;
+        let (h, x) = self.post_attention_layernorm.forward_residual(h, &self.reduced(mixed)?)?;
         h.add(&self.reduced(self.mlp.forward(&x)?)?)
     }
 

@@ -3,62 +3,16 @@
 // __syncthreads and for warp shuffles, and bf16 storage emulated as float. Checks the kernels' output
 // against a double-precision reference, and that each query of a T-query call is bit-identical to a
 // one-query call over its own prefix (a verify's attention is decoding's). Exits 1 on a failure.
-#include <condition_variable>
-#include <mutex>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <cstdint>
 #include <algorithm>
 #include <random>
-#include <thread>
 #include <vector>
 #include <functional>
 using std::min;
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-struct dim3 { int x, y, z; };
-static dim3 blockIdx, gridDim;
-thread_local dim3 threadIdx;
-struct __nv_bfloat16 { float f; };  // emulation: bf16 storage as float
-struct __half { float f; };
-inline float __bfloat162float(__nv_bfloat16 x) { return x.f; }
-inline float __half2float(__half x) { return x.f; }
-inline __nv_bfloat16 __float2bfloat16_rn(float x) { return {x}; }
-inline __half __float2half_rn(float x) { return {x}; }
-// A reusable barrier for n threads (std::barrier is C++20 and not everywhere yet).
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void arrive_and_wait() {
-    std::unique_lock<std::mutex> lock(m_);
-    int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0, ++gen_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lock, [&] { return gen != gen_; });
-    }
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-};
-static Barrier* block_bar;
-static Barrier* warp_bar[8];
-static float shfl_buf[8][32];
-inline void __syncthreads() { block_bar->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float x, int off) {
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  shfl_buf[w][lane] = x;
-  warp_bar[w]->arrive_and_wait();
-  float y = shfl_buf[w][lane ^ off];
-  warp_bar[w]->arrive_and_wait();
-  return y;
-}
+#include "cuda_threads.h"
 #include ATTENTION_CUH
 
 template <int D, int ROWS>
@@ -67,18 +21,9 @@ void run_partial(const float* q, const float* k, const float* v, const float* pa
   gridDim = {nc, hkv, 1};
   for (int by = 0; by < hkv; ++by)
     for (int bx = 0; bx < nc; ++bx) {
-      blockIdx = {bx, by, 0};
-      Barrier bb(256);
-      block_bar = &bb;
-      for (int w = 0; w < 8; ++w) warp_bar[w] = new Barrier(32);
-      std::vector<std::thread> ts;
-      for (int t = 0; t < 256; ++t)
-        ts.emplace_back([&, t] {
-          threadIdx = {t, 0, 0};
+      run_block({bx, by, 0}, 256, [&] {
 #include ATTENTION_PARTIAL
-        });
-      for (auto& t : ts) t.join();
-      for (int w = 0; w < 8; ++w) delete warp_bar[w];
+      });
     }
 }
 void run_combine(const float* parts, const float* stats, float* o, const int* parts_shape, int rows) {
