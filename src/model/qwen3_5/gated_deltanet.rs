@@ -22,6 +22,9 @@ pub struct GatedDeltaNet {
     neg_a: Array,
     /// The gated norm's weight in f32 (applied in f32, see `forward`).
     norm_weight: Array,
+    /// q's and k's scales after their L2 normalisation (`1/Dk` and `1/sqrt(Dk)`, see `forward`) as norm
+    /// weights: the multiply is the norm's own, not one more launch.
+    qk_scales: [Array; 2],
     out_proj: Linear,
     hk: i32,
     hv: i32,
@@ -87,8 +90,14 @@ impl GatedDeltaNet {
         // The conv runs in f32 (below): its weight is cast once here, not at every step.
         let conv_weight =
             conv_weight.as_dtype(Dtype::F32).and_then(|w| w.contiguous()).map_err(|e| mlx_err(&conv_name, e))?;
+        // The scales as f32 computes them (what the separate multiply by an f32 scalar used).
+        let dkf = dk as f32;
+        let scale = |v: f32| Array::full(&[dk], f64::from(v), Dtype::F32);
+        let qk_scales = [scale(1.0 / dkf), scale(1.0 / dkf.sqrt())];
+        let [q_scale, k_scale] = qk_scales.map(|a| a.map_err(|e| mlx_err(p, e)));
         Ok(GatedDeltaNet {
             in_proj: Fused::new(parts).map_err(|e| mlx_err(p, e))?,
+            qk_scales: [q_scale?, k_scale?],
             conv_weight,
             dt_bias,
             neg_a,
@@ -136,9 +145,9 @@ impl GatedDeltaNet {
         let k = parts[1].reshape(&[b, t, self.hk, self.dk])?.as_dtype(Dtype::F32)?;
         let v = parts[2].reshape(&[b, t, self.hv, self.dv])?.as_dtype(Dtype::F32)?;
         // L2 normalisation x / sqrt(sum x^2 + eps) == rms_norm(x, eps / D) / sqrt(D); q also takes 1/sqrt(Dk).
-        let dkf = self.dk as f32;
-        let q = fast::rms_norm(&q, None, 1e-6 / dkf)?.multiply(&Array::f32(1.0 / dkf))?;
-        let k = fast::rms_norm(&k, None, 1e-6 / dkf)?.multiply(&Array::f32(1.0 / dkf.sqrt()))?;
+        let eps = 1e-6 / self.dk as f32;
+        let q = fast::rms_norm(&q, Some(&self.qk_scales[0]), eps)?;
+        let k = fast::rms_norm(&k, Some(&self.qk_scales[1]), eps)?;
         // The recurrence (docs/MODEL.md §3.2) with MLX's fused kernel; its state is [B, Hv, Dv, Dk] and
         // it maps value heads to key heads itself. A verify pass records what a rollback needs to
         // recompute the state of a shorter prefix (cache::Recording).
