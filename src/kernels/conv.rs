@@ -115,12 +115,8 @@ fn with_kernel<R>(dtype: Dtype, f: impl FnOnce(&Kernel) -> Result<R>) -> Result<
     thread_local! {
         static KERNELS: KernelCache<Dtype> = const { RefCell::new(Vec::new()) };
     }
-    let name = match dtype {
-        Dtype::F16 => "tandem_conv_silu_f16",
-        Dtype::F32 => "tandem_conv_silu_f32",
-        _ => "tandem_conv_silu_bf16",
-    };
-    with_cached(&KERNELS, dtype, || Kernel::new(KernelBackend::Cuda, name, &["x", "w"], &["y"], SOURCE, HEADER), f)
+    let name = format!("tandem_conv_silu_{}", super::dtype_suffix(dtype));
+    with_cached(&KERNELS, dtype, || Kernel::new(KernelBackend::Cuda, &name, &["x", "w"], &["y"], SOURCE, HEADER), f)
 }
 
 /// Random inputs of one call: x `[b, k - 1 + t, c]` of `dtype` and an fp32 weight `[c, k, 1]`.

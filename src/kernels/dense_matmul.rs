@@ -124,11 +124,8 @@ fn with_kernel<R>(dtype: Dtype, f: impl FnOnce(&Kernel) -> Result<R>) -> Result<
     thread_local! {
         static KERNELS: KernelCache<Dtype> = const { RefCell::new(Vec::new()) };
     }
-    let name = match dtype {
-        Dtype::F16 => "tandem_dmm_f16",
-        _ => "tandem_dmm_bf16",
-    };
-    with_cached(&KERNELS, dtype, || Kernel::new(KernelBackend::Cuda, name, &["x", "w"], &["y"], SOURCE, HEADER), f)
+    let name = format!("tandem_dmm_{}", super::dtype_suffix(dtype));
+    with_cached(&KERNELS, dtype, || Kernel::new(KernelBackend::Cuda, &name, &["x", "w"], &["y"], SOURCE, HEADER), f)
 }
 
 /// The probe's verdict for `dtype`, run once per process: the kernel on a small random problem (3 rows, 40

@@ -109,6 +109,16 @@ pub(crate) fn probe_verdict(what: &str, probe: mlx::Result<f32>, tolerance: f32)
     }
 }
 
+/// The part of a kernel's name that says its input dtype (`tandem_conv_silu_bf16`): MLX caches a compiled
+/// kernel by name, so each dtype's instance needs its own.
+pub(crate) fn dtype_suffix(dtype: mlx::Dtype) -> &'static str {
+    match dtype {
+        mlx::Dtype::F16 => "f16",
+        mlx::Dtype::F32 => "f32",
+        _ => "bf16",
+    }
+}
+
 /// Kernel objects of one module, one per key (an input dtype, a stage), made once per thread.
 pub(crate) type KernelCache<K> = std::cell::RefCell<Vec<(K, mlx::kernel::Kernel)>>;
 

@@ -155,11 +155,7 @@ fn with_kernel<R>(stage: Stage, dtype: Dtype, f: impl FnOnce(&Kernel) -> Result<
     thread_local! {
         static KERNELS: KernelCache<(Stage, Dtype)> = const { RefCell::new(Vec::new()) };
     }
-    let suffix = match dtype {
-        Dtype::F16 => "f16",
-        Dtype::F32 => "f32",
-        _ => "bf16",
-    };
+    let suffix = super::dtype_suffix(dtype);
     with_cached(
         &KERNELS,
         (stage, dtype),

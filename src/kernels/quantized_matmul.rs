@@ -174,11 +174,8 @@ fn with_kernel<R>(dtype: Dtype, f: impl FnOnce(&Kernel) -> Result<R>) -> Result<
     thread_local! {
         static KERNELS: KernelCache<Dtype> = const { RefCell::new(Vec::new()) };
     }
-    let name = match dtype {
-        Dtype::F16 => "tandem_qmm_f16",
-        _ => "tandem_qmm_bf16",
-    };
-    let make = || Kernel::new(KernelBackend::Cuda, name, &["x", "w", "scales", "biases"], &["y"], SOURCE, HEADER);
+    let name = format!("tandem_qmm_{}", super::dtype_suffix(dtype));
+    let make = || Kernel::new(KernelBackend::Cuda, &name, &["x", "w", "scales", "biases"], &["y"], SOURCE, HEADER);
     with_cached(&KERNELS, dtype, make, f)
 }
 
