@@ -91,16 +91,14 @@ pub fn applicable(x: &Array, m: Option<&Array>, w: &Array) -> bool {
 /// parity tests call this.
 pub fn cuda(x: &Array, w: &Array, eps: f32) -> Result<Array> {
     check(x, None, w)?;
-    let shape = x.shape();
-    let mut out = launch(Stage::Norm, x.dtype(), &[x, w], &[&shape], rows(x, w), eps)?;
+    let mut out = launch(Stage::Norm, &[x, w], rows(x, w), eps)?;
     out.pop().ok_or_else(|| invalid("no output"))
 }
 
 /// Runs the residual kernel: `(h + m, its norm)`.
 pub fn add_cuda(h: &Array, m: &Array, w: &Array, eps: f32) -> Result<(Array, Array)> {
     check(h, Some(m), w)?;
-    let shape = h.shape();
-    let mut out = launch(Stage::AddNorm, h.dtype(), &[h, m, w], &[&shape, &shape], rows(h, w), eps)?.into_iter();
+    let mut out = launch(Stage::AddNorm, &[h, m, w], rows(h, w), eps)?.into_iter();
     match (out.next(), out.next()) {
         (Some(sum), Some(y)) => Ok((sum, y)),
         _ => Err(invalid("too few outputs")),
@@ -135,8 +133,12 @@ enum Stage {
     AddNorm,
 }
 
-fn launch(stage: Stage, dt: Dtype, inputs: &[&Array], shapes: &[&Vec<i32>], rows: i32, eps: f32) -> Result<Vec<Array>> {
-    let outputs: Vec<(&[i32], Dtype)> = shapes.iter().map(|s| (s.as_slice(), dt)).collect();
+/// One launch of `stage` over `inputs` (rows first): its outputs are shaped and typed like the rows, one
+/// for the norm, two (the sum, the norm) for the residual form.
+fn launch(stage: Stage, inputs: &[&Array], rows: i32, eps: f32) -> Result<Vec<Array>> {
+    let (shape, dt) = (inputs[0].shape(), inputs[0].dtype());
+    let count = if stage == Stage::Norm { 1 } else { 2 };
+    let outputs = vec![(shape.as_slice(), dt); count];
     with_kernel(stage, dt, |kernel| {
         kernel.call(
             inputs,

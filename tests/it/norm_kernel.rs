@@ -27,6 +27,9 @@ fn norm_selection_rules() {
     if backend() != Backend::Cuda {
         assert!(!norm::selected(&h, Some(&m), &w), "selected without CUDA");
     }
+    // A launch the rules refuse is an error before any kernel is made (on every backend).
+    let err = norm::add_cuda(&h, &m, &w.slice_axis(0, 0, 95).unwrap(), 1e-6).unwrap_err().to_string();
+    assert!(err.contains("rms_norm kernel") && err.contains("[95]"), "{err}");
 }
 
 /// The paths every backend without the kernel takes: the fp32 norm of the rounded sum, within half an ulp
