@@ -232,12 +232,8 @@ pub fn random_inputs(hq: i32, hkv: i32, t: i32, d: i32, cap: i32, dtype: Dtype, 
 /// [`reference`] ([`super::probe_verdict`]).
 fn probe_passed(dtype: Dtype) -> bool {
     static PROBES: [OnceLock<bool>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-    let slot = &PROBES[match dtype {
-        Dtype::F16 => 1,
-        Dtype::F32 => 2,
-        _ => 0,
-    }];
-    *slot.get_or_init(|| probe_verdict(&format!("attention kernel ({dtype:?})"), probe(dtype), tolerance_for(dtype)))
+    *PROBES[super::dtype_slot(dtype)]
+        .get_or_init(|| probe_verdict(&format!("attention kernel ({dtype:?})"), probe(dtype), tolerance_for(dtype)))
 }
 
 /// Relative error of the kernel against [`reference`] on one small random problem.

@@ -119,6 +119,15 @@ pub(crate) fn dtype_suffix(dtype: mlx::Dtype) -> &'static str {
     }
 }
 
+/// Which of a kernel's three per-dtype slots (bf16, f16, f32: probe verdicts) `dtype` takes.
+pub(crate) fn dtype_slot(dtype: mlx::Dtype) -> usize {
+    match dtype {
+        mlx::Dtype::F16 => 1,
+        mlx::Dtype::F32 => 2,
+        _ => 0,
+    }
+}
+
 /// Kernel objects of one module, one per key (an input dtype, a stage), made once per thread.
 pub(crate) type KernelCache<K> = std::cell::RefCell<Vec<(K, mlx::kernel::Kernel)>>;
 

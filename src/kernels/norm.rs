@@ -72,7 +72,7 @@ pub fn add_fallback(h: &Array, m: &Array, w: &Array, eps: f32) -> Result<(Array,
 /// Whether a call goes to the kernel: CUDA on the GPU, shapes inside [`applicable`], a machine class whose
 /// parity test passed (or `TANDEM_KERNELS=on`), not `-norm`, and this machine's probe passed.
 pub fn selected(x: &Array, m: Option<&Array>, w: &Array) -> bool {
-    super::cuda_allows(Some(NAME), TESTED_CLASSES) && applicable(x, m, w) && probe_passed()
+    super::cuda_allows(Some(NAME), TESTED_CLASSES) && applicable(x, m, w) && probe_passed(x.dtype())
 }
 
 /// The shapes the kernel computes: rows of D (1..=[`MAX_DIM`]) bf16, f16 or f32 elements, `w` fp32 `[D]`;
@@ -200,16 +200,19 @@ pub fn reference(x: &Array, w: &Array, eps: f32) -> Result<Array> {
     x.multiply(&ms.add(&Array::f32(eps))?.rsqrt()?)?.multiply(w)
 }
 
-/// The probe's verdict, run once per process: the residual kernel against the fallback on a small problem.
-fn probe_passed() -> bool {
-    static PROBE: OnceLock<bool> = OnceLock::new();
-    *PROBE.get_or_init(|| probe_verdict("rms_norm kernel", probe(), tolerance(Dtype::BF16)))
+/// The probe's verdict for `dtype`, run once per process: both kernels against the fallback on a small
+/// problem ([`super::probe_verdict`]; a kernel that fails to compile for this dtype is never selected).
+fn probe_passed(dtype: Dtype) -> bool {
+    static PROBES: [OnceLock<bool>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    *PROBES[super::dtype_slot(dtype)]
+        .get_or_init(|| probe_verdict(&format!("rms_norm kernel ({dtype:?})"), probe(dtype), tolerance(dtype)))
 }
 
-/// Relative error of the residual kernel's two outputs against the fallback's, 3 rows of 300.
-pub fn probe() -> Result<f32> {
-    let (h, m, w) = random_inputs(3, 300, Dtype::BF16, 0x6e6f_726d)?;
+/// Relative error of both kernels' outputs against the fallback's, 3 rows of 300 of `dtype`.
+pub fn probe(dtype: Dtype) -> Result<f32> {
+    let (h, m, w) = random_inputs(3, 300, dtype, 0x6e6f_726d)?;
     let (sum, y) = add_cuda(&h, &m, &w, 1e-6)?;
     let (want_sum, want_y) = add_fallback(&h, &m, &w, 1e-6)?;
-    Ok(relative_error(&sum, &want_sum)?.max(relative_error(&y, &want_y)?))
+    let plain = relative_error(&cuda(&h, &w, 1e-6)?, &fallback(&h, &w, 1e-6)?)?;
+    Ok(relative_error(&sum, &want_sum)?.max(relative_error(&y, &want_y)?).max(plain))
 }

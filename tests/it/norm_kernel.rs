@@ -57,8 +57,8 @@ fn norm_cuda_parity() {
         println!("norm_cuda_parity: SKIPPED: MLX's backend here is {:?}, not CUDA", backend());
         return;
     }
-    assert!(norm::probe().unwrap() <= tolerance(Dtype::BF16));
     for dtype in [Dtype::BF16, Dtype::F16, Dtype::F32] {
+        assert!(norm::probe(dtype).unwrap() <= tolerance(dtype), "{dtype:?}: probe");
         let mut worst = (0.0f32, 0.0f32);
         for (rows, d) in [(1, 5120), (32, 5120), (96, 256), (3, 300), (2, 1), (1, 65536)] {
             let (h, m, w) = norm::random_inputs(rows, d, dtype, (rows * 10 + d) as u64).unwrap();

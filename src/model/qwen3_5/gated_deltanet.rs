@@ -92,12 +92,11 @@ impl GatedDeltaNet {
             conv_weight.as_dtype(Dtype::F32).and_then(|w| w.contiguous()).map_err(|e| mlx_err(&conv_name, e))?;
         // The scales as f32 computes them (what the separate multiply by an f32 scalar used).
         let dkf = dk as f32;
-        let scale = |v: f32| Array::full(&[dk], f64::from(v), Dtype::F32);
-        let qk_scales = [scale(1.0 / dkf), scale(1.0 / dkf.sqrt())];
-        let [q_scale, k_scale] = qk_scales.map(|a| a.map_err(|e| mlx_err(p, e)));
+        let scale = |v: f32| Array::full(&[dk], f64::from(v), Dtype::F32).map_err(|e| mlx_err(p, e));
+        let qk_scales = [scale(1.0 / dkf)?, scale(1.0 / dkf.sqrt())?];
         Ok(GatedDeltaNet {
             in_proj: Fused::new(parts).map_err(|e| mlx_err(p, e))?,
-            qk_scales: [q_scale?, k_scale?],
+            qk_scales,
             conv_weight,
             dt_bias,
             neg_a,
