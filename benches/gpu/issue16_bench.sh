@@ -22,6 +22,9 @@
 #            (the `batched cycle (ms)` debug lines of generate::batch, averaged per stream count)
 #   split    issues 16 and 22: host against device time per step (Tandem's trace, mlx-lm by benches/host_split.py),
 #            one stream in 4-bit and bf16, then batched plain steps and cycles (drafts, verify) at 2 / 4 / 8 streams
+#   knobs    MLX's CUDA graph settings (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER, MLX_MAX_MB_PER_BUFFER: how
+#            many kernels and bytes one CUDA graph takes before MLX launches it), 4-bit slice, 256 generated:
+#            Tandem plain and at depth 3 oracle 0.8, then mlx-lm, under each setting in KNOBS
 #   prefix   issue 21: the 4-bit slice, a 32,000-token turn 1 and a 64-token reply: turn 2's time to first
 #            token cold and restored from the SSD tier (`--prefix-cache --prefix-disk`, a fresh memory tier over
 #            turn 1's files), and the bytes each turn wrote
@@ -193,10 +196,21 @@ for r in rows:
     by[r[name][:60]][1] += v
 total = sum(t for _, t in by.values())
 print(f"{steps} steps, {total / steps / 1e6:.3f} ms of kernels a step, {len(rows) / steps:.0f} kernels a step")
-for k, (n, t) in sorted(by.items(), key=lambda x: -x[1][1])[:14]:
+for k, (n, t) in sorted(by.items(), key=lambda x: -x[1][1])[:40]:
     print(f"  {t / steps / 1e6:.3f} ms/step {n / steps:5.1f}/step {k}")
 PY
     done
+    ;;
+  knobs)
+    env_setup
+    MODEL=$M-4bit
+    ARGS="--prompt-tokens 512 --gen-tokens 256"
+    for knob in ${KNOBS:-default MLX_USE_CUDA_GRAPHS=0 MLX_MAX_OPS_PER_BUFFER=100,MLX_MAX_MB_PER_BUFFER=10000 MLX_MAX_OPS_PER_BUFFER=1000,MLX_MAX_MB_PER_BUFFER=100000}; do
+      ENVS=$( [ "$knob" = default ] || echo "$knob" | tr , ' ')
+      bench s27-q4-knob-$(echo "$knob" | tr ,= -_) --depths 0,3 --oracle-acceptance 0.8
+      env $ENVS python3 benches/vs_mlx_lm.py "$MODEL" $ARGS --mlx-lm-only 2>&1 | tail -1 | sed "s|^|knob $knob mlx-lm |" | tee -a "$S"
+    done
+    ARGS="--prompt-tokens 512 --gen-tokens 512"
     ;;
   prefix)
     env_setup
