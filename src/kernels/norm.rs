@@ -12,9 +12,9 @@
 //! differ from the fallback's by an ulp of the output in a few elements: the tolerance is half an ulp of the
 //! output dtype against fp32, as for the matmul kernels.
 //!
-//! Not selected by default yet: [`TESTED_CLASSES`] is empty until its parity test
-//! (`tests/it/norm_kernel.rs::norm_cuda_parity`) has passed on a GPU; `TANDEM_KERNELS=on` takes it for that
-//! run. Its CUDA source is checked on every machine by a CPU emulation (`norm_source_emulated_on_cpu`).
+//! Selected on the classes in [`TESTED_CLASSES`], where its parity test
+//! (`tests/it/norm_kernel.rs::norm_cuda_parity`) passed; its CUDA source is checked on every machine by a CPU
+//! emulation (`norm_source_emulated_on_cpu`).
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -37,8 +37,8 @@ pub const NAME: &str = "norm";
 const THREADS: i32 = 256;
 /// The longest row it takes (a hidden size; Qwen3.5's largest is 8192).
 pub const MAX_DIM: i32 = 65536;
-/// Compute capabilities (major, minor) where the parity test passed: none yet (kernels/README.md).
-pub const TESTED_CLASSES: &[(u32, u32)] = &[];
+/// Compute capabilities (major, minor) where the parity test passed: the H200 (kernels/README.md).
+pub const TESTED_CLASSES: &[(u32, u32)] = &[(9, 0)];
 
 /// `w * rmsnorm(x)` in fp32 with the fp32 scale `w` `[D]`, rounded to x's dtype: the kernel where
 /// [`selected`], MLX's ops otherwise.

@@ -129,22 +129,37 @@ impl RmsNorm {
     pub fn forward_residual(&self, h: &Array, m: &Array) -> Result<(Array, Array)> {
         crate::kernels::norm::add_rms_norm(h, m, &self.scale, self.eps)
     }
+
+    /// [`forward_residual`](Self::forward_residual) when a sum is pending, else `(h, norm(h))`.
+    pub fn forward_pending(&self, h: &Array, pending: Option<&Array>) -> Result<(Array, Array)> {
+        match pending {
+            Some(m) => self.forward_residual(h, m),
+            None => Ok((h.clone(), self.forward(h)?)),
+        }
+    }
 }
 
-/// `down(silu(gate(x)) * up(x))`.
+/// `down(silu(gate(x)) * up(x))`, gate and up run as one matmul ([`Fused`]) where their formats agree.
 #[derive(Clone)]
 pub struct Mlp {
-    pub gate_proj: Linear,
-    pub up_proj: Linear,
-    pub down_proj: Linear,
+    gate_up: Fused,
+    down_proj: Linear,
     /// Shows calibration the projections' inputs (`{prefix}.gate_proj`, ...).
-    pub tap: Tap,
+    tap: Tap,
 }
 
 impl Mlp {
+    pub fn new(gate_proj: Linear, up_proj: Linear, down_proj: Linear, tap: Tap) -> Result<Mlp> {
+        Ok(Mlp { gate_up: Fused::new(vec![gate_proj, up_proj])?, down_proj, tap })
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         self.tap.see_all(&["gate_proj", "up_proj"], x);
-        let inner = crate::kernels::fused::swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?;
+        let parts = self.gate_up.forward(x)?;
+        let [gate, up] = parts.as_slice() else {
+            return Err(mlx::Error::Invalid(format!("MLP: {} gate/up outputs, expected 2", parts.len())));
+        };
+        let inner = crate::kernels::fused::swiglu(gate, up)?;
         self.tap.see("down_proj", &inner);
         self.down_proj.forward(&inner)
     }

@@ -209,14 +209,15 @@ impl MtpHead {
         let mut lcs: Vec<LayerCache> = caches.iter_mut().map(|c| LayerCache::Kv(std::mem::take(*c))).collect();
         let u = {
             let mut refs: Vec<&mut LayerCache> = lcs.iter_mut().collect();
-            self.layer.forward_batch(&u, &mut refs, None)
+            self.layer.forward_batch(&u, None, &mut refs, None)
         };
         for (cache, lc) in caches.iter_mut().zip(lcs) {
             if let LayerCache::Kv(c) = lc {
                 **cache = c;
             }
         }
-        self.norm.forward(&u?)
+        let (h, m) = u?;
+        Ok(self.norm.forward_residual(&h, &m)?.1)
     }
 }
 

@@ -504,21 +504,33 @@ impl Qwen35 {
     }
 
     fn forward_layers(&self, h: &Array, cache: &mut [LayerCache], rope: Option<&MRope>) -> Result<Array> {
-        let h = self.through_layers(h, |h| {
-            let mut h = h.clone();
+        let (h, pending) = self.through_layers(h, |h| {
+            let (mut h, mut pending) = (h.clone(), None);
             for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
-                h = layer.forward(&h, c, rope)?;
+                let (next, m) = layer.forward(&h, pending.as_ref(), c, rope)?;
+                (h, pending) = (next, Some(m));
             }
-            Ok(h)
+            Ok((h, pending))
         })?;
-        self.norm.forward(&h)
+        Ok(self.norm.forward_pending(&h, pending.as_ref())?.1)
     }
 
-    /// `run` (this process's layers over `h`) as the model's whole stack: alone, or as this rank's
-    /// turn of a pipeline (`Parallel::chain`).
-    fn through_layers(&self, h: &Array, run: impl FnOnce(&Array) -> Result<Array>) -> Result<Array> {
+    /// `run` (this process's layers over `h`, returning the stream and the last layer's output not yet
+    /// added to it) as the model's whole stack: alone, or as this rank's turn of a pipeline
+    /// (`Parallel::chain`, which passes on the sum).
+    fn through_layers(
+        &self,
+        h: &Array,
+        run: impl FnOnce(&Array) -> Result<(Array, Option<Array>)>,
+    ) -> Result<(Array, Option<Array>)> {
         match &self.stage {
-            Some((p, _)) => p.chain(h, run),
+            Some((p, _)) => {
+                let h = p.chain(h, |h| match run(h)? {
+                    (h, Some(m)) => h.add(&m),
+                    (h, None) => Ok(h),
+                })?;
+                Ok((h, None))
+            }
             None => run(h),
         }
     }
@@ -535,15 +547,16 @@ impl Qwen35 {
                 self.layers.len()
             )));
         }
-        let h = self.through_layers(&self.embed(tokens)?, |h| {
-            let mut h = h.clone();
+        let (h, pending) = self.through_layers(&self.embed(tokens)?, |h| {
+            let (mut h, mut pending) = (h.clone(), None);
             for (i, layer) in self.layers.iter().enumerate() {
                 let mut per: Vec<&mut LayerCache> = caches.iter_mut().map(|c| &mut c[i]).collect();
-                h = layer.forward_batch(&h, &mut per, None)?;
+                let (next, m) = layer.forward_batch(&h, pending.as_ref(), &mut per, None)?;
+                (h, pending) = (next, Some(m));
             }
-            Ok(h)
+            Ok((h, pending))
         })?;
-        self.norm.forward(&h)
+        Ok(self.norm.forward_pending(&h, pending.as_ref())?.1)
     }
 
     /// Logits from post-norm hidden states (the untied `lm_head`, or the tied embedding).

@@ -7,7 +7,7 @@ use mlx::Array;
 
 use super::attention::Attention;
 use super::gated_deltanet::GatedDeltaNet;
-use super::Config;
+use super::{mlx_err, Config};
 use crate::cache::LayerCache;
 use crate::model::layers::{MRope, Mlp, Observer, Result, RmsNorm, Tap};
 use crate::model::parallel::{Cut, Parallel};
@@ -56,12 +56,13 @@ impl DecoderLayer {
             }
             None => (Cut::All, Cut::All),
         };
-        let mlp = Mlp {
-            gate_proj: s.linear_cut(&format!("{p}.mlp.gate_proj"), i, d, &rows)?,
-            up_proj: s.linear_cut(&format!("{p}.mlp.up_proj"), i, d, &rows)?,
-            down_proj: s.linear_cut(&format!("{p}.mlp.down_proj"), d, i, &cols)?,
-            tap: Tap::new(observer, &format!("{p}.mlp")),
-        };
+        let mlp = Mlp::new(
+            s.linear_cut(&format!("{p}.mlp.gate_proj"), i, d, &rows)?,
+            s.linear_cut(&format!("{p}.mlp.up_proj"), i, d, &rows)?,
+            s.linear_cut(&format!("{p}.mlp.down_proj"), d, i, &cols)?,
+            Tap::new(observer, &format!("{p}.mlp")),
+        )
+        .map_err(|e| mlx_err(p, e))?;
         Ok(DecoderLayer {
             input_layernorm: norms(&format!("{p}.input_layernorm.weight"), d)?,
             post_attention_layernorm: norms(&format!("{p}.post_attention_layernorm.weight"), d)?,
@@ -71,13 +72,28 @@ impl DecoderLayer {
         })
     }
 
-    pub fn forward(&self, h: &Array, cache: &mut LayerCache, rope: Option<&MRope>) -> Result<Array> {
-        self.forward_batch(h, &mut [cache], rope)
+    pub fn forward(
+        &self,
+        h: &Array,
+        pending: Option<&Array>,
+        cache: &mut LayerCache,
+        rope: Option<&MRope>,
+    ) -> Result<(Array, Array)> {
+        self.forward_batch(h, pending, &mut [cache], rope)
     }
 
-    /// The layer over `h` `[B, T, D]` for B sequences, `caches[i]` holding row i's state.
-    pub fn forward_batch(&self, h: &Array, caches: &mut [&mut LayerCache], rope: Option<&MRope>) -> Result<Array> {
-        let x = self.input_layernorm.forward(h)?;
+    /// The layer over the residual stream `h` `[B, T, D]` for B sequences, `caches[i]` holding row i's
+    /// state. `pending` is a sum not yet added to `h` (the previous layer's MLP output): its add runs in
+    /// this layer's input norm's launch. Returns the stream after the mixer's residual, and this
+    /// layer's MLP output, pending in turn (the caller adds it: [`RmsNorm::forward_pending`]).
+    pub fn forward_batch(
+        &self,
+        h: &Array,
+        pending: Option<&Array>,
+        caches: &mut [&mut LayerCache],
+        rope: Option<&MRope>,
+    ) -> Result<(Array, Array)> {
+        let (h, x) = self.input_layernorm.forward_pending(h, pending)?;
         let mismatch = || mlx::Error::Invalid("cache kind does not match the layer kind".into());
         let mixed = match &self.mixer {
             Mixer::Attention(a) => {
@@ -90,8 +106,8 @@ impl DecoderLayer {
                 l.forward(&x, &mut st)?
             }
         };
-        let (h, x) = self.post_attention_layernorm.forward_residual(h, &self.reduced(mixed)?)?;
-        h.add(&self.reduced(self.mlp.forward(&x)?)?)
+        let (h, x) = self.post_attention_layernorm.forward_residual(&h, &self.reduced(mixed)?)?;
+        Ok((h, self.reduced(self.mlp.forward(&x)?)?))
     }
 
     /// A sublayer's output, summed over the ranks when each holds a partial one.
