@@ -13,6 +13,9 @@
 #            gated-delta kernel (TANDEM_KERNELS=-gated_delta), oracle 0.0 at depth 3 fixed and adaptive,
 #            then mlx-lm on the same files
 #   repeat   plain decoding, Tandem and mlx-lm alternated, two more rounds per format (FORMATS, default q4 q8 bf16)
+#   ab       plain decoding in 4-bit (FORMATS), alternated for two rounds: Tandem as built, Tandem under AB_ENV
+#            (default TANDEM_KERNELS=-qmm_narrow: the quantized matmul in its one pre-session-17 launch shape),
+#            mlx-lm
 #   dense    bf16 only, with and without the dense matmul kernel (TANDEM_KERNELS=-dense_matmul), alternated:
 #            oracle acceptance 0.8 at depths 1 and 3 and plain decoding, twice each (no mlx-lm)
 #   streams  issue 22: the 4-bit and bf16 slices, 512-token prompts, 256 generated per stream: `tandem bench
@@ -25,6 +28,8 @@
 #   knobs    MLX's CUDA graph settings (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER, MLX_MAX_MB_PER_BUFFER: how
 #            many kernels and bytes one CUDA graph takes before MLX launches it), 4-bit slice, 256 generated:
 #            Tandem plain and at depth 3 oracle 0.8, then mlx-lm, under each setting in KNOBS
+#   qmm      the quantized matmul kernel's device time per launch shape (R, KS, U) on the slice's fused
+#            projections, 4 and 8 bits, M = 1, 4, 8, 32, by Nsight Compute (benches/gpu/qmm_device.py; VARIANTS)
 #   prefix   issue 21: the 4-bit slice, a 32,000-token turn 1 and a 64-token reply: turn 2's time to first
 #            token cold and restored from the SSD tier (`--prefix-cache --prefix-disk`, a fresh memory tier over
 #            turn 1's files), and the bytes each turn wrote
@@ -113,6 +118,17 @@ for phase in $PHASES; do
     ENVS= bench s27-$phase-oracle00 --depths 0,3 --oracle-acceptance 0.0 --adaptive
     mlx_lm s27-$phase-mlx-lm
     ;;
+  ab)
+    env_setup
+    for round in 1 2; do
+      for f in ${FORMATS:-q4}; do
+        case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+        ENVS= bench s27-$f-a-r$round --depths 0
+        ENVS=${AB_ENV:-TANDEM_KERNELS=-qmm_narrow} bench s27-$f-b-r$round --depths 0
+        mlx_lm s27-$f-mlx-lm-ab-r$round
+      done
+    done
+    ;;
   dense)
     env_setup
     MODEL=$M
@@ -167,17 +183,27 @@ PY
       --streams 2,4,8 --depths 0,3 --oracle-acceptance 0.8 --json > "$OUT/split-batch.json" 2> "$OUT/split-batch.log"
     python3 benches/gpu/summarize_split.py "$OUT/split-batch.json" "$OUT/split-batch.log" | sed "s|^|q4 batch |" | tee -a "$S"
     ;;
+  qmm)
+    env_setup
+    timeout ${NCU_TIMEOUT:-400} ncu --clock-control none --kernel-name regex:tandem_qmm \
+      --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed --csv \
+      python3 benches/gpu/qmm_device.py run --manifest "$OUT/qmm-labels.json" ${VARIANTS:+--variants "$VARIANTS"} \
+      > "$OUT/qmm-ncu.csv" 2> "$OUT/qmm-ncu.err"
+    grep -E "PARITY|SAME-BITS|launches|rror" "$OUT/qmm-ncu.err" | tee -a "$S"
+    python3 benches/gpu/qmm_device.py summarize "$OUT/qmm-ncu.csv" "$OUT/qmm-labels.json" | tee "$OUT/qmm-device.txt" | tee -a "$S"
+    ;;
   ncu)
     # Device time per plain step: Nsight Compute's duration of 1000 kernels well inside decoding (past
     # prefill and warm-up), Tandem and mlx-lm, per step = per argmax launch (one a step in both). SKIP,
-    # COUNT (kernels skipped, profiled) and NCU_TIMEOUT (seconds per engine) change the defaults.
+    # COUNT (kernels skipped, profiled), WHO (the engines) and NCU_TIMEOUT (seconds per engine) change the
+    # defaults. Tandem's default skip is larger: at 120,000 its run was still in prefill (session 16).
     env_setup
-    for who in tandem mlxlm; do
+    for who in ${WHO:-tandem mlxlm}; do
       case $who in
-        tandem) cmd="$B bench --model $M-4bit --prompt-tokens 512 --gen-tokens 256 --depths 0" ;;
-        mlxlm) cmd="python3 benches/host_split.py $M-4bit --prompt-tokens 512 --gen-tokens 256" ;;
+        tandem) cmd="$B bench --model $M-4bit --prompt-tokens 512 --gen-tokens 256 --depths 0"; skip=${SKIP:-200000} ;;
+        mlxlm) cmd="python3 benches/host_split.py $M-4bit --prompt-tokens 512 --gen-tokens 256"; skip=${SKIP:-120000} ;;
       esac
-      timeout ${NCU_TIMEOUT:-280} ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip ${SKIP:-120000} \
+      timeout ${NCU_TIMEOUT:-280} ncu --clock-control none --metrics gpu__time_duration.sum --launch-skip $skip \
         --launch-count ${COUNT:-1000} --csv $cmd > "$OUT/ncu-$who.csv" 2> "$OUT/ncu-$who.err"
       python3 - "$OUT/ncu-$who.csv" <<'PY' | sed "s|^|ncu $who |" | tee -a "$S"
 import csv, sys, collections

@@ -2,7 +2,8 @@
 mx.quantized_matmul, on the GPU machine, from Python with the same kernel sources the engine loads.
 
 Usage: python3 benches/gpu/qmm_kernel.py [--variants 2,4,2;4,4,2] [--out DIR] [--quick]
-Each variant is R,KS,U (16-row tiles per warp, warps per block, groups per load round); the first is the one
+Each variant is R,KS,U[,P] (16-row tiles per warp, warps per block, groups per load round, the loads' L2
+prefetch mode, 0 by default); the first is the one
 src/kernels/quantized_matmul.rs launches. It checks on random data,
 M = 1..8, 4 and 8 bits: the first variant on the 27B projection shapes, a 248320-row vocabulary projection
 and edge shapes in bf16 and f16, the others in bf16 on edge shapes and one 27B shape:
@@ -60,13 +61,13 @@ def kernel(dtype):
 
 
 def qmm_kernel(x, w, s, b, bits, variant):
-    r, ks, u = variant
+    r, ks, u, pf = (tuple(variant) + (0,))[:4]
     m, k = x.shape
     n = w.shape[0]
     blocks = (n + 16 * r - 1) // (16 * r)
     return kernel(x.dtype)(
         inputs=[x, w, s, b],
-        template=[("BITS", bits), ("R", r), ("KS", ks), ("U", u)],
+        template=[("BITS", bits), ("R", r), ("KS", ks), ("U", u), ("P", pf)],
         grid=(blocks * 32 * ks, 1, 1),
         threadgroup=(32 * ks, 1, 1),
         output_shapes=[(m, n)],

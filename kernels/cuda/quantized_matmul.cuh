@@ -113,11 +113,19 @@ __device__ __forceinline__ void load_x16(const T* p, bool aligned, uint32_t (&v)
   }
 }
 
-// WPL consecutive words of a weight row (8 or 16 bytes).
-template <int WPL>
+// WPL consecutive words of a weight row (8 or 16 bytes). P = 1: the load asks L2 to fetch the 256 bytes
+// around it (the row's next groups, which this block's other warps load next), so more of the weight stream is
+// in flight than the registers of the resident warps hold; P = 0 is a plain load. The bytes are the same.
+template <int WPL, int P>
 __device__ __forceinline__ void load_w(const uint32_t* p, bool aligned, uint32_t (&v)[WPL]) {
   if (aligned) {
-    if constexpr (WPL == 2) {
+    if constexpr (P == 1 && WPL == 2) {
+      asm volatile("ld.global.nc.L2::256B.v2.u32 {%0,%1}, [%2];" : "=r"(v[0]), "=r"(v[1]) : "l"(p));
+    } else if constexpr (P == 1) {
+      asm volatile("ld.global.nc.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                   : "l"(p));
+    } else if constexpr (WPL == 2) {
       uint2 a = *reinterpret_cast<const uint2*>(p);
       v[0] = a.x, v[1] = a.y;
     } else {
@@ -130,6 +138,18 @@ __device__ __forceinline__ void load_w(const uint32_t* p, bool aligned, uint32_t
   }
 }
 
+// One scale or bias (2 bytes), with the same L2 hint as the weights when P = 1.
+template <int P, typename T>
+__device__ __forceinline__ T load_sb(const T* p) {
+  if constexpr (P == 1) {
+    unsigned short v;
+    asm volatile("ld.global.nc.L2::256B.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return *reinterpret_cast<T*>(&v);
+  } else {
+    return *p;
+  }
+}
+
 // What one warp loads for one round: U groups of x (as pairs) and, for each of its R tiles, the two rows'
 // words, scales and biases of those groups.
 template <int BITS, int R, int U, typename T>
@@ -139,7 +159,7 @@ struct Round {
   T sc[U][R][2], bi[U][R][2];
 };
 
-template <int BITS, int R, int KS, int U, typename T>
+template <int BITS, int R, int KS, int U, int P, typename T>
 __device__ __forceinline__ void load_round(Round<BITS, R, U, T>& f, int g0, int G, const T* xr, bool mine, bool xa,
                                            const uint32_t* w, bool wa, const T* scales, const T* biases,
                                            const int (&rows)[R][2], int wrow, int t) {
@@ -158,9 +178,9 @@ __device__ __forceinline__ void load_round(Round<BITS, R, U, T>& f, int g0, int 
     for (int r = 0; r < R; ++r) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        load_w<WPL>(w + size_t(rows[r][h]) * wrow + g * WPG + t * WPL, wa, f.wq[u][r][h]);
-        f.sc[u][r][h] = scales[size_t(rows[r][h]) * G + g];
-        f.bi[u][r][h] = biases[size_t(rows[r][h]) * G + g];
+        load_w<WPL, P>(w + size_t(rows[r][h]) * wrow + g * WPG + t * WPL, wa, f.wq[u][r][h]);
+        f.sc[u][r][h] = load_sb<P>(scales + size_t(rows[r][h]) * G + g);
+        f.bi[u][r][h] = load_sb<P>(biases + size_t(rows[r][h]) * G + g);
       }
     }
   }
@@ -227,7 +247,9 @@ __device__ __forceinline__ void compute_round(const Round<BITS, R, U, T>& f, int
 }
 
 // BITS: 4 or 8. R: 16-row tiles per warp. KS: warps per block, splitting K. U: groups each warp loads per round.
-template <int BITS, int R, int KS, int U, typename T>
+// P: 1 loads with L2's 256-byte prefetch hint, 0 plain loads; the same bits either way. A row's bits depend on
+// KS only (the order its partial sums meet in); R, U and P change how the work is spread and loaded.
+template <int BITS, int R, int KS, int U, int P, typename T>
 __device__ __forceinline__ void qmv(const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int M,
                                     int N, int K) {
   static_assert(BITS == 4 || BITS == 8, "4 or 8 bits");
@@ -261,7 +283,7 @@ __device__ __forceinline__ void qmv(const T* x, const uint32_t* w, const T* scal
 
   for (int g0 = warp; g0 < G; g0 += KS * U) {
     Round<BITS, R, U, T> f;
-    load_round<BITS, R, KS, U>(f, g0, G, xr, mine, xa, w, wa, scales, biases, rows, wrow, t);
+    load_round<BITS, R, KS, U, P>(f, g0, G, xr, mine, xa, w, wa, scales, biases, rows, wrow, t);
     compute_round<BITS, R, KS, U>(f, g0, G, acc);
   }
 

@@ -4,7 +4,8 @@
 //! covers, on machine classes where that test passed, after a small parity probe on this machine; every
 //! other call goes to the MLX op. `TANDEM_KERNELS=off` turns them all off; `TANDEM_KERNELS=-gated_delta`
 //! (a comma-separated list: a policy, and names with a `-` before them) turns off the named kernels only
-//! (`gated_delta`, `dense_matmul`, `attention`, `conv`, `norm`).
+//! (`gated_delta`, `dense_matmul`, `attention`, `conv`, `norm`; `qmm_narrow` launches the quantized matmul
+//! in its one wide shape for every weight).
 //! `fused` holds the elementwise chains MLX's graph compiler fuses on every backend (`TANDEM_COMPILE=off`
 //! runs them op by op).
 

@@ -40,11 +40,38 @@ pub const MAX_N: i32 = 262_144;
 /// Compute capabilities (major, minor) where the parity test passed: the H200 (kernels/README.md).
 pub const TESTED_CLASSES: &[(u32, u32)] = &[(9, 0)];
 
-/// Launch shape, chosen on the H200 among six (benches/gpu/qmm_kernel.py): two 16-row tiles per warp,
-/// four warps per block splitting K, two groups of 64 loaded per round.
-const TILES_PER_WARP: i32 = 2;
-const WARPS: i32 = 4;
-const GROUPS_PER_ROUND: i32 = 2;
+/// Launch shape by the weight's row count N, never by M, so a row of x gives the same bits at every M. Chosen
+/// on the H200 from each shape's device time under Nsight Compute (benches/gpu/qmm_device.py, kernels/README.md):
+/// the wide projections (N > 8192) run two 16-row tiles per warp and four warps per block splitting K, two
+/// groups of 64 loaded per round (more rows per block, fewer blocks to schedule); the narrow ones (the 5120-row
+/// down, o and out projections, a small vocabulary) one tile per warp and eight warps, so enough blocks and
+/// warps stream their fewer rows, with L2's 256-byte prefetch hint on the loads (`P = 1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchShape {
+    /// 16-row tiles per warp.
+    pub tiles_per_warp: i32,
+    /// Warps per block, splitting K.
+    pub warps: i32,
+    /// Groups of 64 each warp loads per round.
+    pub groups_per_round: i32,
+    /// Load strategy bits (kernels/cuda/quantized_matmul.cuh): 1 = L2's 256-byte prefetch hint.
+    pub prefetch: i32,
+}
+
+pub const WIDE: LaunchShape = LaunchShape { tiles_per_warp: 2, warps: 4, groups_per_round: 2, prefetch: 0 };
+pub const NARROW: LaunchShape = LaunchShape { tiles_per_warp: 1, warps: 8, groups_per_round: 2, prefetch: 1 };
+/// The largest N launched as [`NARROW`].
+pub const NARROW_MAX_N: i32 = 8192;
+
+/// The launch shape for a weight of `n` rows. `TANDEM_KERNELS=-qmm_narrow` launches every shape as [`WIDE`]
+/// (the one shape of sessions before 17: an A/B switch for benchmarks).
+pub fn launch_shape(n: i32) -> LaunchShape {
+    if n <= NARROW_MAX_N && !super::disabled("qmm_narrow") {
+        NARROW
+    } else {
+        WIDE
+    }
+}
 
 /// Half an ulp of `dtype` at its worst, relative: the tolerance against an fp32 reference.
 pub fn tolerance(dtype: Dtype) -> f32 {
@@ -146,16 +173,20 @@ pub fn cuda(x: &Array, q: &Quantized) -> Result<Array> {
     }
     let dt = x.dtype();
     let x2 = x.reshape(&[m, k])?;
-    let blocks = (n + 16 * TILES_PER_WARP - 1) / (16 * TILES_PER_WARP) * super::slabs(m);
+    let ls = launch_shape(n);
+    let rows_per_block = 16 * ls.tiles_per_warp;
+    let blocks = (n + rows_per_block - 1) / rows_per_block * super::slabs(m);
     let out_shape = [m, n];
+    let template =
+        [("BITS", q.bits), ("R", ls.tiles_per_warp), ("KS", ls.warps), ("U", ls.groups_per_round), ("P", ls.prefetch)];
     let y = with_kernel(dt, |kernel| {
         kernel.call(
             &[&x2, &q.weight, &q.scales, biases],
             &Launch {
                 outputs: &[(&out_shape[..], dt)],
-                grid: [blocks * 32 * WARPS, 1, 1],
-                threadgroup: [32 * WARPS, 1, 1],
-                template: &[("BITS", q.bits), ("R", TILES_PER_WARP), ("KS", WARPS), ("U", GROUPS_PER_ROUND)],
+                grid: [blocks * 32 * ls.warps, 1, 1],
+                threadgroup: [32 * ls.warps, 1, 1],
+                template: &template,
             },
         )
     })?
@@ -179,8 +210,8 @@ fn with_kernel<R>(dtype: Dtype, f: impl FnOnce(&Kernel) -> Result<R>) -> Result<
     with_cached(&KERNELS, dtype, make, f)
 }
 
-/// The probe's verdict for (dtype, bits), run once per process: the kernel on a small random problem
-/// (3 rows, 40 outputs, K = 256: partial tiles, two groups per warp) against an fp32 reference. A kernel
+/// The probe's verdict for (dtype, bits), run once per process: the kernel on small random problems (3 rows,
+/// K = 256: partial tiles, two groups per warp), one per launch shape, against an fp32 reference. A kernel
 /// that fails to compile or to match is never selected; the reason is logged.
 fn probe_passed(dtype: Dtype, bits: i32) -> bool {
     static PROBES: [[OnceLock<bool>; 2]; 2] = [[OnceLock::new(), OnceLock::new()], [OnceLock::new(), OnceLock::new()]];
@@ -194,15 +225,19 @@ fn probe_passed(dtype: Dtype, bits: i32) -> bool {
     })
 }
 
-/// Relative Frobenius error of the kernel on one small random problem against an fp32 reference.
+/// The larger relative Frobenius error of the kernel on two small random problems against an fp32
+/// reference: 40 output rows ([`NARROW`]) and [`NARROW_MAX_N`] + 40 ([`WIDE`]).
 pub fn probe(dtype: Dtype, bits: i32) -> Result<f32> {
-    let keys = random::split(&random::key(0x7a6e_6465_6d00)?, 2)?;
-    let w = random::normal(&[40, 256], Dtype::F32, &keys[0])?.multiply(&Array::f32(0.02))?.as_dtype(dtype)?;
-    let q = quantize(&w, GROUP_SIZE, bits, QuantMode::Affine)?;
-    let x = random::normal(&[3, 256], Dtype::F32, &keys[1])?.as_dtype(dtype)?;
-    let y = cuda(&x, &q)?;
-    let reference = reference(&x, &q)?;
-    relative_error(&y, &reference)
+    let mut worst = 0.0f32;
+    for (i, n) in [40, NARROW_MAX_N + 40].into_iter().enumerate() {
+        let keys = random::split(&random::key(0x7a6e_6465_6d00 + i as u64)?, 2)?;
+        let w = random::normal(&[n, 256], Dtype::F32, &keys[0])?.multiply(&Array::f32(0.02))?.as_dtype(dtype)?;
+        let q = quantize(&w, GROUP_SIZE, bits, QuantMode::Affine)?;
+        let x = random::normal(&[3, 256], Dtype::F32, &keys[1])?.as_dtype(dtype)?;
+        let y = cuda(&x, &q)?;
+        worst = worst.max(relative_error(&y, &reference(&x, &q)?)?);
+    }
+    Ok(worst)
 }
 
 /// `x @ dequantize(q)^T` in fp32, the scales and biases upcast before dequantizing.
