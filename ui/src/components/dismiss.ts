@@ -3,13 +3,15 @@
 // used, so the key closes only the topmost thing (not also the chat's reply or the panel drawer).
 
 import { type RefObject } from 'preact';
-import { useEffect, useRef } from 'preact/hooks';
+import { useLayoutEffect, useRef } from 'preact/hooks';
 
 export function useDismiss(inside: RefObject<HTMLElement>[], onClose: () => void, opts: { scroll?: boolean } = {}): void {
   // The latest callback and elements, without re-subscribing on every render.
   const latest = useRef({ inside, onClose });
   latest.current = { inside, onClose };
-  useEffect(() => {
+  // A layout effect: the listeners are in place when the menu is in the document, so an Escape or a click
+  // that comes at once (a fast user, a test) is not lost to a plain effect that runs a frame later.
+  useLayoutEffect(() => {
     const away = (e: Event) => {
       const target = e.target as Node;
       if (!latest.current.inside.some((r) => r.current?.contains(target))) latest.current.onClose();
