@@ -6,6 +6,8 @@
 //! begun before the forward, committed with the number of tokens kept), and `KvCache::trim` drops
 //! a KV cache's newest positions.
 
+use std::sync::Arc;
+
 use mlx::{concatenate, Array};
 
 pub mod snapshot;
@@ -140,11 +142,27 @@ impl Recording {
 /// The conv window `[B, K-1, C]` and recurrent state `[B, Hv, Dk, Dv]` (f32) of one Gated DeltaNet layer.
 #[derive(Clone, Default)]
 pub struct LinearState {
-    pub conv: Option<Array>,
-    pub ssm: Option<Array>,
+    conv: Option<Array>,
+    ssm: Option<Array>,
+    /// Set where `conv` and `ssm` are one row of arrays a batched forward computed for its whole batch:
+    /// the next batched forward over the same sequences in the same order takes those arrays as they are
+    /// instead of concatenating the rows again (one copy per sequence and layer). Every other write of the
+    /// state drops it, so it never describes a state that changed since.
+    batch: Option<BatchRow>,
     /// Whether a verify is open on this layer and what its forward recorded: set and cleared only by
     /// [`Verify`], so no caller flips a flag inside the cache.
     verify: VerifyRecord,
+}
+
+/// Row `index` of a batch's conv windows and recurrent states (`rows` sequences; `group` tells one batched
+/// forward from another).
+#[derive(Clone)]
+struct BatchRow {
+    conv: Array,
+    ssm: Array,
+    index: usize,
+    rows: usize,
+    group: Arc<()>,
 }
 
 #[derive(Clone, Default)]
@@ -159,7 +177,49 @@ enum VerifyRecord {
 impl LinearState {
     /// A layer's state after some tokens: its conv window and recurrent state (a restored prefix).
     pub fn with_state(conv: Array, ssm: Array) -> LinearState {
-        LinearState { conv: Some(conv), ssm: Some(ssm), verify: VerifyRecord::Closed }
+        LinearState { conv: Some(conv), ssm: Some(ssm), batch: None, verify: VerifyRecord::Closed }
+    }
+
+    /// The conv window, once the layer has seen a token.
+    pub fn conv(&self) -> Option<&Array> {
+        self.conv.as_ref()
+    }
+
+    /// The recurrent state, once the layer has seen a token.
+    pub fn ssm(&self) -> Option<&Array> {
+        self.ssm.as_ref()
+    }
+
+    /// The state after a forward of this sequence alone.
+    pub fn set(&mut self, conv: Array, ssm: Array) {
+        (self.conv, self.ssm, self.batch) = (Some(conv), Some(ssm), None);
+    }
+
+    /// After a batched forward: every sequence's state is its row of the batch's `conv` `[B, K-1, C]` and
+    /// `ssm` `[B, ...]`, and the next batched forward over the same sequences in the same order can take
+    /// the batch's arrays whole ([`LinearState::batched`]).
+    pub fn set_rows(states: &mut [&mut LinearState], conv: &Array, ssm: &Array) -> mlx::Result<()> {
+        let group = Arc::new(());
+        let rows = states.len();
+        for (index, st) in states.iter_mut().enumerate() {
+            let i = index as i32;
+            st.conv = Some(conv.slice_axis(0, i, i + 1)?);
+            st.ssm = Some(ssm.slice_axis(0, i, i + 1)?);
+            st.batch = Some(BatchRow { conv: conv.clone(), ssm: ssm.clone(), index, rows, group: group.clone() });
+        }
+        Ok(())
+    }
+
+    /// The whole batch's conv windows and recurrent states where `states` are, in order, every row of one
+    /// batched forward's result and none has changed since; `None` otherwise (the caller concatenates).
+    pub fn batched(states: &[&mut LinearState]) -> Option<(Array, Array)> {
+        let first = states.first()?.batch.as_ref()?;
+        let whole = states.len() == first.rows
+            && states
+                .iter()
+                .enumerate()
+                .all(|(i, st)| st.batch.as_ref().is_some_and(|b| b.index == i && Arc::ptr_eq(&b.group, &first.group)));
+        whole.then(|| (first.conv.clone(), first.ssm.clone()))
     }
 
     /// Whether the forward running now is a verify pass, whose inputs [`Self::record`] must keep.
@@ -186,8 +246,7 @@ impl LinearState {
         // conv_input holds the old window (K-1 rows) and then the pass's rows: after tokens 0..keep
         // the window is the K-1 rows ending at the pass's row keep-1, i.e. conv_input[keep : keep + K - 1].
         let (k, window) = (keep as i32, rec.conv_input.dim(1) - rec.len() as i32);
-        self.conv = Some(rec.conv_input.slice_axis(1, k, k + window)?);
-        self.ssm = Some(rec.state_after(keep)?);
+        self.set(rec.conv_input.slice_axis(1, k, k + window)?, rec.state_after(keep)?);
         Ok(())
     }
 }
@@ -307,6 +366,28 @@ mod tests {
     fn rows(first: i32, t: i32) -> Array {
         let data: Vec<f32> = (0..2 * t * 4).map(|i| (first * 10_000 + i) as f32).collect();
         Array::from_slice(&data, &[1, 2, t, 4]).unwrap()
+    }
+
+    /// The batch's arrays are handed back whole only for every row of one batched forward, in order, none
+    /// changed since; each state's own parts are its rows either way.
+    #[test]
+    fn batch_rows_are_taken_whole_only_when_unchanged_and_in_order() {
+        let (conv, ssm) = (rows(1, 3).reshape(&[2, 1, 12]).unwrap(), rows(2, 1).reshape(&[2, 4, 1]).unwrap());
+        let (mut a, mut b) = (LinearState::default(), LinearState::default());
+        assert!(LinearState::batched(&[&mut a, &mut b]).is_none(), "no state yet");
+        LinearState::set_rows(&mut [&mut a, &mut b], &conv, &ssm).unwrap();
+        let values = |x: &Array| x.to_f32_vec().unwrap();
+        let (c, s) = LinearState::batched(&[&mut a, &mut b]).expect("the whole batch, in order");
+        assert_eq!((values(&c), values(&s)), (values(&conv), values(&ssm)));
+        assert_eq!(values(b.conv().unwrap()), values(&conv.slice_axis(0, 1, 2).unwrap()));
+        assert_eq!(values(b.ssm().unwrap()), values(&ssm.slice_axis(0, 1, 2).unwrap()));
+        assert!(LinearState::batched(&[&mut b, &mut a]).is_none(), "another order");
+        assert!(LinearState::batched(&[&mut a]).is_none(), "a sequence left");
+        let mut c2 = LinearState::default();
+        LinearState::set_rows(&mut [&mut c2, &mut LinearState::default()], &conv, &ssm).unwrap();
+        assert!(LinearState::batched(&[&mut a, &mut c2]).is_none(), "rows of two batches");
+        b.set(rows(5, 3).reshape(&[1, 1, 24]).unwrap(), rows(6, 1).reshape(&[1, 8, 1]).unwrap());
+        assert!(LinearState::batched(&[&mut a, &mut b]).is_none(), "a state written since");
     }
 
     /// Across buffer growth, trims and rewrites, the cache holds exactly what a list of the written

@@ -158,6 +158,54 @@ fn a_batched_forward_gives_each_row_its_single_forward() {
     assert!(err.to_string().contains("3 token rows for 2 sequences"), "{err}");
 }
 
+/// A batched forward over the same sequences as the one before takes the linear-attention states
+/// the batch left whole (no concatenation of the rows: two fewer per linear layer), and its rows
+/// are still each sequence's own.
+#[test]
+fn a_second_batched_forward_takes_the_batch_states_whole() {
+    use tandem::cache::LayerCache;
+    let m = tiny();
+    let prompts = [story(6, 0), story(19, 60), story(11, 150)];
+    let steps: [[i32; 3]; 2] = [[11, 300, 7], [42, 5, 900]];
+    let mut caches: Vec<Vec<LayerCache>> = Vec::new();
+    let mut singles = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let ids: Vec<i32> = p.iter().map(|&t| t as i32).collect();
+        let mut c = m.make_cache();
+        m.forward(&Array::from_slice(&ids, &[1, ids.len() as i32]).unwrap(), &mut c).unwrap();
+        caches.push(c.clone());
+        for step in &steps {
+            let h = m.forward(&Array::from_slice(&[step[i]], &[1, 1]).unwrap(), &mut c).unwrap();
+            if std::ptr::eq(step, &steps[1]) {
+                singles.push(h.to_f32_vec().unwrap());
+            }
+        }
+    }
+    let linear = caches[0].iter().filter(|c| matches!(c, LayerCache::Linear(_))).count();
+    assert!(linear > 0, "tandem-tiny has linear-attention layers");
+    let concats = |h: &Array| {
+        mlx::compile::graph_op_histogram(&[h]).iter().filter(|(n, _)| n == "Concatenate").map(|(_, c)| c).sum::<usize>()
+    };
+    let mut counted = Vec::new();
+    let mut last = None;
+    for step in &steps {
+        let mut refs: Vec<&mut [LayerCache]> = caches.iter_mut().map(|c| c.as_mut_slice()).collect();
+        let h = m.forward_batch(&Array::from_slice(step, &[3, 1]).unwrap(), &mut refs).unwrap();
+        counted.push(concats(&h));
+        // Evaluated with the caches, so the next step's graph starts from arrays, as in decoding.
+        let mut arrays = vec![&h];
+        arrays.extend(caches.iter().flatten().flat_map(|c| c.arrays()));
+        mlx::device::eval(&arrays).unwrap();
+        last = Some(h);
+    }
+    assert_eq!(counted[0] - counted[1], 2 * linear, "concatenations, first and second step: {counted:?}");
+    let h = last.unwrap();
+    for (i, single) in singles.iter().enumerate() {
+        let row = h.slice_axis(0, i as i32, i as i32 + 1).unwrap().to_f32_vec().unwrap();
+        assert!(max_abs(&row, single) <= 1e-5, "row {i}: hidden states differ by {}", max_abs(&row, single));
+    }
+}
+
 #[test]
 fn batched_sequences_decode_as_they_do_alone_plain_and_mtp() {
     let m = tiny();

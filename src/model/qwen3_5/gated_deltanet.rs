@@ -131,7 +131,14 @@ impl GatedDeltaNet {
 
         // Causal depthwise conv over [window ++ new rows]; the window keeps the last K-1 rows.
         let c = qkv.dim(2);
-        let prev = stacked(states, |st| st.conv.take(), || Array::zeros(&[1, self.kernel - 1, c], qkv.dtype()))?;
+        // The previous states, whole where the last batched forward left them for these same sequences.
+        let (prev, initial) = match LinearState::batched(states) {
+            Some(whole) => whole,
+            None => (
+                stacked(states, LinearState::conv, || Array::zeros(&[1, self.kernel - 1, c], qkv.dtype()))?,
+                stacked(states, LinearState::ssm, || Array::zeros(&[1, self.hv, self.dv, self.dk], Dtype::F32))?,
+            ),
+        };
         let conv_input = concatenate(&[&prev, &qkv], 1)?;
         // In f32: q and k are L2-normalised next; rounding the conv output to bf16 first was the largest
         // bf16 drift found op by op against mlx-lm (it cost a third to a half of the layer's accuracy).
@@ -150,8 +157,6 @@ impl GatedDeltaNet {
         // The recurrence (docs/MODEL.md §3.2) with MLX's fused kernel; its state is [B, Hv, Dv, Dk] and
         // it maps value heads to key heads itself. A verify pass records what a rollback needs to
         // recompute the state of a shorter prefix (cache::Recording).
-        let initial =
-            stacked(states, |st| st.ssm.take(), || Array::zeros(&[1, self.hv, self.dv, self.dk], Dtype::F32))?;
         // On CUDA at decode and verify widths a kernel that also returns every token's state
         // (kernels::gated_delta); MLX's op otherwise.
         let gated_delta::Update { y: o, state, steps } =
@@ -161,8 +166,7 @@ impl GatedDeltaNet {
                 let final_state = state.clone();
                 st.record(Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state, steps });
             }
-            st.conv = Some(window);
-            st.ssm = Some(state);
+            st.set(window, state);
         } else {
             for (i, st) in states.iter_mut().enumerate() {
                 let i = i as i32;
@@ -173,9 +177,8 @@ impl GatedDeltaNet {
                     let (initial, final_state) = (row(&initial)?, row(&state)?);
                     st.record(Recording { conv_input: row(&conv_input)?, inputs, initial, final_state, steps });
                 }
-                st.conv = Some(row(&window)?);
-                st.ssm = Some(row(&state)?);
             }
+            LinearState::set_rows(states, &window, &state)?;
         }
 
         // Gated RMSNorm per head, w * rmsnorm(o) * silu(z), in f32 from the recurrence's f32 output
@@ -192,11 +195,11 @@ impl GatedDeltaNet {
 /// One array of every sequence's state part stacked along the batch axis (a fresh one for a
 /// sequence that has none yet); a single sequence's is used as it is.
 fn stacked(
-    states: &mut [&mut LinearState],
-    take: impl Fn(&mut LinearState) -> Option<Array>,
+    states: &[&mut LinearState],
+    part: impl Fn(&LinearState) -> Option<&Array>,
     fresh: impl Fn() -> Result<Array>,
 ) -> Result<Array> {
-    let parts = states.iter_mut().map(|st| take(st).map_or_else(&fresh, Ok)).collect::<Result<Vec<_>>>()?;
+    let parts = states.iter().map(|st| part(st).cloned().map_or_else(&fresh, Ok)).collect::<Result<Vec<_>>>()?;
     match parts.as_slice() {
         [one] => Ok(one.clone()),
         _ => concatenate(&parts.iter().collect::<Vec<_>>(), 0),
