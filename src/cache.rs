@@ -137,6 +137,41 @@ impl Recording {
             mlx::fast::gated_delta_update(&at(q)?, &at(kk)?, &at(v)?, &at(decay)?, &at(beta)?, Some(&self.initial))?;
         Ok(state)
     }
+
+    /// Row `i` of a batched pass's recording: what that sequence's pass alone would have recorded.
+    fn row(&self, i: usize) -> Result<Recording> {
+        let i = i as i32;
+        let row = |a: &Array| a.slice_axis(0, i, i + 1);
+        let [q, k, v, decay, beta] = &self.inputs;
+        Ok(Recording {
+            conv_input: row(&self.conv_input)?,
+            inputs: [row(q)?, row(k)?, row(v)?, row(decay)?, row(beta)?],
+            initial: row(&self.initial)?,
+            final_state: row(&self.final_state)?,
+            steps: self.steps.as_ref().map(|s| s.slice_axis(1, i, i + 1)).transpose()?,
+        })
+    }
+
+    /// Every row's conv window and recurrent state after its own `kept[b]` tokens (each `1..=len`), as
+    /// whole `[B, ...]` arrays gathered at once from the pass's per-token states; `None` where the pass
+    /// has none (MLX's op computed it), or a row keeps nothing (its state is the one before the pass).
+    fn kept_rows(&self, kept: &[usize]) -> Result<Option<(Array, Array)>> {
+        let Some(steps) = &self.steps else { return Ok(None) };
+        let (t, b) = (self.len(), self.conv_input.dim(0));
+        if kept.len() != b as usize || kept.iter().any(|&k| k == 0 || k > t) {
+            return Ok(None);
+        }
+        // After tokens 0..keep the window is conv_input[keep : keep + K - 1] (as in `LinearState::keep`).
+        let window = self.conv_input.dim(1) - t as i32;
+        let rows: Vec<i32> = kept.iter().flat_map(|&k| (0..window).map(move |j| k as i32 + j)).collect();
+        let conv = self.conv_input.take_along_axis(&Array::from_slice(&rows, &[b, window, 1])?, 1)?;
+        // The state after `keep` tokens is the pass's state number keep - 1 (`gated_delta::step_state`).
+        let at: Vec<i32> = kept.iter().map(|&k| k as i32 - 1).collect();
+        let mut shape = vec![1; steps.ndim()];
+        shape[1] = b;
+        let ssm = steps.take_along_axis(&Array::from_slice(&at, &shape)?, 0)?.squeeze(&[0])?;
+        Ok(Some((conv, ssm)))
+    }
 }
 
 /// The conv window `[B, K-1, C]` and recurrent state `[B, Hv, Dk, Dv]` (f32) of one Gated DeltaNet layer.
@@ -172,6 +207,15 @@ enum VerifyRecord {
     /// A verify is open and the layer's next forward is its pass.
     Open,
     Recorded(Recording),
+    /// Row `index` of a batched pass's recording (the whole batch's arrays; `group` tells one pass from
+    /// another).
+    Row {
+        batch: Recording,
+        index: usize,
+        group: Arc<()>,
+    },
+    /// Settled already, by [`Verify::commit_all`] for the whole batch.
+    Kept,
 }
 
 impl LinearState {
@@ -234,10 +278,32 @@ impl LinearState {
         }
     }
 
+    /// Keeps what a batched verify pass computed, once for all: each state whose verify is open records
+    /// its row of `recording` (`[B, ...]`, B = `states.len()`).
+    pub fn record_rows(states: &mut [&mut LinearState], recording: Recording) {
+        let group = Arc::new(());
+        for (index, st) in states.iter_mut().enumerate() {
+            if st.verifying() {
+                st.verify = VerifyRecord::Row { batch: recording.clone(), index, group: group.clone() };
+            }
+        }
+    }
+
+    /// The batched recording `states` are, in order, every row of (none where they are not).
+    fn recorded_batch(states: &[&mut LinearState]) -> Option<Recording> {
+        let VerifyRecord::Row { batch, index: 0, group } = &states.first()?.verify else { return None };
+        let in_order = states.iter().enumerate().all(|(i, st)| {
+            matches!(&st.verify, VerifyRecord::Row { index, group: g, .. } if *index == i && Arc::ptr_eq(g, group))
+        });
+        (in_order && batch.conv_input.dim(0) as usize == states.len()).then(|| batch.clone())
+    }
+
     /// Keeps the state after the first `keep` tokens of the recorded pass (`0..=len`).
     fn keep(&mut self, keep: usize) -> Result<()> {
         let rec = match std::mem::take(&mut self.verify) {
             VerifyRecord::Recorded(rec) => rec,
+            VerifyRecord::Row { batch, index, .. } => batch.row(index)?,
+            VerifyRecord::Kept => return Ok(()),
             _ => return Err(mlx::Error::Invalid("verify commit: a linear-attention layer recorded no pass".into())),
         };
         if keep > rec.len() {
@@ -282,6 +348,41 @@ impl<'c> Verify<'c> {
     /// The caches, for the verify forward.
     pub fn cache(&mut self) -> &mut [LayerCache] {
         self.cache
+    }
+
+    /// Commits the verifies of one batched pass, `kept[i]` tokens for `verifies[i]`, as each one's
+    /// [`Verify::commit`] would; where a linear-attention layer's recordings are the rows of one batched
+    /// recording, in order, every row's state is gathered at once and left as one batch's rows (so the next
+    /// batched forward takes it whole, [`LinearState::batched`]) instead of being sliced out row by row.
+    pub fn commit_all(mut verifies: Vec<Verify<'_>>, kept: &[usize]) -> Result<()> {
+        if kept.len() != verifies.len() {
+            return Err(mlx::Error::Invalid(format!(
+                "verify commit: {} counts for {} verifies",
+                kept.len(),
+                verifies.len()
+            )));
+        }
+        let layers = verifies.first().map_or(0, |v| v.cache.len());
+        if verifies.iter().all(|v| v.cache.len() == layers && v.tokens == verifies[0].tokens) {
+            for l in 0..layers {
+                let mut states: Vec<&mut LinearState> =
+                    verifies.iter_mut().filter_map(|v| v.cache[l].as_linear()).collect();
+                if states.len() != kept.len() {
+                    continue;
+                }
+                let Some(shared) = LinearState::recorded_batch(&states) else { continue };
+                if let Some((conv, ssm)) = shared.kept_rows(kept)? {
+                    LinearState::set_rows(&mut states, &conv, &ssm)?;
+                    for st in states.iter_mut() {
+                        st.verify = VerifyRecord::Kept;
+                    }
+                }
+            }
+        }
+        for (verify, &k) in verifies.into_iter().zip(kept) {
+            verify.commit(k)?;
+        }
+        Ok(())
     }
 
     /// Keeps the first `kept` tokens of the pass (`0..=tokens`) in every layer.
@@ -388,6 +489,65 @@ mod tests {
         assert!(LinearState::batched(&[&mut a, &mut c2]).is_none(), "rows of two batches");
         b.set(rows(5, 3).reshape(&[1, 1, 24]).unwrap(), rows(6, 1).reshape(&[1, 8, 1]).unwrap());
         assert!(LinearState::batched(&[&mut a, &mut b]).is_none(), "a state written since");
+    }
+
+    /// A batched pass of 3 sequences over 4 tokens (conv window 3, 2 channels; states 2×2×2) with its
+    /// per-token states, every value distinct.
+    fn batched_recording(with_steps: bool) -> Recording {
+        let seq = |shape: &[i32], first: f32| {
+            let n: i32 = shape.iter().product();
+            Array::from_slice(&(0..n).map(|i| first + i as f32).collect::<Vec<_>>(), shape).unwrap()
+        };
+        let steps = seq(&[4, 3, 2, 2, 2], 1000.0);
+        let zeros = Array::zeros(&[3, 4, 1, 1], Dtype::F32).unwrap();
+        Recording {
+            conv_input: seq(&[3, 7, 2], 0.0),
+            inputs: [zeros.clone(), zeros.clone(), zeros.clone(), zeros.clone(), zeros],
+            initial: seq(&[3, 2, 2, 2], 500.0),
+            final_state: steps.slice_axis(0, 3, 4).unwrap().squeeze(&[0]).unwrap(),
+            steps: with_steps.then_some(steps),
+        }
+    }
+
+    /// Committing a batch's verifies at once leaves each sequence the state its own commit leaves, and
+    /// (where the pass kept per-token states) as one batch's rows that the next forward takes whole.
+    #[test]
+    fn a_batched_commit_keeps_what_each_row_keeps_alone() {
+        let values = |x: &Array| x.to_f32_vec().unwrap();
+        for kept in [[1, 4, 2], [4, 4, 4], [3, 1, 1]] {
+            for with_steps in [true, false] {
+                // Each row alone: its own recording, its own commit.
+                let rec = batched_recording(with_steps);
+                let alone: Vec<(Vec<f32>, Vec<f32>)> = (0..3)
+                    .map(|i| {
+                        let verify = VerifyRecord::Recorded(rec.row(i).unwrap());
+                        let mut st = LinearState { verify, ..Default::default() };
+                        st.keep(kept[i]).unwrap();
+                        (values(st.conv().unwrap()), values(st.ssm().unwrap()))
+                    })
+                    .collect();
+                let mut caches: Vec<Vec<LayerCache>> =
+                    (0..3).map(|_| vec![LayerCache::Linear(LinearState::default())]).collect();
+                let mut verifies: Vec<Verify<'_>> = caches.iter_mut().map(|c| Verify::begin(c, 4)).collect();
+                {
+                    let mut states: Vec<&mut LinearState> =
+                        verifies.iter_mut().map(|v| v.cache()[0].as_linear().unwrap()).collect();
+                    LinearState::record_rows(&mut states, batched_recording(with_steps));
+                }
+                Verify::commit_all(verifies, &kept).unwrap();
+                let mut states: Vec<&mut LinearState> = caches.iter_mut().map(|c| c[0].as_linear().unwrap()).collect();
+                for (i, st) in states.iter().enumerate() {
+                    let got = (values(st.conv().unwrap()), values(st.ssm().unwrap()));
+                    assert_eq!(got, alone[i], "kept {kept:?}, row {i}, per-token states {with_steps}");
+                    assert!(matches!(st.verify, VerifyRecord::Closed));
+                }
+                // Gathered at once only from per-token states; otherwise each row was sliced alone.
+                assert_eq!(LinearState::batched(&states).is_some(), with_steps, "kept {kept:?}");
+                states.clear();
+            }
+        }
+        // A row that keeps nothing goes back to the state before the pass: not gathered.
+        assert!(batched_recording(true).kept_rows(&[0, 2, 2]).unwrap().is_none());
     }
 
     /// Across buffer growth, trims and rewrites, the cache holds exactly what a list of the written

@@ -209,9 +209,8 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
         )?);
     }
     let t3 = Instant::now();
-    for (verify, (_, accepted, _)) in verifies.into_iter().zip(&decided) {
-        verify.commit(accepted + 1)?;
-    }
+    let kept: Vec<usize> = decided.iter().map(|(_, accepted, _)| accepted + 1).collect();
+    Verify::commit_all(verifies, &kept)?;
     let t4 = Instant::now();
     for (i, (seq, (drafts, accepted, next))) in group.iter_mut().zip(decided).enumerate() {
         let i = i as i32;

@@ -168,15 +168,10 @@ impl GatedDeltaNet {
             }
             st.set(window, state);
         } else {
-            for (i, st) in states.iter_mut().enumerate() {
-                let i = i as i32;
-                let row = |a: &Array| a.slice_axis(0, i, i + 1);
-                if st.verifying() {
-                    let inputs = [row(&q)?, row(&k)?, row(&v)?, row(&decay)?, row(&beta)?];
-                    let steps = steps.as_ref().map(|s| s.slice_axis(1, i, i + 1)).transpose()?;
-                    let (initial, final_state) = (row(&initial)?, row(&state)?);
-                    st.record(Recording { conv_input: row(&conv_input)?, inputs, initial, final_state, steps });
-                }
+            if states.iter().any(|st| st.verifying()) {
+                let final_state = state.clone();
+                let rec = Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state, steps };
+                LinearState::record_rows(states, rec);
             }
             LinearState::set_rows(states, &window, &state)?;
         }
