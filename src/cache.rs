@@ -239,10 +239,14 @@ impl LinearState {
         (self.conv, self.ssm, self.batch) = (Some(conv), Some(ssm), None);
     }
 
-    /// After a batched forward: every sequence's state is its row of the batch's `conv` `[B, K-1, C]` and
-    /// `ssm` `[B, ...]`, and the next batched forward over the same sequences in the same order can take
-    /// the batch's arrays whole ([`LinearState::batched`]).
+    /// After a forward over `states` (one sequence, or a batch): every sequence's state is its row of
+    /// `conv` `[B, K-1, C]` and `ssm` `[B, ...]`; for a batch, the next batched forward over the same
+    /// sequences in the same order can take the batch's arrays whole ([`LinearState::batched`]).
     pub fn set_rows(states: &mut [&mut LinearState], conv: &Array, ssm: &Array) -> mlx::Result<()> {
+        if let [st] = states {
+            st.set(conv.clone(), ssm.clone());
+            return Ok(());
+        }
         let group = Arc::new(());
         let rows = states.len();
         for (index, st) in states.iter_mut().enumerate() {
@@ -259,10 +263,7 @@ impl LinearState {
     pub fn batched(states: &[&mut LinearState]) -> Option<(Array, Array)> {
         let first = states.first()?.batch.as_ref()?;
         let whole = states.len() == first.rows
-            && states
-                .iter()
-                .enumerate()
-                .all(|(i, st)| st.batch.as_ref().is_some_and(|b| b.index == i && Arc::ptr_eq(&b.group, &first.group)));
+            && in_order(states, &first.group, |st| st.batch.as_ref().map(|b| (b.index, &b.group)));
         whole.then(|| (first.conv.clone(), first.ssm.clone()))
     }
 
@@ -271,16 +272,16 @@ impl LinearState {
         matches!(self.verify, VerifyRecord::Open)
     }
 
-    /// Keeps what a verify pass computed (ignored when no verify is open, or the pass already recorded).
-    pub fn record(&mut self, recording: Recording) {
-        if self.verifying() {
-            self.verify = VerifyRecord::Recorded(recording);
+    /// Keeps what a verify pass over `states` (one sequence, or a batch: `[B, ...]`, B = `states.len()`)
+    /// computed, once for all: each state whose verify is open records the pass, or its row of it (ignored
+    /// where no verify is open, or the pass already recorded).
+    pub fn record(states: &mut [&mut LinearState], recording: Recording) {
+        if let [st] = states {
+            if st.verifying() {
+                st.verify = VerifyRecord::Recorded(recording);
+            }
+            return;
         }
-    }
-
-    /// Keeps what a batched verify pass computed, once for all: each state whose verify is open records
-    /// its row of `recording` (`[B, ...]`, B = `states.len()`).
-    pub fn record_rows(states: &mut [&mut LinearState], recording: Recording) {
         let group = Arc::new(());
         for (index, st) in states.iter_mut().enumerate() {
             if st.verifying() {
@@ -291,11 +292,13 @@ impl LinearState {
 
     /// The batched recording `states` are, in order, every row of (none where they are not).
     fn recorded_batch(states: &[&mut LinearState]) -> Option<Recording> {
-        let VerifyRecord::Row { batch, index: 0, group } = &states.first()?.verify else { return None };
-        let in_order = states.iter().enumerate().all(|(i, st)| {
-            matches!(&st.verify, VerifyRecord::Row { index, group: g, .. } if *index == i && Arc::ptr_eq(g, group))
-        });
-        (in_order && batch.conv_input.dim(0) as usize == states.len()).then(|| batch.clone())
+        let VerifyRecord::Row { batch, group, .. } = &states.first()?.verify else { return None };
+        let whole = batch.conv_input.dim(0) as usize == states.len()
+            && in_order(states, group, |st| match &st.verify {
+                VerifyRecord::Row { index, group, .. } => Some((*index, group)),
+                _ => None,
+            });
+        whole.then(|| batch.clone())
     }
 
     /// Keeps the state after the first `keep` tokens of the recorded pass (`0..=len`).
@@ -315,6 +318,16 @@ impl LinearState {
         self.set(rec.conv_input.slice_axis(1, k, k + window)?, rec.state_after(keep)?);
         Ok(())
     }
+}
+
+/// Whether `states` are, in order, the rows 0, 1, ... of the one batch `group` names, as `link` reads a
+/// state's row and batch.
+fn in_order(
+    states: &[&mut LinearState],
+    group: &Arc<()>,
+    link: impl Fn(&LinearState) -> Option<(usize, &Arc<()>)>,
+) -> bool {
+    states.iter().enumerate().all(|(i, st)| link(st).is_some_and(|(index, g)| index == i && Arc::ptr_eq(g, group)))
 }
 
 /// A verify pass over a sequence's caches, of which only a prefix may be kept: opened before the
@@ -362,20 +375,14 @@ impl<'c> Verify<'c> {
                 verifies.len()
             )));
         }
-        let layers = verifies.first().map_or(0, |v| v.cache.len());
-        if verifies.iter().all(|v| v.cache.len() == layers && v.tokens == verifies[0].tokens) {
-            for l in 0..layers {
-                let mut states: Vec<&mut LinearState> =
-                    verifies.iter_mut().filter_map(|v| v.cache[l].as_linear()).collect();
-                if states.len() != kept.len() {
-                    continue;
-                }
-                let Some(shared) = LinearState::recorded_batch(&states) else { continue };
-                if let Some((conv, ssm)) = shared.kept_rows(kept)? {
-                    LinearState::set_rows(&mut states, &conv, &ssm)?;
-                    for st in states.iter_mut() {
-                        st.verify = VerifyRecord::Kept;
-                    }
+        for l in 0..verifies.first().map_or(0, |v| v.cache.len()) {
+            let mut states: Vec<&mut LinearState> =
+                verifies.iter_mut().filter_map(|v| v.cache.get_mut(l)?.as_linear()).collect();
+            let Some(shared) = LinearState::recorded_batch(&states) else { continue };
+            if let Some((conv, ssm)) = shared.kept_rows(kept)? {
+                LinearState::set_rows(&mut states, &conv, &ssm)?;
+                for st in states.iter_mut() {
+                    st.verify = VerifyRecord::Kept;
                 }
             }
         }
@@ -532,7 +539,7 @@ mod tests {
                 {
                     let mut states: Vec<&mut LinearState> =
                         verifies.iter_mut().map(|v| v.cache()[0].as_linear().unwrap()).collect();
-                    LinearState::record_rows(&mut states, batched_recording(with_steps));
+                    LinearState::record(&mut states, batched_recording(with_steps));
                 }
                 Verify::commit_all(verifies, &kept).unwrap();
                 let mut states: Vec<&mut LinearState> = caches.iter_mut().map(|c| c[0].as_linear().unwrap()).collect();

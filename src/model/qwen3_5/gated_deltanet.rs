@@ -161,20 +161,14 @@ impl GatedDeltaNet {
         // (kernels::gated_delta); MLX's op otherwise.
         let gated_delta::Update { y: o, state, steps } =
             gated_delta::gated_delta_update(&q, &k, &v, &decay, &beta, &initial)?;
-        if let [st] = states {
-            if st.verifying() {
-                let final_state = state.clone();
-                st.record(Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state, steps });
-            }
-            st.set(window, state);
-        } else {
-            if states.iter().any(|st| st.verifying()) {
-                let final_state = state.clone();
-                let rec = Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state, steps };
-                LinearState::record_rows(states, rec);
-            }
-            LinearState::set_rows(states, &window, &state)?;
+        if states.iter().any(|st| st.verifying()) {
+            let final_state = state.clone();
+            LinearState::record(
+                states,
+                Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state, steps },
+            );
         }
+        LinearState::set_rows(states, &window, &state)?;
 
         // Gated RMSNorm per head, w * rmsnorm(o) * silu(z), in f32 from the recurrence's f32 output
         // [B,T,Hv,Dv] and rounded once. Rounding o and then w * rmsnorm(o) to bf16 first (transformers'
