@@ -14,8 +14,9 @@
 #            then mlx-lm on the same files
 #   repeat   plain decoding, Tandem and mlx-lm alternated, two more rounds per format (FORMATS, default q4 q8 bf16)
 #   ab       plain decoding in 4-bit (FORMATS), alternated for two rounds: Tandem as built, Tandem under AB_ENV
-#            (default TANDEM_KERNELS=-qmm_narrow: the quantized matmul in its one pre-session-17 launch shape),
-#            mlx-lm
+#            (default TANDEM_KERNELS=-qmm_narrow: the quantized matmul in its one pre-session-17 launch shape)
+#            or, with AB_BIN (a file in .devcarry/, xz-compressed like tandem.xz), another build, then mlx-lm;
+#            AB_ARGS replaces the bench arguments (default --depths 0)
 #   dense    bf16 only, with and without the dense matmul kernel (TANDEM_KERNELS=-dense_matmul), alternated:
 #            oracle acceptance 0.8 at depths 1 and 3 and plain decoding, twice each (no mlx-lm)
 #   streams  issue 22: the 4-bit and bf16 slices, 512-token prompts, 256 generated per stream: `tandem bench
@@ -54,9 +55,9 @@ env_setup() {
   [ -x $B ] || { xz -dc /tmp/keep/tandem.xz > $B && chmod +x $B; }
   cp $B target/release/tandem  # benches/vs_mlx_lm.py runs target/release/tandem
 }
-bench() {  # tag, then tandem bench arguments; extra environment in ENVS
+bench() {  # tag, then tandem bench arguments; extra environment in ENVS, another binary in BIN
   local tag=$1; shift
-  env $ENVS $B bench --model "$MODEL" $ARGS "$@" --json > "$OUT/$tag.json" 2> "$OUT/$tag.err" || tail -5 "$OUT/$tag.err"
+  env $ENVS ${BIN:-$B} bench --model "$MODEL" $ARGS "$@" --json > "$OUT/$tag.json" 2> "$OUT/$tag.err" || tail -5 "$OUT/$tag.err"
   python3 benches/gpu/summarize_bench.py "$OUT/$tag.json" | sed "s|^|$tag |" | tee -a "$S"
 }
 mlx_lm() {  # tag
@@ -123,8 +124,13 @@ for phase in $PHASES; do
     for round in 1 2; do
       for f in ${FORMATS:-q4}; do
         case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
-        ENVS= bench s27-$f-a-r$round --depths 0
-        ENVS=${AB_ENV:-TANDEM_KERNELS=-qmm_narrow} bench s27-$f-b-r$round --depths 0
+        ENVS= bench s27-$f-a-r$round ${AB_ARGS:---depths 0}
+        if [ -n "${AB_BIN:-}" ]; then
+          [ -x /tmp/keep/b-bin ] || { xz -dc "/tmp/keep/$AB_BIN" > /tmp/keep/b-bin && chmod +x /tmp/keep/b-bin; }
+          ENVS= BIN=/tmp/keep/b-bin bench s27-$f-b-r$round ${AB_ARGS:---depths 0}
+        else
+          ENVS=${AB_ENV:-TANDEM_KERNELS=-qmm_narrow} bench s27-$f-b-r$round ${AB_ARGS:---depths 0}
+        fi
         mlx_lm s27-$f-mlx-lm-ab-r$round
       done
     done

@@ -112,10 +112,14 @@ DtypeCode array_dtype(const Array& a) { return from_dtype(a.dtype()); }
 size_t array_size(const Array& a) { return a.size(); }
 size_t array_nbytes(const Array& a) { return a.nbytes(); }
 void array_eval(const Array& a) { const_cast<Array&>(a).eval(); }
+bool array_is_ready(const Array& a) { return a.is_available(); }
 
 void array_copy_to(const Array& a, rust::Slice<uint8_t> out) {
-  // Arrays may be lazy and strided views: make contiguous, evaluate, then read.
-  Array c = mx::contiguous(a);
+  // An array already evaluated (or scheduled) into a dense row-major buffer is read where it lies after
+  // waiting for it: making it contiguous first would be one more graph to evaluate, a launch and a device sync
+  // on the GPU, for each token a batch reads. Lazy arrays and strided or broadcast views go through a copy.
+  const bool dense = a.status() != Array::Status::unscheduled && a.flags().row_contiguous && a.data_size() == a.size();
+  Array c = dense ? a : mx::contiguous(a);
   c.eval();
   if (c.nbytes() != out.size()) {
     throw std::invalid_argument("array_copy_to: array has " + std::to_string(c.nbytes()) + " bytes, buffer " +

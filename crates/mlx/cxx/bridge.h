@@ -60,6 +60,7 @@ DtypeCode array_dtype(const Array& a);
 size_t array_size(const Array& a);
 size_t array_nbytes(const Array& a);
 void array_eval(const Array& a);
+bool array_is_ready(const Array& a);
 void array_copy_to(const Array& a, rust::Slice<uint8_t> out);
 
 // --- lists ---

@@ -130,7 +130,15 @@ impl Array {
         Ok(ffi::array_eval(self.raw())?)
     }
 
-    /// Evaluates and copies the data out as `T`; the array's dtype must be `T`'s.
+    /// Whether the array's value is computed and safe to read without waiting: a constant, or an
+    /// evaluated result whose computation has finished (an `async_eval` still running: false).
+    pub fn is_ready(&self) -> bool {
+        ffi::array_is_ready(self.raw())
+    }
+
+    /// Evaluates and copies the data out as `T`; the array's dtype must be `T`'s. An array already
+    /// evaluated into a dense buffer is read where it lies once its own computation is done, without
+    /// waiting for work queued after it (the next pipelined step); views and lazy arrays are copied.
     pub fn to_vec<T: Element + Default>(&self) -> Result<Vec<T>> {
         let dt = self.dtype();
         if dt != T::DTYPE {

@@ -122,6 +122,7 @@ pub(crate) mod ffi {
         fn array_size(a: &Array) -> usize;
         fn array_nbytes(a: &Array) -> usize;
         fn array_eval(a: &Array) -> Result<()>;
+        fn array_is_ready(a: &Array) -> bool;
         fn array_copy_to(a: &Array, out: &mut [u8]) -> Result<()>;
 
         fn vec_new() -> UniquePtr<ArrayVec>;

@@ -35,6 +35,35 @@ fn host_round_trip_every_dtype() {
     assert_eq!(c.to_f32_vec().unwrap(), [1.0, 1.0 + 4.0 / 512.0]);
 }
 
+/// A pipelined decoder reads step t's token after starting step t + 1: the read must wait for that token
+/// alone. (Reading through a fresh copy op queued the copy behind step t + 1, so every read waited for the
+/// next step too, and the device idled while the host built the step after it.)
+#[test]
+fn reading_an_evaluated_array_waits_for_it_alone() {
+    let token = arr(&[1.0, 2.0, 3.0], &[3]).multiply(&Array::f32(2.0)).unwrap();
+    let one = arr(&[5.0], &[1]).sum(&[], false).unwrap();
+    mlx::device::eval(&[&token, &one]).unwrap();
+    // Seconds of work queued behind it on the same stream.
+    let key = random::key(7).unwrap();
+    let mut next = random::normal(&[1024, 1024], Dtype::F32, &key).unwrap().multiply(&Array::f32(0.03)).unwrap();
+    for _ in 0..8 {
+        next = next.matmul(&next).unwrap().sigmoid().unwrap();
+    }
+    mlx::device::async_eval(&[&next]).unwrap();
+    assert_eq!(token.to_vec::<f32>().unwrap(), [2.0, 4.0, 6.0]);
+    assert_eq!(one.item::<f32>().unwrap(), 5.0);
+    assert!(!next.is_ready(), "reading an evaluated array waited for the work queued after it");
+    next.eval().unwrap();
+    assert!(next.is_ready());
+    // Views of evaluated arrays (transposed, broadcast) are still read in their logical order.
+    let m = arr(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    mlx::device::eval(&[&m]).unwrap();
+    assert_eq!(m.t().unwrap().to_vec::<f32>().unwrap(), [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    let b = arr(&[7.0], &[1]).broadcast_to(&[3]).unwrap();
+    mlx::device::eval(&[&b]).unwrap();
+    assert_eq!(b.to_vec::<f32>().unwrap(), [7.0, 7.0, 7.0]);
+}
+
 #[test]
 fn external_memory_is_used_and_released() {
     use std::sync::atomic::{AtomicBool, Ordering};
