@@ -19,6 +19,7 @@ use super::error::Result;
 use super::mtp::{decide, draft_batch, draw_ahead, ms, verify_input, Drafted, MtpDecoder, Verified};
 use super::sequence::Sequence;
 use crate::cache::{LayerCache, Verify};
+use crate::model::launch;
 
 /// How a sequence takes part in this step.
 enum Part {
@@ -102,7 +103,7 @@ fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
         })
         .collect();
     let input = Array::from_slice(&lasts, &[b, 1])?;
-    let hidden = model.forward_batch(&input, &mut caches(group))?;
+    let hidden = launching(|| model.forward_batch(&input, &mut caches(group)))?;
     let logits = model.logits(&hidden)?;
     let mut drawn = Vec::with_capacity(group.len());
     for (i, (seq, &fed)) in group.iter_mut().zip(&lasts).enumerate() {
@@ -113,7 +114,7 @@ fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
         drawn.push(seq.sampler.sample(&row)?);
     }
     let drawn_refs: Vec<&Array> = drawn.iter().collect();
-    if tracing::enabled!(tracing::Level::DEBUG) {
+    if split_traced() {
         let built = ms(t0, Instant::now());
         let [(ops, launch, wait), _] = split_eval(&drawn_refs, &[])?;
         tracing::debug!(streams = group.len(), ops, built, launch, wait, "batched plain step (ms)");
@@ -158,6 +159,9 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
     let model = group[0].model;
     let since: Vec<Instant> = mtp_decoders(group)?.iter().map(|m| m.since(t0)).collect();
     let drafted = draft(group, k)?;
+    if !split_traced() {
+        launch::start(&drafted.iter().flat_map(|d| [&d.drafts, &d.head]).collect::<Vec<_>>())?;
+    }
     let lasts: Vec<u32> = group.iter().map(|s| s.decoder.last()).collect();
     let rows =
         lasts.iter().zip(&drafted).map(|(&last, d)| verify_input(last, &d.drafts)).collect::<Result<Vec<_>>>()?;
@@ -175,7 +179,7 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
     let mut verifies: Vec<Verify<'_>> = caches.iter_mut().map(|c| Verify::begin(c, k + 1)).collect();
     let hidden = {
         let mut open: Vec<&mut [LayerCache]> = verifies.iter_mut().map(|v| v.cache()).collect();
-        model.forward_batch(&input, &mut open)?
+        launching(|| model.forward_batch(&input, &mut open))?
     };
     let logits = model.logits(&hidden)?.as_dtype(Dtype::F32)?;
     // Each sequence's rows of logits `[k+1, V]` and its targets, where they can be drawn before the
@@ -191,7 +195,7 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
     wait.extend(drawn.iter().flatten());
     // Traced: the drafts and the verify evaluated apart, each as MLX's host work (until
     // `async_eval` returns: building and launching its kernels) and the wait after it (the device).
-    let split = tracing::enabled!(tracing::Level::DEBUG)
+    let split = split_traced()
         .then(|| split_eval(&wait[1..1 + 2 * drafted.len()], &[&wait[..1], &wait[1 + 2 * drafted.len()..]].concat()))
         .transpose()?;
     mlx::device::eval(&wait)?;
@@ -250,6 +254,22 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether steps and cycles are traced with their evaluation split (drafts, verify): their graphs then
+/// stay whole until evaluated, so the split's operation counts and host times cover all of them.
+fn split_traced() -> bool {
+    tracing::enabled!(tracing::Level::DEBUG)
+}
+
+/// `f` with the forward's layers launched as they are built ([`launch::early`]), unless the split
+/// is traced.
+fn launching<R>(f: impl FnOnce() -> R) -> R {
+    if split_traced() {
+        f()
+    } else {
+        launch::early(f)
+    }
 }
 
 /// `first` then `second` evaluated apart: for each, its operations, MLX's host time (until

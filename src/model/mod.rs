@@ -1,6 +1,7 @@
 //! Models: checkpoint reading, strict loading, and one file per architecture.
 
 pub mod files;
+pub mod launch;
 pub mod layers;
 pub mod mtp_head;
 pub mod parallel;

@@ -19,6 +19,7 @@ use mlx::{Array, Dtype};
 
 pub use self::config::{Config, RopeParameters, TextConfig};
 pub use self::decoder_layer::DecoderLayer;
+use super::launch;
 use super::layers::{Embedding, Linear, MRope, Observer, Result, RmsNorm};
 use super::mtp_head::convention::HeadDecision;
 use super::mtp_head::{self, probe, MtpHead, MtpStatus, MTP_NORMS};
@@ -506,8 +507,10 @@ impl Qwen35 {
     fn forward_layers(&self, h: &Array, cache: &mut [LayerCache], rope: Option<&MRope>) -> Result<Array> {
         let (h, pending) = self.through_layers(h, |h| {
             let (mut h, mut pending) = (h.clone(), None);
-            for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
+            let n = self.layers.len();
+            for (i, (layer, c)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
                 let (next, m) = layer.forward(&h, pending.as_ref(), c, rope)?;
+                launch::after_layer(i, n, &[&next, &m])?;
                 (h, pending) = (next, Some(m));
             }
             Ok((h, pending))
@@ -552,6 +555,7 @@ impl Qwen35 {
             for (i, layer) in self.layers.iter().enumerate() {
                 let mut per: Vec<&mut LayerCache> = caches.iter_mut().map(|c| &mut c[i]).collect();
                 let (next, m) = layer.forward_batch(&h, pending.as_ref(), &mut per, None)?;
+                launch::after_layer(i, self.layers.len(), &[&next, &m])?;
                 (h, pending) = (next, Some(m));
             }
             Ok((h, pending))

@@ -549,3 +549,47 @@ fn an_unload_fails_a_request_still_prefilling() {
     let done = running.blocking_collect().unwrap();
     assert_eq!(done.finish, tandem::generate::FinishReason::Cancelled);
 }
+
+/// A forward launched as it is built (`model::launch::early`: the layers start computing every few
+/// layers while the rest is built, as an MTP verify and a batched step run) gives the lazy forward's
+/// bits, alone and batched, and leaves the caches as the lazy forward does; and it did launch: its
+/// output's graph no longer holds the layers already started.
+#[test]
+fn a_forward_launched_as_it_is_built_gives_the_lazy_forwards_bits() {
+    let m = tiny();
+    let prompts = [story(20, 0), story(9, 77)];
+    let prefilled = |p: &[u32]| {
+        let mut c = m.make_cache();
+        let ids: Vec<i32> = p.iter().map(|&t| t as i32).collect();
+        let h = m.forward(&Array::from_slice(&ids, &[1, ids.len() as i32]).unwrap(), &mut c).unwrap();
+        let mut arrays = vec![&h];
+        arrays.extend(c.iter().flat_map(|l| l.arrays()));
+        mlx::device::eval(&arrays).unwrap();
+        c
+    };
+    let verify = Array::from_slice(&[5i32, 17, 300, 41], &[1, 4]).unwrap();
+    let (mut lazy, mut early) = (prefilled(&prompts[0]), prefilled(&prompts[0]));
+    let h_lazy = m.forward(&verify, &mut lazy).unwrap();
+    let h_early = model::launch::early(|| m.forward(&verify, &mut early)).unwrap();
+    let (ops_lazy, ops_early) = (mlx::compile::graph_ops(&[&h_lazy]), mlx::compile::graph_ops(&[&h_early]));
+    if std::env::var_os("TANDEM_NO_EARLY_LAUNCH").is_none() {
+        assert!(ops_early < ops_lazy, "nothing was launched early: {ops_early} operations left of {ops_lazy}");
+    }
+    assert_eq!(h_early.to_f32_vec().unwrap(), h_lazy.to_f32_vec().unwrap());
+    let next = Array::from_slice(&[9i32], &[1, 1]).unwrap();
+    assert_eq!(
+        m.forward(&next, &mut early).unwrap().to_f32_vec().unwrap(),
+        m.forward(&next, &mut lazy).unwrap().to_f32_vec().unwrap(),
+        "the caches differ after the forward"
+    );
+
+    let rows = Array::from_slice(&[5i32, 17, 300, 41, 2, 2, 8, 1000], &[2, 4]).unwrap();
+    let mut lazy: Vec<_> = prompts.iter().map(|p| prefilled(p)).collect();
+    let mut early: Vec<_> = prompts.iter().map(|p| prefilled(p)).collect();
+    let h_lazy = m.forward_batch(&rows, &mut lazy.iter_mut().map(|c| c.as_mut_slice()).collect::<Vec<_>>()).unwrap();
+    let h_early = model::launch::early(|| {
+        m.forward_batch(&rows, &mut early.iter_mut().map(|c| c.as_mut_slice()).collect::<Vec<_>>())
+    })
+    .unwrap();
+    assert_eq!(h_early.to_f32_vec().unwrap(), h_lazy.to_f32_vec().unwrap());
+}

@@ -26,7 +26,7 @@ use super::sampler::Sampler;
 use super::stats::{SpecStats, Stats};
 use super::step::{step, Pipeline};
 use crate::cache::{LayerCache, Snapshot, Verify};
-use crate::model::Qwen35;
+use crate::model::{launch, Qwen35};
 
 pub struct MtpDecoder<'m> {
     model: &'m Qwen35,
@@ -142,6 +142,7 @@ impl<'m> MtpDecoder<'m> {
             return Ok(self.after_plain(hidden, next, since, stats));
         };
         let drafted = self.draft(k)?;
+        launch::start(&[&drafted.drafts, &drafted.head])?;
         let t1 = Instant::now();
         let v = if self.opts.exact_verify {
             mlx::device::eval(&[&drafted.drafts, &drafted.head])?;
@@ -276,7 +277,9 @@ impl<'m> MtpDecoder<'m> {
         let k = d.drafts.dim(0) as usize;
         let input = verify_input(self.last, &d.drafts)?;
         let mut verify = Verify::begin(&mut self.cache, k + 1);
-        let hidden = self.model.forward(&input, verify.cache())?;
+        // The drafts are already running; the verify's layers start as they are built.
+        let model = self.model;
+        let hidden = launch::early(|| model.forward(&input, verify.cache()))?;
         let logits = self.model.logits(&hidden)?.squeeze(&[0])?.as_dtype(Dtype::F32)?; // [k+1, V]
         let drawn = draw_ahead(sampler, &logits)?;
         let mut wait = vec![&logits, &d.drafts, &d.head];
