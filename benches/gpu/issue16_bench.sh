@@ -24,6 +24,9 @@
 #            tokens), then depth 3 adaptive at oracle 0.0 (ADAPTIVE=0 leaves that out)
 #   cycles   issue 22: where a batched MTP cycle's time goes, 4-bit slice, depth 3, oracle 0.8, 2 / 4 / 8 streams
 #            (the `batched cycle (ms)` debug lines of generate::batch, averaged per stream count)
+#   early    model::launch (a forward's layers started while the rest is built) A/B, FORMATS (default bf16):
+#            this build, the same under TANDEM_NO_EARLY_LAUNCH=1, and AB_BIN if given; 1 and 8 streams, plain
+#            and depth 3 at oracle acceptance 0.8, 512-token prompts, 256 generated per stream
 #   split    issues 16 and 22: host against device time per step (Tandem's trace, mlx-lm by benches/host_split.py),
 #            one stream in 4-bit and bf16, then batched plain steps and cycles (drafts, verify) at 2 / 4 / 8 streams
 #   knobs    MLX's CUDA graph settings (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER, MLX_MAX_MB_PER_BUFFER: how
@@ -134,6 +137,20 @@ for phase in $PHASES; do
         mlx_lm s27-$f-mlx-lm-ab-r$round
       done
     done
+    ;;
+  early)
+    env_setup
+    for f in ${FORMATS:-bf16}; do
+      case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+      ARGS="--prompt-tokens 512 --gen-tokens 256"
+      ENVS= bench s27-$f-early --streams 1,8 --depths 0,3 --oracle-acceptance 0.8
+      ENVS=TANDEM_NO_EARLY_LAUNCH=1 bench s27-$f-lazy --streams 1,8 --depths 0,3 --oracle-acceptance 0.8
+      if [ -n "${AB_BIN:-}" ]; then
+        [ -x /tmp/keep/b-bin ] || { xz -dc "/tmp/keep/$AB_BIN" > /tmp/keep/b-bin && chmod +x /tmp/keep/b-bin; }
+        ENVS= BIN=/tmp/keep/b-bin bench s27-$f-b --streams 1,8 --depths 0,3 --oracle-acceptance 0.8
+      fi
+    done
+    ARGS="--prompt-tokens 512 --gen-tokens 512"
     ;;
   dense)
     env_setup

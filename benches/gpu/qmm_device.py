@@ -60,7 +60,7 @@ def run(a):
                 for r, ks, u, pf in variants:
                     blocks = (n + 16 * r - 1) // (16 * r) * ((m + 7) // 8)
                     for _ in range(a.calls):
-                        y = kern(inputs=[x, w, s, b], template=[("BITS", bits), ("R", r), ("KS", ks), ("U", u), ("P", pf)],
+                        y = kern(inputs=[x, w, s, b], template=[("BITS", bits), ("R", r), ("KS", ks), ("U", u), ("P", pf), ("XD", 2)],
                                  grid=(blocks * 32 * ks, 1, 1), threadgroup=(32 * ks, 1, 1),
                                  output_shapes=[(m, n)], output_dtypes=[mx.bfloat16])[0]
                         mx.eval(y)

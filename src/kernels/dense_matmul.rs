@@ -94,29 +94,27 @@ pub fn cuda(x: &Array, w: &Array) -> Result<Array> {
     if !(1..=MAX_ROWS).contains(&m) {
         return Err(invalid(&format!("{m} rows of x, at most {MAX_ROWS}")));
     }
-    let x2 = x.reshape(&[m, k])?;
+    if !matches!(x.ndim(), 2 | 3) {
+        // The kernel reads two or three axes (it flattens the leading ones itself); others are reshaped.
+        return super::with_last_axis(&cuda(&x.reshape(&[-1, k])?, w)?, x, n);
+    }
+    let out_shape = super::last_axis_set(x, n);
     let (r, ks, u) = launch_shape(n, k);
     let blocks = (n + 16 * r - 1) / (16 * r) * super::slabs(m);
-    let out_shape = [m, n];
-    let y = with_kernel(dt, |kernel| {
+    with_kernel(dt, |kernel| {
         kernel.call(
-            &[&x2, w],
+            &[x, w],
             &Launch {
                 outputs: &[(&out_shape[..], dt)],
                 grid: [blocks * 32 * ks, 1, 1],
                 threadgroup: [32 * ks, 1, 1],
-                template: &[("R", r), ("KS", ks), ("U", u)],
+                template: &[("R", r), ("KS", ks), ("U", u), ("XD", x.ndim() as i32)],
             },
         )
     })?
     .into_iter()
     .next()
-    .ok_or_else(|| invalid("no output"))?;
-    let mut shape = x.shape();
-    if let Some(last) = shape.last_mut() {
-        *last = n;
-    }
-    y.reshape(&shape)
+    .ok_or_else(|| invalid("no output"))
 }
 
 /// The kernel object for `dtype`, made once per thread ([`super::with_cached`]).
@@ -141,9 +139,11 @@ fn probe_passed(dtype: Dtype) -> bool {
 pub fn probe(dtype: Dtype) -> Result<f32> {
     let keys = random::split(&random::key(0x646d_6d00)?, 2)?;
     let w = random::normal(&[40, 256], Dtype::F32, &keys[0])?.multiply(&Array::f32(0.02))?.as_dtype(dtype)?;
+    // x of two axes and of three: both ways the kernel reads x's rows.
     let x = random::normal(&[3, 256], Dtype::F32, &keys[1])?.as_dtype(dtype)?;
-    let y = cuda(&x, &w)?;
-    relative_error(&y, &reference(&x, &w)?)
+    let x3 = x.reshape(&[1, 3, 256])?;
+    let worst = relative_error(&cuda(&x, &w)?, &reference(&x, &w)?)?;
+    Ok(worst.max(relative_error(&cuda(&x3, &w)?, &reference(&x3, &w)?)?))
 }
 
 /// `x @ w^T` in fp32.

@@ -22,6 +22,8 @@ pub use quantized_matmul::quantized_matmul;
 
 use std::sync::OnceLock;
 
+use mlx::Array;
+
 /// What `TANDEM_KERNELS` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -159,6 +161,20 @@ pub const VERIFY_ROWS: i32 = 32;
 /// Blocks per group of weight rows for `m` rows of x: one per 8-row slab (the kernels' `slabs`).
 pub fn slabs(m: i32) -> i32 {
     (m + 7) / 8
+}
+
+/// `x`'s shape with its last axis `n`: a matmul's output shape.
+pub(crate) fn last_axis_set(x: &Array, n: i32) -> Vec<i32> {
+    let mut shape = x.shape();
+    if let Some(last) = shape.last_mut() {
+        *last = n;
+    }
+    shape
+}
+
+/// `y` (a matmul's `[M, n]` output) in `x`'s shape with its last axis `n`.
+pub(crate) fn with_last_axis(y: &Array, x: &Array, n: i32) -> Result<Array, mlx::Error> {
+    y.reshape(&last_axis_set(x, n))
 }
 
 /// Rows up to which a matmul's output rows are the same bits whatever the number of rows (the

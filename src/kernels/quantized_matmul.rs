@@ -172,16 +172,25 @@ pub fn cuda(x: &Array, q: &Quantized) -> Result<Array> {
         return Err(invalid(&format!("{m} rows of x, at most {MAX_ROWS}")));
     }
     let dt = x.dtype();
-    let x2 = x.reshape(&[m, k])?;
+    if !matches!(x.ndim(), 2 | 3) {
+        // The kernel reads two or three axes (it flattens the leading ones itself); others are reshaped.
+        return super::with_last_axis(&cuda(&x.reshape(&[-1, k])?, q)?, x, n);
+    }
+    let out_shape = super::last_axis_set(x, n);
     let ls = launch_shape(n);
     let rows_per_block = 16 * ls.tiles_per_warp;
     let blocks = (n + rows_per_block - 1) / rows_per_block * super::slabs(m);
-    let out_shape = [m, n];
-    let template =
-        [("BITS", q.bits), ("R", ls.tiles_per_warp), ("KS", ls.warps), ("U", ls.groups_per_round), ("P", ls.prefetch)];
-    let y = with_kernel(dt, |kernel| {
+    let template = [
+        ("BITS", q.bits),
+        ("R", ls.tiles_per_warp),
+        ("KS", ls.warps),
+        ("U", ls.groups_per_round),
+        ("P", ls.prefetch),
+        ("XD", x.ndim() as i32),
+    ];
+    with_kernel(dt, |kernel| {
         kernel.call(
-            &[&x2, &q.weight, &q.scales, biases],
+            &[x, &q.weight, &q.scales, biases],
             &Launch {
                 outputs: &[(&out_shape[..], dt)],
                 grid: [blocks * 32 * ls.warps, 1, 1],
@@ -192,12 +201,7 @@ pub fn cuda(x: &Array, q: &Quantized) -> Result<Array> {
     })?
     .into_iter()
     .next()
-    .ok_or_else(|| invalid("no output"))?;
-    let mut shape = x.shape();
-    if let Some(last) = shape.last_mut() {
-        *last = n;
-    }
-    y.reshape(&shape)
+    .ok_or_else(|| invalid("no output"))
 }
 
 /// The kernel object for `dtype`, made once per thread ([`super::with_cached`]).
@@ -226,14 +230,16 @@ fn probe_passed(dtype: Dtype, bits: i32) -> bool {
 }
 
 /// The larger relative Frobenius error of the kernel on two small random problems against an fp32
-/// reference: 40 output rows ([`NARROW`]) and [`NARROW_MAX_N`] + 40 ([`WIDE`]).
+/// reference: 40 output rows ([`NARROW`], x `[3, K]`) and [`NARROW_MAX_N`] + 40 ([`WIDE`], x `[1, 3, K]`).
 pub fn probe(dtype: Dtype, bits: i32) -> Result<f32> {
     let mut worst = 0.0f32;
     for (i, n) in [40, NARROW_MAX_N + 40].into_iter().enumerate() {
         let keys = random::split(&random::key(0x7a6e_6465_6d00 + i as u64)?, 2)?;
         let w = random::normal(&[n, 256], Dtype::F32, &keys[0])?.multiply(&Array::f32(0.02))?.as_dtype(dtype)?;
         let q = quantize(&w, GROUP_SIZE, bits, QuantMode::Affine)?;
-        let x = random::normal(&[3, 256], Dtype::F32, &keys[1])?.as_dtype(dtype)?;
+        // One problem with x of two axes, one with three: both ways the kernel reads x's rows.
+        let x_shape: &[i32] = if i == 0 { &[3, 256] } else { &[1, 3, 256] };
+        let x = random::normal(x_shape, Dtype::F32, &keys[1])?.as_dtype(dtype)?;
         let y = cuda(&x, &q)?;
         worst = worst.max(relative_error(&y, &reference(&x, &q)?)?);
     }

@@ -210,6 +210,13 @@ fn qmm_cuda_misaligned_and_3d_inputs() {
     let y3 = qmm::cuda(&x.reshape(&[1, 3, k]).unwrap(), &q).unwrap();
     assert_eq!(y3.shape(), vec![1, 3, n]);
     assert_eq!(y3.to_bytes().unwrap(), y.to_bytes().unwrap());
+    // Other axis counts (reshaped to two around the kernel).
+    let y4 = qmm::cuda(&x.reshape(&[1, 1, 3, k]).unwrap(), &q).unwrap();
+    assert_eq!(y4.shape(), vec![1, 1, 3, n]);
+    assert_eq!(y4.to_bytes().unwrap(), y.to_bytes().unwrap());
+    let y1 = qmm::cuda(&x.slice_axis(0, 1, 2).unwrap().reshape(&[k]).unwrap(), &q).unwrap();
+    assert_eq!(y1.shape(), vec![n]);
+    assert_eq!(y1.to_bytes().unwrap(), y.slice_axis(0, 1, 2).unwrap().reshape(&[n]).unwrap().to_bytes().unwrap());
     // Outside the kernel's range: an error, not a wrong answer.
     assert!(qmm::cuda(&inputs(33, k, Dtype::BF16, 7), &q).is_err());
 }
@@ -340,6 +347,24 @@ fn dmm_cuda_parity() {
 /// On CUDA: the dense kernel is selected exactly on tested machine classes (not with `TANDEM_KERNELS=off`
 /// or `-dense_matmul`), its probe passes, and through the model (tandem-tiny in bf16, where it runs at every
 /// decode and verify projection) greedy MTP output equals plain greedy output at depths 1-3.
+/// The dense kernel reads x's rows the same whatever its axes: `[B, T, K]` as the model passes it (the kernel
+/// flattens the leading axes itself) and other counts (reshaped around it) give the `[M, K]` call's bytes.
+#[test]
+fn dmm_cuda_reads_any_axes_alike() {
+    use tandem::kernels::dense_matmul as dmm;
+    if !cuda_or_skip("dmm_cuda_reads_any_axes_alike") {
+        return;
+    }
+    let (n, k) = (96, 512);
+    let (w, x) = (dense_weights(n, k, Dtype::BF16, 10), inputs(6, k, Dtype::BF16, 11));
+    let y = dmm::cuda(&x, &w).unwrap().to_bytes().unwrap();
+    for shape in [vec![2, 3, k], vec![1, 2, 3, k]] {
+        let ys = dmm::cuda(&x.reshape(&shape).unwrap(), &w).unwrap();
+        assert_eq!(ys.shape()[..shape.len() - 1], shape[..shape.len() - 1], "{shape:?}");
+        assert_eq!(ys.to_bytes().unwrap(), y, "{shape:?}");
+    }
+}
+
 #[test]
 fn dmm_cuda_selected_and_lossless() {
     use tandem::kernels::dense_matmul as dmm;
