@@ -19,6 +19,7 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
+use mlx::device::{default_device, Device};
 use mlx::kernel::{Kernel, KernelBackend, Launch};
 use mlx::{fast, random, Array, Dtype};
 
@@ -57,8 +58,12 @@ pub fn add_rms_norm(h: &Array, m: &Array, w: &Array, eps: f32) -> Result<(Array,
     add_fallback(h, m, w, eps)
 }
 
-/// MLX's ops the plain kernel replaces.
+/// MLX's ops the plain kernel replaces. On the CPU, where MLX's norm is its op-by-op fallback, the same
+/// operations as one compiled chain ([`super::fused::rms_norm_f32`]).
 pub fn fallback(x: &Array, w: &Array, eps: f32) -> Result<Array> {
+    if default_device() == Device::Cpu {
+        return super::fused::rms_norm_f32(x, w, &Array::f32(eps));
+    }
     fast::rms_norm(&x.as_dtype(Dtype::F32)?, Some(w), eps)?.as_dtype(x.dtype())
 }
 

@@ -426,6 +426,16 @@ fn fused_chains_match_their_op_by_op_bodies() {
                 &reference::sigmoid_gate(&g, &u).unwrap()[0],
             );
             compare(&what("silu"), &fused::silu(&g).unwrap(), &reference::silu(&g).unwrap()[0]);
+            let (x, w, eps) =
+                (rand(&[1, t, 64], dtype, seed + 70), rand(&[64], Dtype::F32, seed + 80), Array::f32(1e-6));
+            let norm = &reference::rms_norm_f32(&x, &w, &eps).unwrap()[0];
+            compare(&what("rms_norm_f32"), &fused::rms_norm_f32(&x, &w, &eps).unwrap(), norm);
+            if mlx::device::default_device() == mlx::device::Device::Cpu {
+                // Where MLX's norm is its own op-by-op fallback, the chain is those operations.
+                let x32 = x.as_dtype(Dtype::F32).unwrap();
+                let mlx_norm = mlx::fast::rms_norm(&x32, Some(&w), 1e-6).unwrap().as_dtype(dtype).unwrap();
+                assert_eq!(norm.to_bytes().unwrap(), mlx_norm.to_bytes().unwrap(), "{}", what("MLX's rms_norm"));
+            }
         }
     }
     if fused::enabled() {
@@ -437,6 +447,12 @@ fn fused_chains_match_their_op_by_op_bodies() {
             mlx::compile::graph_ops(&[&compiled]) < mlx::compile::graph_ops(&[eager]),
             "compiled chains run as fewer operations"
         );
+        let (x, w, eps) = (rand(&[1, 4, 64], Dtype::BF16, 62), rand(&[64], Dtype::F32, 63), Array::f32(1e-6));
+        let compiled = fused::rms_norm_f32(&x, &w, &eps).unwrap();
+        let eager = &reference::rms_norm_f32(&x, &w, &eps).unwrap()[0];
+        mlx::device::eval(&[&x, &w]).unwrap();
+        let (c, e) = (mlx::compile::graph_ops(&[&compiled]), mlx::compile::graph_ops(&[eager]));
+        assert!(c < e, "the compiled norm runs as fewer operations: {c} against {e}");
     }
 }
 
