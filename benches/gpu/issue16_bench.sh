@@ -178,7 +178,7 @@ for phase in $PHASES; do
 import re, sys, collections
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    if "batched cycle" not in line:
+    if "batched cycle (ms)" not in line:
         continue
     f = dict(re.findall(r"(\w+)=([\d.]+)", re.sub(r"\x1b\[[0-9;]*m", "", line)))
     if f.get("k") == "3":

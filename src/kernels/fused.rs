@@ -87,11 +87,12 @@ chains! {
     /// `silu(x)`.
     silu(x) -> Array = |x| Ok(vec![x[0].silu()?]);
     /// RMSNorm in f32 as MLX's own op-by-op norm computes it (`x * rsqrt(mean(x^2) + eps) * w`, x cast to f32,
-    /// `w` f32, `eps` a 0-d f32 array), rounded once to x's dtype: where MLX has no norm kernel (the CPU) its
-    /// norm is these operations, a dozen launches where compiled they are three.
-    rms_norm_f32(x, w, eps) -> Array = |x| {
+    /// `w` f32, `eps` and `inv_d` = 1/D 0-d f32 arrays: MLX's mean is the sum times 1/D in f32, and a shapeless
+    /// trace would count D with one more operation), rounded once to x's dtype: where MLX has no norm kernel
+    /// (the CPU) its norm is these operations, a dozen launches where compiled they are four.
+    rms_norm_f32(x, w, eps, inv_d) -> Array = |x| {
         let x32 = x[0].as_dtype(Dtype::F32)?;
-        let ms = x32.square()?.mean(&[-1], true)?;
+        let ms = x32.square()?.sum(&[-1], true)?.multiply(x[3])?;
         Ok(vec![x32.multiply(&ms.add(x[2])?.rsqrt()?)?.multiply(x[1])?.as_dtype(x[0].dtype())?])
     };
 }

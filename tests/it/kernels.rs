@@ -426,15 +426,19 @@ fn fused_chains_match_their_op_by_op_bodies() {
                 &reference::sigmoid_gate(&g, &u).unwrap()[0],
             );
             compare(&what("silu"), &fused::silu(&g).unwrap(), &reference::silu(&g).unwrap()[0]);
-            let (x, w, eps) =
-                (rand(&[1, t, 64], dtype, seed + 70), rand(&[64], Dtype::F32, seed + 80), Array::f32(1e-6));
-            let norm = &reference::rms_norm_f32(&x, &w, &eps).unwrap()[0];
-            compare(&what("rms_norm_f32"), &fused::rms_norm_f32(&x, &w, &eps).unwrap(), norm);
+            let (x, w) = (rand(&[1, t, 64], dtype, seed + 70), rand(&[64], Dtype::F32, seed + 80));
+            let (eps, inv_d) = (Array::f32(1e-6), Array::f32(1.0 / 64.0));
+            let norm = &reference::rms_norm_f32(&x, &w, &eps, &inv_d).unwrap()[0];
+            compare(&what("rms_norm_f32"), &fused::rms_norm_f32(&x, &w, &eps, &inv_d).unwrap(), norm);
             if mlx::device::default_device() == mlx::device::Device::Cpu {
-                // Where MLX's norm is its own op-by-op fallback, the chain is those operations.
+                // Where MLX's norm is its own op-by-op fallback, the chain is those operations: the same bytes,
+                // op by op and compiled as the model calls it (`norm::mlx_rms_norm`, x in f32 there).
                 let x32 = x.as_dtype(Dtype::F32).unwrap();
-                let mlx_norm = mlx::fast::rms_norm(&x32, Some(&w), 1e-6).unwrap().as_dtype(dtype).unwrap();
-                assert_eq!(norm.to_bytes().unwrap(), mlx_norm.to_bytes().unwrap(), "{}", what("MLX's rms_norm"));
+                let mlx_norm = mlx::fast::rms_norm(&x32, Some(&w), 1e-6).unwrap();
+                let want = mlx_norm.as_dtype(dtype).unwrap().to_bytes().unwrap();
+                assert_eq!(norm.to_bytes().unwrap(), want, "{}", what("MLX's rms_norm"));
+                let model_norm = tandem::kernels::norm::mlx_rms_norm(&x32, &w, 1e-6).unwrap();
+                assert_eq!(model_norm.to_bytes().unwrap(), mlx_norm.to_bytes().unwrap(), "{}", what("mlx_rms_norm"));
             }
         }
     }
@@ -447,9 +451,10 @@ fn fused_chains_match_their_op_by_op_bodies() {
             mlx::compile::graph_ops(&[&compiled]) < mlx::compile::graph_ops(&[eager]),
             "compiled chains run as fewer operations"
         );
-        let (x, w, eps) = (rand(&[1, 4, 64], Dtype::BF16, 62), rand(&[64], Dtype::F32, 63), Array::f32(1e-6));
-        let compiled = fused::rms_norm_f32(&x, &w, &eps).unwrap();
-        let eager = &reference::rms_norm_f32(&x, &w, &eps).unwrap()[0];
+        let (x, w) = (rand(&[1, 4, 64], Dtype::BF16, 62), rand(&[64], Dtype::F32, 63));
+        let (eps, inv_d) = (Array::f32(1e-6), Array::f32(1.0 / 64.0));
+        let compiled = fused::rms_norm_f32(&x, &w, &eps, &inv_d).unwrap();
+        let eager = &reference::rms_norm_f32(&x, &w, &eps, &inv_d).unwrap()[0];
         mlx::device::eval(&[&x, &w]).unwrap();
         let (c, e) = (mlx::compile::graph_ops(&[&compiled]), mlx::compile::graph_ops(&[eager]));
         assert!(c < e, "the compiled norm runs as fewer operations: {c} against {e}");
