@@ -96,7 +96,7 @@ pub fn cuda(x: &Array, w: &Array) -> Result<Array> {
     }
     if !matches!(x.ndim(), 2 | 3) {
         // The kernel reads two or three axes (it flattens the leading ones itself); others are reshaped.
-        return super::with_last_axis(&cuda(&x.reshape(&[-1, k])?, w)?, x, n);
+        return cuda(&x.reshape(&[-1, k])?, w)?.reshape(&super::last_axis_set(x, n));
     }
     let out_shape = super::last_axis_set(x, n);
     let (r, ks, u) = launch_shape(n, k);

@@ -172,11 +172,6 @@ pub(crate) fn last_axis_set(x: &Array, n: i32) -> Vec<i32> {
     shape
 }
 
-/// `y` (a matmul's `[M, n]` output) in `x`'s shape with its last axis `n`.
-pub(crate) fn with_last_axis(y: &Array, x: &Array, n: i32) -> Result<Array, mlx::Error> {
-    y.reshape(&last_axis_set(x, n))
-}
-
 /// Rows up to which a matmul's output rows are the same bits whatever the number of rows (the
 /// verify-width kernels, M = 1..=32), where those kernels run; None where every path already is (the
 /// CPU). A batched verify wider than this would score drafts with other bits than plain decoding

@@ -174,7 +174,7 @@ pub fn cuda(x: &Array, q: &Quantized) -> Result<Array> {
     let dt = x.dtype();
     if !matches!(x.ndim(), 2 | 3) {
         // The kernel reads two or three axes (it flattens the leading ones itself); others are reshaped.
-        return super::with_last_axis(&cuda(&x.reshape(&[-1, k])?, q)?, x, n);
+        return cuda(&x.reshape(&[-1, k])?, q)?.reshape(&super::last_axis_set(x, n));
     }
     let out_shape = super::last_axis_set(x, n);
     let ls = launch_shape(n);

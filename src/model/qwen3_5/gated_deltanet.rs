@@ -4,8 +4,7 @@ use mlx::{concatenate, Array, Dtype};
 
 use super::{mlx_err, Config};
 use crate::cache::{LinearState, Recording};
-use crate::kernels::norm::mlx_rms_norm;
-use crate::kernels::{fused, gated_delta};
+use crate::kernels::{fused, gated_delta, norm};
 use crate::model::layers::{Fused, Linear, Result, Tap};
 use crate::model::parallel::{Cut, Parallel};
 use crate::model::store::Store;
@@ -151,9 +150,10 @@ impl GatedDeltaNet {
         let k = parts[1].reshape(&[b, t, self.hk, self.dk])?.as_dtype(Dtype::F32)?;
         let v = parts[2].reshape(&[b, t, self.hv, self.dv])?.as_dtype(Dtype::F32)?;
         // L2 normalisation x / sqrt(sum x^2 + eps) == rms_norm(x, eps / D) / sqrt(D); q also takes 1/sqrt(Dk).
+        // MLX's norm (`norm::fallback`: f32 in and out here, compiled on the CPU).
         let eps = 1e-6 / self.dk as f32;
-        let q = mlx_rms_norm(&q, &self.qk_scales[0], eps)?;
-        let k = mlx_rms_norm(&k, &self.qk_scales[1], eps)?;
+        let q = norm::fallback(&q, &self.qk_scales[0], eps)?;
+        let k = norm::fallback(&k, &self.qk_scales[1], eps)?;
         // The recurrence (docs/MODEL.md §3.2) with MLX's fused kernel; its state is [B, Hv, Dv, Dk] and
         // it maps value heads to key heads itself. A verify pass records what a rollback needs to
         // recompute the state of a shorter prefix (cache::Recording).
@@ -173,7 +173,7 @@ impl GatedDeltaNet {
         // Gated RMSNorm per head, w * rmsnorm(o) * silu(z), in f32 from the recurrence's f32 output
         // [B,T,Hv,Dv] and rounded once. Rounding o and then w * rmsnorm(o) to bf16 first (transformers'
         // order of casts) amplified the error of positions whose output nearly cancels (small rms).
-        let n = mlx_rms_norm(&o, &self.norm_weight, self.eps)?;
+        let n = norm::fallback(&o, &self.norm_weight, self.eps)?;
         let gated = fused::silu_gate(&n, &z)?;
         let gated = gated.reshape(&[b, t, self.hv * self.dv])?;
         self.tap.see("out_proj", &gated);
