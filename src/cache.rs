@@ -337,6 +337,14 @@ fn in_order(
 /// closes the recordings and leaves the caches as the forward left them.
 pub struct Verify<'c> {
     cache: &'c mut [LayerCache],
+    open: Open,
+    /// Set by [`Verify::suspend`]: the recordings stay open for a later [`Open::resume`].
+    suspended: bool,
+}
+
+/// A verify whose forward has been built but which is not settled yet, apart from the caches it
+/// runs on ([`Verify::suspend`]): a cycle built ahead keeps it beside its own copy of the caches.
+pub struct Open {
     tokens: usize,
     /// Each attention layer's offset at the start.
     starts: Vec<Option<i32>>,
@@ -355,7 +363,7 @@ impl<'c> Verify<'c> {
                 }
             })
             .collect();
-        Verify { cache, tokens, starts }
+        Verify { cache, open: Open { tokens, starts }, suspended: false }
     }
 
     /// The caches, for the verify forward.
@@ -363,6 +371,12 @@ impl<'c> Verify<'c> {
         self.cache
     }
 
+    /// Lets go of the caches after the forward, keeping the pass open: [`Open::resume`] over the same
+    /// caches (or a copy of them) settles it later.
+    pub fn suspend(mut self) -> Open {
+        self.suspended = true;
+        Open { tokens: self.open.tokens, starts: std::mem::take(&mut self.open.starts) }
+    }
     /// Commits the verifies of one batched pass, `kept[i]` tokens for `verifies[i]`, as each one's
     /// [`Verify::commit`] would; where a linear-attention layer's recordings are the rows of one batched
     /// recording, in order, every row's state is gathered at once and left as one batch's rows (so the next
@@ -394,16 +408,16 @@ impl<'c> Verify<'c> {
 
     /// Keeps the first `kept` tokens of the pass (`0..=tokens`) in every layer.
     pub fn commit(self, kept: usize) -> Result<()> {
-        if kept > self.tokens {
-            return Err(mlx::Error::Invalid(format!("verify commit: keep {kept} of {} tokens", self.tokens)));
+        if kept > self.open.tokens {
+            return Err(mlx::Error::Invalid(format!("verify commit: keep {kept} of {} tokens", self.open.tokens)));
         }
-        for (c, start) in self.cache.iter_mut().zip(&self.starts) {
+        for (c, start) in self.cache.iter_mut().zip(&self.open.starts) {
             match (c, start) {
                 (LayerCache::Kv(kv), Some(start)) => {
-                    if kv.offset != start + self.tokens as i32 {
+                    if kv.offset != start + self.open.tokens as i32 {
                         return Err(mlx::Error::Invalid(format!(
                             "verify commit: an attention layer holds {} positions after a pass of {} from {start}",
-                            kv.offset, self.tokens
+                            kv.offset, self.open.tokens
                         )));
                     }
                     kv.offset = start + kept as i32;
@@ -418,8 +432,26 @@ impl<'c> Verify<'c> {
     }
 }
 
+impl Open {
+    /// The verify again, over `cache`: the caches it was suspended from, or a copy of them.
+    pub fn resume(self, cache: &mut [LayerCache]) -> Verify<'_> {
+        Verify { cache, open: self, suspended: false }
+    }
+
+    /// A copy of `cache` (the caches this pass was built on) with every token of the pass kept and the
+    /// pass closed: what [`Verify::commit`] of all of them leaves, while `cache` itself stays open.
+    pub fn all_kept(&self, cache: &[LayerCache]) -> Result<Vec<LayerCache>> {
+        let mut copy = cache.to_vec();
+        Open { tokens: self.tokens, starts: self.starts.clone() }.resume(&mut copy).commit(self.tokens)?;
+        Ok(copy)
+    }
+}
+
 impl Drop for Verify<'_> {
     fn drop(&mut self) {
+        if self.suspended {
+            return;
+        }
         for c in self.cache.iter_mut() {
             if let LayerCache::Linear(s) = c {
                 s.verify = VerifyRecord::Closed;

@@ -235,7 +235,7 @@ mod tests {
         let opts = GenerateOptions {
             max_tokens: 9,
             sampling: SamplingParams { temperature: 0.7, ..Default::default() },
-            mtp: MtpOptions { enabled: true, depth: 2, adaptive: true, exact_verify: false },
+            mtp: MtpOptions { enabled: true, depth: 2, adaptive: true, exact_verify: false, ..Default::default() },
             stop_ids: vec![5],
             ..Default::default()
         };

@@ -21,7 +21,7 @@ pub use decode::{
 pub use decoder::Decoder;
 pub use error::GenerateError;
 pub use mtp::oracle::Oracle;
-pub use options::{GenerateOptions, MtpOptions, MTP_DEPTHS, MTP_DEPTHS_TEXT};
+pub use options::{CycleAhead, GenerateOptions, MtpOptions, MTP_DEPTHS, MTP_DEPTHS_TEXT};
 pub use prefill::{prefill, prefill_images};
 pub use sampler::{Sampler, SamplingParams, TokenLogprob};
 pub use sequence::{Sequence, Starting};

@@ -20,11 +20,38 @@ pub struct MtpOptions {
     pub adaptive: bool,
     /// Verify drafts one token at a time, so that verify logits are bit-identical to plain decoding.
     pub exact_verify: bool,
+    /// Whether to build the next cycle while a verify runs, on the guess that all its drafts are kept
+    /// (greedy decoding alone; the same tokens either way).
+    #[serde(default = "CycleAhead::from_env")]
+    pub cycle_ahead: CycleAhead,
+}
+
+/// Building the next MTP cycle while a verify runs (docs/MODEL.md §4.9): it pays where the device
+/// idles while the host builds a graph (a GPU), and costs where the device is the bottleneck (a CPU)
+/// or drafts are often rejected, so by default it is measured both ways and the faster kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CycleAhead {
+    Off,
+    /// Tried both ways in turn; the faster per token kept for a while, then tried again.
+    Judged,
+    Always,
+}
+
+impl CycleAhead {
+    /// `TANDEM_CYCLE_AHEAD` = `off` | `always` | `judged` (benchmarks' A/B); judged when unset.
+    pub fn from_env() -> CycleAhead {
+        match std::env::var("TANDEM_CYCLE_AHEAD").as_deref() {
+            Ok("off") => CycleAhead::Off,
+            Ok("always") => CycleAhead::Always,
+            _ => CycleAhead::Judged,
+        }
+    }
 }
 
 impl Default for MtpOptions {
     fn default() -> Self {
-        MtpOptions { enabled: true, depth: 3, adaptive: true, exact_verify: false }
+        MtpOptions { enabled: true, depth: 3, adaptive: true, exact_verify: false, cycle_ahead: CycleAhead::from_env() }
     }
 }
 

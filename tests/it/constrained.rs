@@ -29,7 +29,7 @@ fn run(m: &Qwen35, prompt: &[u32], stop: &[u32], sampling: &SamplingParams, mtp:
         max_tokens: 80,
         sampling: sampling.clone(),
         stop_ids: stop.to_vec(),
-        mtp: MtpOptions { enabled: mtp, depth: 3, adaptive: false, exact_verify: false },
+        mtp: MtpOptions { enabled: mtp, depth: 3, adaptive: false, exact_verify: false, ..Default::default() },
         constraint: c.map(|g| g.compile(&GrammarSpec::JsonSchema(schema)).unwrap()),
         ..Default::default()
     };
@@ -117,7 +117,13 @@ fn forced_tool_calls_parse_back_in_both_formats() {
                 let opts = GenerateOptions {
                     max_tokens: 160,
                     stop_ids: tokenizer.stop_ids().to_vec(),
-                    mtp: MtpOptions { enabled: mtp, depth: 2, adaptive: false, exact_verify: false },
+                    mtp: MtpOptions {
+                        enabled: mtp,
+                        depth: 2,
+                        adaptive: false,
+                        exact_verify: false,
+                        ..Default::default()
+                    },
                     constraint: Some(g.compile(&spec).unwrap_or_else(|e| panic!("{format:?}: {e}"))),
                     ..Default::default()
                 };

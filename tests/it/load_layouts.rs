@@ -134,7 +134,7 @@ fn mtp_run(m: &Qwen35) -> (Vec<u32>, usize, usize) {
     let opts = GenerateOptions {
         max_tokens: 48,
         sampling: SamplingParams::greedy(),
-        mtp: MtpOptions { enabled: true, depth: 3, adaptive: false, exact_verify: false },
+        mtp: MtpOptions { enabled: true, depth: 3, adaptive: false, exact_verify: false, ..Default::default() },
         ..Default::default()
     };
     let out = generate(m, &prompt, &opts, &mut |_| Control::Continue).unwrap();

@@ -19,7 +19,7 @@ fn greedy_with_mtp_equals_greedy_without_in_f32() {
     assert!(stats.spec.is_none());
     for depth in [1, 2, 3, 5] {
         for exact_verify in [false, true] {
-            let opts = MtpOptions { enabled: true, depth, adaptive: false, exact_verify };
+            let opts = MtpOptions { enabled: true, depth, adaptive: false, exact_verify, ..Default::default() };
             let (spec, stats) = greedy(&m, &prompt, 40, Some(opts));
             assert_eq!(spec, plain, "depth {depth}, exact_verify {exact_verify}");
             let s = stats.spec.expect("spec stats");
@@ -31,7 +31,7 @@ fn greedy_with_mtp_equals_greedy_without_in_f32() {
     // The adaptive controller parks drafting that does not pay (a random head's drafts almost never
     // do) and catches the head up when it probes again; the text stays the same.
     for depth in [2, 3] {
-        let opts = MtpOptions { enabled: true, depth, adaptive: true, exact_verify: false };
+        let opts = MtpOptions { enabled: true, depth, adaptive: true, exact_verify: false, ..Default::default() };
         let (spec, stats) = greedy(&m, &prompt, 120, Some(opts));
         let (plain, _) = greedy(&m, &prompt, 120, None);
         assert_eq!(spec, plain, "adaptive, depth {depth}");
@@ -146,7 +146,7 @@ fn oracle_drafts_are_accepted_as_asked_and_leave_the_output_plain() {
         let opts = GenerateOptions {
             max_tokens: 48,
             sampling: SamplingParams::greedy(),
-            mtp: MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false },
+            mtp: MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false, ..Default::default() },
             oracle: Some(Oracle { continuation: plain.clone(), acceptance, seed: 11 }),
             ..Default::default()
         };
@@ -272,5 +272,86 @@ fn a_chunked_catch_up_drafts_what_one_pass_drafts() {
     let whole = drafts(None);
     for n in [1, 5, 16] {
         assert_eq!(drafts(Some(n)), whole, "catch-up in chunks of {n}");
+    }
+}
+
+/// Decodes `n` tokens of `prompt` with an MTP decoder driven directly (so its cycles built ahead can
+/// be counted); `first` is the plain greedy token after the prompt. Tokens, statistics, and (cycles
+/// built ahead, kept).
+fn decode_counting_ahead(
+    m: &tandem::model::Qwen35,
+    prompt: &[u32],
+    first: u32,
+    n: usize,
+    opts: &MtpOptions,
+    oracle: Option<&tandem::generate::Oracle>,
+) -> (Vec<u32>, tandem::generate::Stats, (usize, usize)) {
+    use tandem::generate::mtp::drafter::Drafter;
+    use tandem::generate::mtp::MtpDecoder;
+    use tandem::generate::{prefill, Sampler, SamplingParams, Stats};
+    let mut cache = m.make_cache();
+    let hidden = prefill(m, prompt, &mut cache, 512).unwrap();
+    let drafter = Drafter::new(m, &hidden, prompt, first);
+    let mut d = MtpDecoder::new(m, opts, cache, drafter, first, &[]);
+    if let Some(o) = oracle {
+        d = d.with_oracle(o);
+    }
+    let (mut sampler, mut stats) = (Sampler::new(SamplingParams::greedy()).unwrap(), Stats::default());
+    let (mut history, mut out) = (prompt.to_vec(), vec![first]);
+    while out.len() < n {
+        let new = d.step(&mut sampler, &mut history, n - out.len(), &mut stats, true).unwrap();
+        out.extend(new);
+    }
+    (out, stats, d.cycles_ahead())
+}
+
+/// A cycle built while the one before it was verified (on the guess that all its drafts are kept)
+/// drafts and verifies exactly what the cycle built after the decision would: the tokens, and every
+/// cycle's drafts and acceptance, are those of decoding without it, in bf16 (the trained head's drafts,
+/// mixed acceptance) and f32, and with oracle drafts (all kept; about half kept).
+#[test]
+fn cycles_built_ahead_give_the_tokens_and_acceptance_of_cycles_built_after() {
+    use tandem::generate::{CycleAhead, Oracle};
+    let tok = tandem::chat::Tokenizer::from_dir(&tiny_model_dir()).unwrap();
+    let text = std::fs::read_to_string(repo().join("assets/probe/mtp-probe.txt")).unwrap();
+    let prompt: Vec<u32> = tok.encode(&text, false).unwrap().into_iter().take(48).collect();
+    let n = 64;
+    for dtype in [mlx::Dtype::BF16, mlx::Dtype::F32] {
+        let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(dtype), probe: false, ..Default::default() })
+            .unwrap();
+        let (plain, _) = greedy(&m, &prompt, n, None);
+        let distinct = plain.iter().collect::<std::collections::HashSet<_>>().len();
+        assert!(distinct > n / 4, "{dtype:?}: a continuation that varies tells a wrong guess: {plain:?}");
+        let oracles = [None, Some(1.0), Some(0.5)];
+        for (depth, acceptance) in [1, 2, 3].into_iter().flat_map(|d| oracles.map(move |o| (d, o))) {
+            let oracle = acceptance.map(|acceptance| Oracle { continuation: plain.clone(), acceptance, seed: 3 });
+            let run = |cycle_ahead| {
+                let opts = MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false, cycle_ahead };
+                decode_counting_ahead(&m, &prompt, plain[0], n, &opts, oracle.as_ref())
+            };
+            let what = format!("{dtype:?}, depth {depth}, oracle {acceptance:?}");
+            let (after, after_stats, none) = run(CycleAhead::Off);
+            let (ahead, ahead_stats, (built, kept)) = run(CycleAhead::Always);
+            assert_eq!(none, (0, 0), "{what}: built ahead while off");
+            assert_eq!(&after[..n], &plain[..], "{what}: cycles built after");
+            assert_eq!(&ahead[..n], &plain[..], "{what}: cycles built ahead");
+            let (a, b) = (after_stats.spec.expect("spec stats"), ahead_stats.spec.expect("spec stats"));
+            assert_eq!(
+                (a.cycles, a.drafted, &a.accepted_hist),
+                (b.cycles, b.drafted, &b.accepted_hist),
+                "{what}: the same cycles"
+            );
+            assert!(built > 0 && kept > 0, "{what}: {built} built ahead, {kept} kept");
+            // A cycle built ahead is kept exactly when the one before it kept every draft (and another of
+            // the same depth follows).
+            let all_kept = b.accepted_hist[depth];
+            assert!(kept <= all_kept && kept + 2 >= all_kept.min(built), "{what}: kept {kept}, all kept {all_kept}");
+            if acceptance == Some(1.0) {
+                assert_eq!(b.accepted, b.drafted, "{what}");
+                assert!(kept + 2 >= built, "{what}: every guess is right: {kept} of {built} kept");
+            } else if acceptance == Some(0.5) {
+                assert!(kept < built, "{what}: some guess is wrong: {kept} of {built} kept");
+            }
+        }
     }
 }

@@ -38,7 +38,7 @@ fn depth1(m: &Qwen35, body: &'static str, plain: &mut PlainByBody) -> Option<f64
     let plain = plain.entry(body).or_insert_with(|| ids.iter().map(|ids| greedy(m, ids, 64, None).0).collect());
     let (mut drafted, mut accepted) = (0usize, 0usize);
     for (ids, plain) in ids.iter().zip(plain.iter()) {
-        let opts = MtpOptions { enabled: true, depth: 1, adaptive: false, exact_verify: false };
+        let opts = MtpOptions { enabled: true, depth: 1, adaptive: false, exact_verify: false, ..Default::default() };
         let (spec, stats) = greedy(m, ids, 64, Some(opts));
         assert_eq!(&spec, plain, "MTP changed the greedy output (body: {body})");
         let s = stats.spec.expect("spec stats");

@@ -18,7 +18,7 @@ fn acceptance(dir: &std::path::Path) -> f64 {
     let opts = GenerateOptions {
         max_tokens: 96,
         sampling: SamplingParams::greedy(),
-        mtp: MtpOptions { enabled: true, depth: 1, adaptive: false, exact_verify: false },
+        mtp: MtpOptions { enabled: true, depth: 1, adaptive: false, exact_verify: false, ..Default::default() },
         ..Default::default()
     };
     let out = generate(&m, &PROMPT, &opts, &mut |_| Control::Continue).unwrap();

@@ -21,7 +21,7 @@ fn opts(mtp: bool) -> GenerateOptions {
     GenerateOptions {
         max_tokens: 24,
         sampling: SamplingParams::greedy(),
-        mtp: MtpOptions { enabled: mtp, depth: 3, adaptive: false, exact_verify: false },
+        mtp: MtpOptions { enabled: mtp, depth: 3, adaptive: false, exact_verify: false, ..Default::default() },
         ..Default::default()
     }
 }

@@ -29,7 +29,7 @@ fn opts(n: usize, mtp: bool) -> GenerateOptions {
     GenerateOptions {
         max_tokens: n,
         sampling: SamplingParams::greedy(),
-        mtp: MtpOptions { enabled: mtp, depth: 3, adaptive: false, exact_verify: false },
+        mtp: MtpOptions { enabled: mtp, depth: 3, adaptive: false, exact_verify: false, ..Default::default() },
         ..Default::default()
     }
 }

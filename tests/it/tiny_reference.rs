@@ -137,7 +137,7 @@ fn mtp_greedy_is_lossless_and_accepts_well() {
         let m = load(dtype);
         let (plain, _) = greedy(&m, &ids, 48, None);
         for depth in [1, 2, 3, 5] {
-            let mtp = MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false };
+            let mtp = MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false, ..Default::default() };
             let (spec, stats) = greedy(&m, &ids, 48, Some(mtp));
             let s = stats.spec.unwrap();
             if dtype == Some(Dtype::F32) {

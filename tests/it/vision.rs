@@ -409,8 +409,10 @@ fn greedy_with_an_image_is_the_same_with_and_without_mtp() {
         println!("{name}: {plain:?}");
         for depth in [1, 2, 3] {
             for exact_verify in [false, true] {
-                let (spec, stats) =
-                    run(&prompt, Some(MtpOptions { enabled: true, depth, adaptive: false, exact_verify }));
+                let (spec, stats) = run(
+                    &prompt,
+                    Some(MtpOptions { enabled: true, depth, adaptive: false, exact_verify, ..Default::default() }),
+                );
                 assert_eq!(spec, plain, "{name}: depth {depth}, exact_verify {exact_verify}");
                 let s = stats.spec.expect("spec stats");
                 assert!(s.cycles > 0 && s.drafted > 0, "{name}: depth {depth}: {s:?}");

@@ -201,7 +201,13 @@ fn options(a: &BenchArgs, depth: usize, adaptive: bool) -> GenerateOptions {
         max_tokens: a.gen_tokens,
         sampling: SamplingParams::greedy(),
         stop_ids: vec![], // always generate gen_tokens
-        mtp: MtpOptions { enabled: depth > 0, depth: depth.max(1), adaptive, exact_verify: false },
+        mtp: MtpOptions {
+            enabled: depth > 0,
+            depth: depth.max(1),
+            adaptive,
+            exact_verify: false,
+            ..MtpOptions::default()
+        },
         ..Default::default()
     }
 }
@@ -340,7 +346,13 @@ fn prefix_turns(a: &BenchArgs, l: &crate::model_arg::Loaded, turn1: &[u32]) -> R
         let opts = |n: usize| GenerateOptions {
             max_tokens: n,
             sampling: SamplingParams::greedy(),
-            mtp: MtpOptions { enabled: depth > 0, depth: depth.max(1), adaptive: false, exact_verify: false },
+            mtp: MtpOptions {
+                enabled: depth > 0,
+                depth: depth.max(1),
+                adaptive: false,
+                exact_verify: false,
+                ..MtpOptions::default()
+            },
             ..Default::default()
         };
         let generate_in = |cache: &mut PrefixCache, prompt: &Prompt, n: usize| -> Result<tandem::generate::Output> {

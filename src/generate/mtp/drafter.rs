@@ -15,11 +15,15 @@ use crate::generate::error::Result;
 use crate::model::layers::queries_per_varying_pass;
 use crate::model::Qwen35;
 
+#[derive(Clone)]
 pub struct Drafter {
     cache: KvCache,
     /// Hidden states `[1, T, D]` and the tokens that follow them, not yet run through the head.
     pending_hidden: Vec<Array>,
     pending_tokens: Vec<u32>,
+    /// Tokens still on the device (`[1, T]`) that follow `pending_tokens`: a cycle built ahead pairs
+    /// its hidden states with drafts and a guess not read yet ([`Drafter::queue_lazy`]).
+    pending_lazy: Option<Array>,
     /// Time the latest draft spent catching the head up on positions decoded while parked: a
     /// one-off cost of having parked, kept out of the controller's judgement of drafting.
     catch_up_ms: f64,
@@ -50,6 +54,7 @@ impl Drafter {
             cache,
             pending_hidden: Vec::new(),
             pending_tokens: Vec::new(),
+            pending_lazy: None,
             catch_up_ms: 0.0,
             chunk: queries_per_varying_pass().unwrap_or(usize::MAX),
         }
@@ -92,6 +97,18 @@ impl Drafter {
         self.pending_tokens.extend_from_slice(tokens);
     }
 
+    /// Queues pairs whose tokens are still on the device (`ids` `[1, T]`, T the hidden states' total),
+    /// after every pair queued so far; nothing may be queued after them until they are flushed.
+    pub fn queue_lazy(&mut self, hidden: impl IntoIterator<Item = Array>, ids: Array) {
+        self.pending_hidden.extend(hidden);
+        self.pending_lazy = Some(ids);
+    }
+
+    /// Pairs waiting to run through the head.
+    fn pending(&self) -> usize {
+        self.pending_tokens.len() + self.pending_lazy.as_ref().map_or(0, |ids| ids.dim(1).max(0) as usize)
+    }
+
     pub fn catch_up_ms(&self) -> f64 {
         self.catch_up_ms
     }
@@ -104,6 +121,7 @@ impl Drafter {
             // A split model's rank without the head: rank 0 drafts for it.
             self.pending_hidden.clear();
             self.pending_tokens.clear();
+            self.pending_lazy = None;
             self.catch_up_ms = 0.0;
             return Ok(model.share_drafts(&Array::zeros(&[k as i32], mlx::Dtype::U32)?)?);
         }
@@ -184,7 +202,7 @@ impl Drafter {
 
     /// Whether more pairs wait than a cycle of the configured `depth` leaves (the head catches up).
     fn catching_up(&self, depth: usize) -> bool {
-        self.pending_tokens.len() > depth + 1
+        self.pending() > depth + 1
     }
 
     /// Runs the pending pairs through the head; returns its normed output at the last pair. After a
@@ -194,9 +212,23 @@ impl Drafter {
         let chunk = self.chunk;
         let hidden = concatenate(&self.pending_hidden.iter().collect::<Vec<_>>(), 1)?;
         let ids: Vec<i32> = self.pending_tokens.iter().map(|&t| t as i32).collect();
-        debug_assert_eq!(hidden.dim(1) as usize, ids.len());
         self.pending_hidden.clear();
         self.pending_tokens.clear();
+        if let Some(lazy) = self.pending_lazy.take() {
+            // A cycle built ahead: its few pairs run in one pass, the tokens read on the device.
+            let x = match ids.is_empty() {
+                true => lazy,
+                false => concatenate(
+                    &[&Array::from_slice(&ids, &[1, ids.len() as i32])?, &lazy.as_dtype(mlx::Dtype::I32)?],
+                    1,
+                )?,
+            };
+            debug_assert_eq!(hidden.dim(1), x.dim(1));
+            let out = model.mtp_forward(&hidden, &x, &mut self.cache)?;
+            let t = out.dim(1);
+            return Ok(out.slice_axis(1, t - 1, t)?);
+        }
+        debug_assert_eq!(hidden.dim(1) as usize, ids.len());
         if !model.drafts_here() {
             // No head here (a split model's rank but 0): nothing to run; the pairs are rank 0's to keep.
             let t = hidden.dim(1);

@@ -7,6 +7,7 @@
 //! sampled one.
 
 pub mod acceptance;
+pub mod ahead;
 pub mod controller;
 pub mod drafter;
 pub mod oracle;
@@ -17,6 +18,7 @@ use mlx::{Array, Dtype};
 
 use self::acceptance::accept_drawn;
 pub(crate) use self::acceptance::draw_ahead;
+use self::ahead::AheadChoice;
 use self::controller::Controller;
 use self::drafter::Drafter;
 use self::oracle::{Oracle, OracleDrafts};
@@ -25,7 +27,7 @@ use super::options::MtpOptions;
 use super::sampler::Sampler;
 use super::stats::{SpecStats, Stats};
 use super::step::{step, Pipeline};
-use crate::cache::{LayerCache, Snapshot, Verify};
+use crate::cache::{LayerCache, Open, Snapshot, Verify};
 use crate::model::{launch, Qwen35};
 
 pub struct MtpDecoder<'m> {
@@ -47,6 +49,36 @@ pub struct MtpDecoder<'m> {
     returned: Option<Instant>,
     /// Tokens that end the generation: acceptance stops at a draft of one.
     stop_ids: Vec<u32>,
+    /// The next cycle, built and started while this one's verify ran ([`Ahead`]).
+    ahead: Option<Ahead>,
+    /// Whether cycles are built ahead, and how many were built and kept.
+    choice: AheadChoice,
+    ahead_counts: (usize, usize),
+}
+
+/// A cycle built before the one before it was decided, on the guess that every draft of that one is
+/// kept (the guess's bonus token included: the verify's own greedy target, still on the device). It
+/// has its own copy of the caches and of the drafter, so dropping it (the guess was wrong, the depth
+/// changed, a batch took the sequence) leaves the decoder exactly as if it had never been built; kept,
+/// it replaces them, and its verify is already running. The same operations run on the same values
+/// as when the cycle is built after the decision: the tokens are the same bits (tests).
+struct Ahead {
+    k: usize,
+    cache: Vec<LayerCache>,
+    drafter: Drafter,
+    drafted: Drafted,
+    built: Built,
+}
+
+/// A verify forward built and started, not read yet.
+struct Built {
+    /// Post-norm hidden states `[1, k + 1, D]`.
+    hidden: Array,
+    /// `[k + 1, V]`, f32.
+    logits: Array,
+    /// The targets drawn ahead ([`draw_ahead`]), where the sampler allows it.
+    drawn: Option<Array>,
+    open: Open,
 }
 
 /// A cycle's drafts `[k]` (`u32`, on the device): those sent to verify, and the head's own (the same
@@ -92,6 +124,9 @@ impl<'m> MtpDecoder<'m> {
             steps: Pipeline::default(),
             returned: None,
             stop_ids: stop_ids.to_vec(),
+            ahead: None,
+            choice: AheadChoice::new(opts.cycle_ahead),
+            ahead_counts: (0, 0),
         }
     }
 
@@ -135,22 +170,84 @@ impl<'m> MtpDecoder<'m> {
     ) -> Result<Vec<u32>> {
         let t0 = Instant::now();
         let since = self.returned.unwrap_or(t0);
+        let ahead = self.ahead.take();
         let Some(k) = self.cycle_depth(remaining) else {
             let next_is_plain = self.ctl.parked_after_this_step() || remaining <= 2;
             let ahead = run_ahead && remaining > 1 && next_is_plain;
             let (hidden, next) = self.steps.step(self.model, &mut self.cache, sampler, history, self.last, ahead)?;
             return Ok(self.after_plain(hidden, next, since, stats));
         };
-        let drafted = self.draft(k)?;
-        launch::start(&[&drafted.drafts, &drafted.head])?;
-        let t1 = Instant::now();
+        let (drafted, built, t1) = match ahead.filter(|a| a.k == k) {
+            Some(a) => {
+                self.ahead_counts.1 += 1;
+                (self.cache, self.drafter) = (a.cache, a.drafter);
+                (a.drafted, Some(a.built), t0)
+            }
+            None => {
+                let drafted = self.draft(k)?;
+                launch::start(&[&drafted.drafts, &drafted.head])?;
+                (drafted, None, Instant::now())
+            }
+        };
         let v = if self.opts.exact_verify {
             mlx::device::eval(&[&drafted.drafts, &drafted.head])?;
             self.verify_exact(sampler, history, &drafted.drafts.to_vec::<u32>()?)?
         } else {
-            self.verify(sampler, history, &drafted)?
+            let built = match built {
+                Some(b) => b,
+                None => self.build_verify(sampler, &drafted)?,
+            };
+            if self.builds_ahead(sampler, k, remaining) {
+                self.ahead = Some(self.build_ahead(sampler, k, &drafted, &built)?);
+                self.ahead_counts.0 += 1;
+            }
+            let v = self.verify(sampler, history, &drafted, built)?;
+            if v.accepted < k {
+                self.ahead = None; // built on a guess that was wrong
+            }
+            v
         };
         Ok(self.after_cycle(k, v, [since, t0, t1], stats))
+    }
+
+    /// Whether to build the next cycle while this one's verify runs: asked for, the verify's last
+    /// target is drawn on the device with nothing to read first (greedy, no penalties, grammar or
+    /// log-probabilities), drafts are made here, and a cycle of the same depth is likely to follow.
+    fn builds_ahead(&self, sampler: &Sampler, k: usize, remaining: usize) -> bool {
+        self.choice.ahead()
+            && sampler.params.is_greedy()
+            && !sampler.params.uses_history()
+            && !sampler.is_constrained()
+            && !sampler.records_logprobs()
+            && self.model.drafts_here()
+            && !self.model.splits_drafting()
+            && remaining > 2 * (k + 1)
+            && !self.ctl.parked()
+    }
+
+    /// The next cycle of depth `k`, built on the guess that this one (`drafted`, `built`) keeps every
+    /// draft: its drafts from the head fed this verify's hidden states, its verify on a copy of the
+    /// caches with the whole pass kept; both started.
+    fn build_ahead(&self, sampler: &Sampler, k: usize, drafted: &Drafted, built: &Built) -> Result<Ahead> {
+        let guess = match &built.drawn {
+            Some(t) => t.slice_axis(0, k as i32, k as i32 + 1)?.as_dtype(Dtype::U32)?, // [1]
+            None => return Err(mlx::Error::Invalid("a cycle built ahead needs its targets drawn ahead".into()).into()),
+        };
+        let mut drafter = self.drafter.clone();
+        let ids = mlx::concatenate(&[&drafted.drafts.as_dtype(Dtype::U32)?, &guess], 0)?.reshape(&[1, k as i32 + 1])?;
+        drafter.queue_lazy([built.hidden.clone()], ids);
+        let head = drafter.draft(self.model, k, self.opts.depth)?;
+        let next = self.drafted_at(head, k, self.emitted + k + 1)?;
+        launch::start(&[&next.drafts, &next.head])?;
+        let mut cache = built.open.all_kept(&self.cache)?;
+        let built = build_verify(self.model, sampler, &mut cache, &guess, &next)?;
+        Ok(Ahead { k, cache, drafter, drafted: next, built })
+    }
+
+    /// This cycle's verify forward over `last` and the drafts, built and started on the caches.
+    fn build_verify(&mut self, sampler: &Sampler, d: &Drafted) -> Result<Built> {
+        let last = Array::from_slice(&[self.last], &[1])?;
+        build_verify(self.model, sampler, &mut self.cache, &last, d)
     }
 
     /// The depth of the cycle to run now, or None for a plain step (parked, no room, or a plain
@@ -186,7 +283,9 @@ impl<'m> MtpDecoder<'m> {
         self.last
     }
 
+    /// The caches, for a batched forward: a cycle built ahead alone no longer applies.
     pub(crate) fn cache_mut(&mut self) -> &mut [LayerCache] {
+        self.ahead = None;
         &mut self.cache
     }
 
@@ -218,9 +317,14 @@ impl<'m> MtpDecoder<'m> {
 
     /// The drafts sent to verify for the head's `head` `[k]`: its own, or its oracle's, drawn at this
     /// sequence's own count of emitted tokens.
-    fn drafted(&mut self, head: Array, k: usize) -> Result<Drafted> {
-        let drafts = match self.oracle.as_mut() {
-            Some(oracle) => Array::from_slice(&oracle.drafts(self.emitted, k), &[k as i32])?,
+    fn drafted(&self, head: Array, k: usize) -> Result<Drafted> {
+        self.drafted_at(head, k, self.emitted)
+    }
+
+    /// [`MtpDecoder::drafted`] after `emitted` tokens.
+    fn drafted_at(&self, head: Array, k: usize, emitted: usize) -> Result<Drafted> {
+        let drafts = match self.oracle.as_ref() {
+            Some(oracle) => Array::from_slice(&oracle.drafts(emitted, k), &[k as i32])?,
             None => head.clone(),
         };
         Ok(Drafted { drafts, head })
@@ -257,11 +361,19 @@ impl<'m> MtpDecoder<'m> {
         spec.ms.rollback += v.ms[2];
         self.emitted += a + 1;
         self.ctl.after_spec(cycle_ms - self.drafter.catch_up_ms(), k, a);
+        self.choice.after_cycle(cycle_ms - self.drafter.catch_up_ms(), a + 1);
         out
+    }
+
+    /// Cycles built ahead so far, and how many of them were kept (their guess was right).
+    pub fn cycles_ahead(&self) -> (usize, usize) {
+        self.ahead_counts
     }
 
     /// Fills in the final statistics.
     pub fn finish(&self, stats: &mut Stats) {
+        let (built, kept) = self.ahead_counts;
+        tracing::debug!(built, kept, judged = ?self.choice.last, "mtp: cycles built ahead");
         if let Some(spec) = stats.spec.as_mut() {
             if self.ctl.parked() && spec.cycles == 0 {
                 spec.fallback = self.ctl.reason.clone();
@@ -269,19 +381,12 @@ impl<'m> MtpDecoder<'m> {
         }
     }
 
-    /// Verifies `last` and the drafts `[k]` (on the device) in one forward, then keeps the
+    /// Reads the verify `built` over `last` and the drafts `[k]` (on the device), then keeps the
     /// accepted prefix. The head's own drafts are computed with it even when the oracle replaced
     /// them.
-    fn verify(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, d: &Drafted) -> Result<Verified> {
+    fn verify(&mut self, sampler: &mut Sampler, history: &mut Vec<u32>, d: &Drafted, built: Built) -> Result<Verified> {
         let t1 = Instant::now();
-        let k = d.drafts.dim(0) as usize;
-        let input = verify_input(self.last, &d.drafts)?;
-        let mut verify = Verify::begin(&mut self.cache, k + 1);
-        // The drafts are already running; the verify's layers start as they are built.
-        let model = self.model;
-        let hidden = launch::early(|| model.forward(&input, verify.cache()))?;
-        let logits = self.model.logits(&hidden)?.squeeze(&[0])?.as_dtype(Dtype::F32)?; // [k+1, V]
-        let drawn = draw_ahead(sampler, &logits)?;
+        let Built { hidden, logits, drawn, open } = built;
         let mut wait = vec![&logits, &d.drafts, &d.head];
         wait.extend(drawn.as_ref());
         mlx::device::eval(&wait)?;
@@ -289,7 +394,7 @@ impl<'m> MtpDecoder<'m> {
         let (drafts, accepted, next) =
             decide(sampler, history, self.last, &logits, &d.drafts, &self.stop_ids, drawn.as_ref())?;
         let t3 = Instant::now();
-        verify.commit(accepted + 1)?;
+        open.resume(&mut self.cache).commit(accepted + 1)?;
         let hidden = vec![hidden.slice_axis(1, 0, accepted as i32 + 1)?];
         let t4 = Instant::now();
         Ok(Verified { drafts, accepted, next, hidden, ms: [ms(t1, t2), ms(t2, t3), ms(t3, t4)] })
@@ -320,11 +425,37 @@ impl<'m> MtpDecoder<'m> {
 pub(crate) fn draft_batch(decoders: &mut [&mut MtpDecoder<'_>], k: usize) -> Result<Vec<Drafted>> {
     let Some(model) = decoders.first().map(|d| d.model) else { return Ok(Vec::new()) };
     let depths: Vec<usize> = decoders.iter().map(|d| d.opts.depth).collect();
+    for d in decoders.iter_mut() {
+        d.ahead = None; // a cycle built alone does not apply to a batch's
+    }
     let heads = {
         let mut drafters: Vec<&mut Drafter> = decoders.iter_mut().map(|d| &mut d.drafter).collect();
         Drafter::draft_batch(model, &mut drafters, k, &depths)?
     };
     decoders.iter_mut().zip(heads).map(|(d, head)| d.drafted(head, k)).collect()
+}
+
+/// Builds and starts a verify forward over `last` (`[1]`, on the device or not) and the drafts on
+/// `cache`, its layers launched as they are built; the pass stays open ([`Built::open`]).
+fn build_verify(
+    model: &Qwen35,
+    sampler: &Sampler,
+    cache: &mut [LayerCache],
+    last: &Array,
+    d: &Drafted,
+) -> Result<Built> {
+    let k = d.drafts.dim(0);
+    let input =
+        mlx::concatenate(&[&last.as_dtype(Dtype::U32)?, &d.drafts.as_dtype(Dtype::U32)?], 0)?.reshape(&[1, k + 1])?;
+    let mut verify = Verify::begin(cache, k as usize + 1);
+    // The drafts are already running; the verify's layers start as they are built.
+    let hidden = launch::early(|| model.forward(&input, verify.cache()))?;
+    let logits = model.logits(&hidden)?.squeeze(&[0])?.as_dtype(Dtype::F32)?; // [k+1, V]
+    let drawn = draw_ahead(sampler, &logits)?;
+    let mut start = vec![&logits];
+    start.extend(drawn.as_ref());
+    launch::start(&start)?;
+    Ok(Built { hidden, logits, drawn, open: verify.suspend() })
 }
 
 /// A verify's input `[1, k + 1]`: `last`, then the drafts `[k]`.

@@ -17,32 +17,31 @@ pub struct Oracle {
 pub(super) struct OracleDrafts {
     oracle: Oracle,
     vocab: u32,
-    state: u64,
 }
 
 impl OracleDrafts {
     pub fn new(oracle: &Oracle, vocab: u32) -> OracleDrafts {
-        OracleDrafts { oracle: oracle.clone(), vocab: vocab.max(2), state: oracle.seed }
+        OracleDrafts { oracle: oracle.clone(), vocab: vocab.max(2) }
     }
 
     /// The `k` drafts after `emitted` tokens: draft j stands for `continuation[emitted + j]`. Past the
-    /// continuation's end there is no right token to give: token 0 stands in.
-    pub fn drafts(&mut self, emitted: usize, k: usize) -> Vec<u32> {
-        let mut out = Vec::with_capacity(k);
-        for j in 0..k {
-            out.push(match self.oracle.continuation.get(emitted + j).copied() {
-                Some(right) if self.uniform() < self.oracle.acceptance => right,
+    /// continuation's end there is no right token to give: token 0 stands in. Each position's draw
+    /// depends on the seed and the position alone, so a cycle built ahead and thrown away changes
+    /// no later draw.
+    pub fn drafts(&self, emitted: usize, k: usize) -> Vec<u32> {
+        (emitted..emitted + k)
+            .map(|at| match self.oracle.continuation.get(at).copied() {
+                Some(right) if self.uniform(at) < self.oracle.acceptance => right,
                 Some(right) => (right + 1) % self.vocab,
                 None => 0,
-            });
-        }
-        out
+            })
+            .collect()
     }
 
-    /// A uniform draw in [0, 1) (splitmix64: a fixed, seedable stream, no dependency for one bench).
-    fn uniform(&mut self) -> f64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
+    /// A uniform draw in [0, 1) for position `at` (splitmix64's mix of the seed's stream at that
+    /// index: fixed and seedable, no dependency for one bench).
+    fn uniform(&self, at: usize) -> f64 {
+        let mut z = self.oracle.seed.wrapping_add((at as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^= z >> 31;
@@ -59,7 +58,7 @@ mod tests {
         let continuation: Vec<u32> = (0..20_000).map(|i| (i * 7 % 100) as u32).collect();
         for p in [0.0, 0.3, 0.8, 1.0] {
             let oracle = Oracle { continuation: continuation.clone(), acceptance: p, seed: 9 };
-            let mut o = OracleDrafts::new(&oracle, 100);
+            let o = OracleDrafts::new(&oracle, 100);
             let (mut right, mut n) = (0, 0);
             for emitted in (0..continuation.len() - 4).step_by(4) {
                 for (j, d) in o.drafts(emitted, 4).into_iter().enumerate() {
@@ -71,6 +70,14 @@ mod tests {
             // 20,000 draws: the standard error is at most 0.0036; 0.02 is over five of them.
             assert!((rate - p).abs() < 0.02, "p {p}: {rate}");
         }
+        // A position's draw is its own: the same whatever was drawn before (a cycle built ahead and
+        // thrown away changes nothing), and a cycle's drafts are its positions' single draws.
+        let oracle = Oracle { continuation: continuation.clone(), acceptance: 0.5, seed: 4 };
+        let (a, b) = (OracleDrafts::new(&oracle, 100), OracleDrafts::new(&oracle, 100));
+        let first = a.drafts(100, 6);
+        b.drafts(90, 40);
+        assert_eq!(b.drafts(100, 6), first);
+        assert_eq!([a.drafts(100, 2), a.drafts(102, 4)].concat(), first);
         // Past the end there is nothing right to give.
         let oracle = Oracle { continuation: vec![5, 6], acceptance: 1.0, seed: 1 };
         assert_eq!(OracleDrafts::new(&oracle, 10).drafts(1, 3), vec![6, 0, 0]);

@@ -209,7 +209,7 @@ pub fn tiny_mtp_matches_plain(dtype: mlx::Dtype, check: bool) -> tandem::model::
     };
     let plain = run(MtpOptions { enabled: false, ..Default::default() }).tokens;
     for depth in 1..=3 {
-        let out = run(MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false });
+        let out = run(MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false, ..Default::default() });
         let s = out.stats.spec.expect("spec stats");
         println!("tandem-tiny {dtype:?} depth {depth}: {} cycles, acceptance {:.2}", s.cycles, s.acceptance);
         if check {

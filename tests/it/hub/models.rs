@@ -228,7 +228,13 @@ async fn a_headless_conversion_gets_its_head_grafted_through_the_api() {
     assert!(got > 0.5 && (got - raw).abs() < 0.1, "grafted {got:.3} vs raw {raw:.3}");
     let m = model::load(&grafted, &LoadOptions { probe: false, ..Default::default() }).unwrap();
     let prompt = [1u32, 1113, 207, 63, 80, 275, 335, 268];
-    let depth1 = tandem::generate::MtpOptions { enabled: true, depth: 1, adaptive: false, exact_verify: false };
+    let depth1 = tandem::generate::MtpOptions {
+        enabled: true,
+        depth: 1,
+        adaptive: false,
+        exact_verify: false,
+        ..Default::default()
+    };
     let ((mtp, stats), (plain, _)) =
         (crate::common::greedy(&m, &prompt, 32, Some(depth1)), crate::common::greedy(&m, &prompt, 32, None));
     assert_eq!(mtp, plain, "MTP changed the greedy output");
