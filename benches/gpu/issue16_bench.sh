@@ -34,6 +34,9 @@
 #            Tandem plain and at depth 3 oracle 0.8, then mlx-lm, under each setting in KNOBS
 #   qmm      the quantized matmul kernel's device time per launch shape (R, KS, U) on the slice's fused
 #            projections, 4 and 8 bits, M = 1, 4, 8, 32, by Nsight Compute (benches/gpu/qmm_device.py; VARIANTS)
+#   ahead    the next MTP cycle built while a verify runs (TANDEM_CYCLE_AHEAD=off | always | judged, the
+#            default), FORMATS (default q4 bf16): oracle acceptance 0.8 at depths 1 and 3 and plain decoding under
+#            each, oracle 0.0 at depth 3 adaptive (judged), then mlx-lm on the same files
 #   prefix   issue 21: the 4-bit slice, a 32,000-token turn 1 and a 64-token reply: turn 2's time to first
 #            token cold and restored from the SSD tier (`--prefix-cache --prefix-disk`, a fresh memory tier over
 #            turn 1's files), and the bytes each turn wrote
@@ -151,6 +154,21 @@ for phase in $PHASES; do
       fi
     done
     ARGS="--prompt-tokens 512 --gen-tokens 512"
+    ;;
+  ahead)
+    env_setup
+    for f in ${FORMATS:-q4 bf16}; do
+      case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+      for mode in off always judged; do
+        ENVS="TANDEM_CYCLE_AHEAD=$mode RUST_LOG=tandem::generate::mtp=debug" \
+          bench s27-$f-ahead-$mode --depths 0,1,3 --oracle-acceptance 0.8
+        # Cycles built ahead and kept, per run (warm-ups included), and what the judge measured.
+        grep -a "built ahead" "$OUT/s27-$f-ahead-$mode.err" | sed 's/\x1b\[[0-9;]*m//g; s/.*mtp: //' \
+          | sed "s|^|$f $mode |" | tee -a "$S"
+      done
+      ENVS= bench s27-$f-ahead-oracle00 --depths 0,3 --oracle-acceptance 0.0 --adaptive
+      mlx_lm s27-$f-mlx-lm
+    done
     ;;
   dense)
     env_setup
