@@ -37,6 +37,9 @@
 #   ahead    the next MTP cycle built while a verify runs (TANDEM_CYCLE_AHEAD=off | always | judged, the
 #            default), FORMATS (default q4 bf16): oracle acceptance 0.8 at depths 1 and 3 and plain decoding under
 #            each, oracle 0.0 at depth 3 adaptive (judged), then mlx-lm on the same files
+#   judge    the cycles of one 4-bit run at depth 1, oracle 0.8, 256 generated, built ahead always and judged
+#            (per-cycle trace lines in the .err files: what the judge's trials measured against the whole run)
+#   vs       plain decoding against mlx-lm, one round per format in FORMATS (default q8 bf16)
 #   prefix   issue 21: the 4-bit slice, a 32,000-token turn 1 and a 64-token reply: turn 2's time to first
 #            token cold and restored from the SSD tier (`--prefix-cache --prefix-disk`, a fresh memory tier over
 #            turn 1's files), and the bytes each turn wrote
@@ -168,6 +171,24 @@ for phase in $PHASES; do
       done
       ENVS= bench s27-$f-ahead-oracle00 --depths 0,3 --oracle-acceptance 0.0 --adaptive
       mlx_lm s27-$f-mlx-lm
+    done
+    ;;
+  judge)
+    env_setup
+    MODEL=$M-4bit
+    ARGS="--prompt-tokens 512 --gen-tokens 256"
+    for mode in always judged; do
+      ENVS="TANDEM_CYCLE_AHEAD=$mode RUST_LOG=tandem::generate::mtp=trace" \
+        bench s27-q4-judge-$mode --depths 1 --oracle-acceptance 0.8
+    done
+    ARGS="--prompt-tokens 512 --gen-tokens 512"
+    ;;
+  vs)
+    env_setup
+    for f in ${FORMATS:-q8 bf16}; do
+      case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+      ENVS= bench s27-$f-vs-plain --depths 0
+      mlx_lm s27-$f-vs-mlx-lm
     done
     ;;
   dense)
