@@ -26,9 +26,9 @@ pub struct MtpOptions {
     pub cycle_ahead: CycleAhead,
 }
 
-/// Building the next MTP cycle while a verify runs (docs/MODEL.md §4.9): it pays where the device
-/// idles while the host builds a graph (a GPU), and costs where the device is the bottleneck (a CPU)
-/// or drafts are often rejected, so by default it is measured both ways and the faster kept.
+/// Building the next MTP cycle while a verify runs (docs/MODEL.md §4.9): it can pay where the device
+/// idles while the host builds a graph, and costs where the device is the bottleneck (a CPU) or drafts
+/// are often rejected. Off by default: on the machines measured so far it lost (docs/PERF.md, session 19).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CycleAhead {
@@ -39,12 +39,12 @@ pub enum CycleAhead {
 }
 
 impl CycleAhead {
-    /// `TANDEM_CYCLE_AHEAD` = `off` | `always` | `judged` (benchmarks' A/B); judged when unset.
+    /// `TANDEM_CYCLE_AHEAD` = `judged` | `always` | `off` (benchmarks' A/B); off when unset.
     pub fn from_env() -> CycleAhead {
         match std::env::var("TANDEM_CYCLE_AHEAD").as_deref() {
-            Ok("off") => CycleAhead::Off,
+            Ok("judged") => CycleAhead::Judged,
             Ok("always") => CycleAhead::Always,
-            _ => CycleAhead::Judged,
+            _ => CycleAhead::Off,
         }
     }
 }
