@@ -47,16 +47,19 @@
 # same warm machine (the working tree is ~30 MB, so the MLX wheel travels in 25 MiB parts, `split -b 25M`, one
 # a call: `gen` carries partaa and tandem.xz, a bare copy call partab and the two wheels, `setup ...` partac;
 # .devcarry/it.xz, for `rust`, whenever it fits). On the device, phases must follow within the machine's 30 s
-# warm time, or /tmp (the slice, the conversions, MLX) is gone. Results: $OUT (JSON files tarred at the end, a summary in $OUT/summary.txt).
+# warm time, or /tmp (the slice, the conversions, MLX) is gone. Results: $OUT gets two files, summary.txt
+# (appended as each run ends) and raw.tgz (the JSON, logs and traces under /tmp/raw, re-tarred after every phase,
+# so a call cut off at its limit still returns what its finished phases wrote; the device returns few files).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
+DEST=${OUT:-/tmp/out}
+OUT=/tmp/raw
 PHASES=${*:-gen setup kernels rust convert q4 q8 bf16}
-mkdir -p /tmp/site /tmp/keep "$OUT" target/release
+mkdir -p /tmp/site /tmp/keep "$OUT" "$DEST" target/release
 cp -n .devcarry/* /tmp/keep/ 2>/dev/null || true
 M=/tmp/s27
 ARGS="--prompt-tokens 512 --gen-tokens 512"
 B=/tmp/keep/tandem
-S="$OUT/summary.txt"
+S="$DEST/summary.txt"
 env_setup() {
   export PYTHONPATH=/tmp/site MLX_PTX_CACHE_DIR=/tmp/ptx
   NV=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))')/nvidia
@@ -318,5 +321,5 @@ PY
     done
     ;;
   esac
+  tar czf "$DEST/raw.tgz" -C "$OUT" . 2>/dev/null || true
 done
-(cd "$OUT" && ls *.json >/dev/null 2>&1 && tar czf bench-$(echo $PHASES | tr ' ' '-').tgz *.json *.err && rm -f *.json *.err) || true

@@ -73,8 +73,9 @@ impl Attention {
     }
 
     /// Attention over `x` `[B, T, D]` for B sequences, each with its own cache (`caches[i]` is row
-    /// i's): the projections run once over all rows; RoPE positions, the cache write and the
-    /// attention itself are each sequence's own (their lengths differ).
+    /// i's): the projections run once over all rows, and text RoPE too (each row at its own
+    /// position); the cache write and the attention itself are each sequence's own (their lengths
+    /// differ).
     pub(super) fn forward(&self, x: &Array, caches: &mut [&mut KvCache], rope: Option<&MRope>) -> Result<Array> {
         let (b, t) = (x.dim(0), x.dim(1));
         if caches.len() != b as usize {
@@ -91,15 +92,31 @@ impl Attention {
         let k = self.k_norm.forward(&k.reshape(&[b, t, self.hkv, self.hd])?)?.swapaxes(1, 2)?;
         let v = v.reshape(&[b, t, self.hkv, self.hd])?.swapaxes(1, 2)?;
         let o = if let [cache] = caches {
-            self.attend(&q, &k, &v, cache, rope)?
+            let (q, k) = self.rotate(&q, &k, cache, rope)?;
+            self.attend(&q, &k, &v, cache)?
         } else {
+            // Text positions: one RoPE per tensor for the whole batch, each row at its own position.
+            let (q, k) = match rope {
+                None => {
+                    let pos: Vec<i32> = caches.iter().map(|c| c.offset + c.rope_delta).collect();
+                    let pos = Array::from_slice(&pos, &[b])?;
+                    let at = |x: &Array| fast::rope_dynamic(x, self.rope_dims, false, self.rope_theta, 1.0, &pos);
+                    (at(&q)?, at(&k)?)
+                }
+                Some(_) => (q, k),
+            };
             let row = |a: &Array, i: i32| a.slice_axis(0, i, i + 1);
             let rows = caches
                 .iter_mut()
                 .enumerate()
                 .map(|(i, cache)| {
                     let i = i as i32;
-                    self.attend(&row(&q, i)?, &row(&k, i)?, &row(&v, i)?, cache, rope)
+                    let (q, k) = (row(&q, i)?, row(&k, i)?);
+                    let (q, k) = match rope {
+                        Some(_) => self.rotate(&q, &k, cache, rope)?,
+                        None => (q, k),
+                    };
+                    self.attend(&q, &k, &row(&v, i)?, cache)
                 })
                 .collect::<Result<Vec<_>>>()?;
             mlx::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?
@@ -109,9 +126,9 @@ impl Attention {
         self.o_proj.forward(&o)
     }
 
-    /// One sequence's part: RoPE at its positions, its cache extended, attention over its keys.
-    fn attend(&self, q: &Array, k: &Array, v: &Array, cache: &mut KvCache, rope: Option<&MRope>) -> Result<Array> {
-        let (q, k) = match rope {
+    /// One sequence's queries and keys at its positions: RoPE, or explicit M-RoPE after images.
+    fn rotate(&self, q: &Array, k: &Array, cache: &KvCache, rope: Option<&MRope>) -> Result<(Array, Array)> {
+        Ok(match rope {
             Some(r) => (r.apply(q)?, r.apply(k)?),
             None => {
                 // After images, text positions run `rope_delta` behind (or ahead of) the token count.
@@ -121,16 +138,20 @@ impl Attention {
                     fast::rope(k, self.rope_dims, false, self.rope_theta, 1.0, pos)?,
                 )
             }
-        };
-        let (keys, values) = cache.update(&k, v)?;
+        })
+    }
+
+    /// One sequence's part after RoPE: its cache extended, attention over its keys.
+    fn attend(&self, q: &Array, k: &Array, v: &Array, cache: &mut KvCache) -> Result<Array> {
+        let (keys, values) = cache.update(k, v)?;
         let scale = 1.0 / (self.hd as f32).sqrt();
         // On CUDA a kernel reads the cache's buffers where they lie (kernels::attention); the valid
         // slices above then stay unevaluated.
         match cache.state() {
-            Some((kb, vb)) if attention::selected(&q, kb, vb, cache.offset) => {
-                attention::cuda(&q, kb, vb, cache.offset, scale)
+            Some((kb, vb)) if attention::selected(q, kb, vb, cache.offset) => {
+                attention::cuda(q, kb, vb, cache.offset, scale)
             }
-            _ => causal_attention(&q, &keys, &values, scale),
+            _ => causal_attention(q, &keys, &values, scale),
         }
     }
 }
