@@ -593,3 +593,35 @@ fn a_forward_launched_as_it_is_built_gives_the_lazy_forwards_bits() {
     .unwrap();
     assert_eq!(h_early.to_f32_vec().unwrap(), h_lazy.to_f32_vec().unwrap());
 }
+
+/// The batched attention rotates all rows with one RoPE and an offset per row (`fast::rope_dynamic`);
+/// a sequence alone takes `fast::rope` at its integer offset. Bit for bit the same, or a batched
+/// sequence's keys would differ from its keys alone (on the CPU in CI; on CUDA through the GPU bench's
+/// `rust` phase).
+#[test]
+fn a_batchs_rope_with_an_offset_per_row_rotates_each_row_as_rope_alone() {
+    let offsets = [0i32, 17, 300, 4095];
+    let (b, h, d, dims) = (offsets.len() as i32, 3, 64, 16);
+    for dtype in [mlx::Dtype::F32, mlx::Dtype::BF16] {
+        for t in [1, 4] {
+            let x = mlx::random::normal(&[b, h, t, d], dtype, &mlx::random::key(7).unwrap()).unwrap();
+            let pos = Array::from_slice(&offsets, &[b]).unwrap();
+            let batched = mlx::fast::rope_dynamic(&x, dims, false, 1e7, 1.0, &pos).unwrap();
+            for (i, &offset) in offsets.iter().enumerate() {
+                let i = i as i32;
+                let alone =
+                    mlx::fast::rope(&x.slice_axis(0, i, i + 1).unwrap(), dims, false, 1e7, 1.0, offset).unwrap();
+                let row = batched.slice_axis(0, i, i + 1).unwrap();
+                assert_eq!(
+                    row.to_bytes().unwrap(),
+                    alone.to_bytes().unwrap(),
+                    "{dtype:?}, T = {t}, row {i} at offset {offset}"
+                );
+                // Not a rotation by nothing: a row past position 0 changed.
+                if offset > 0 {
+                    assert_ne!(row.to_bytes().unwrap(), x.slice_axis(0, i, i + 1).unwrap().to_bytes().unwrap());
+                }
+            }
+        }
+    }
+}
