@@ -67,6 +67,9 @@ env_setup() {
   [ -x $B ] || { xz -dc /tmp/keep/tandem.xz > $B && chmod +x $B; }
   cp $B target/release/tandem  # benches/vs_mlx_lm.py runs target/release/tandem
 }
+model_for() {  # a format (q4, q8, bf16): MODEL is its folder
+  case $1 in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+}
 bench() {  # tag, then tandem bench arguments; extra environment in ENVS, another binary in BIN
   local tag=$1; shift
   env $ENVS ${BIN:-$B} bench --model "$MODEL" $ARGS "$@" --json > "$OUT/$tag.json" 2> "$OUT/$tag.err" || tail -5 "$OUT/$tag.err"
@@ -135,7 +138,7 @@ for phase in $PHASES; do
     env_setup
     for round in 1 2; do
       for f in ${FORMATS:-q4}; do
-        case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+        model_for $f
         ENVS= bench s27-$f-a-r$round ${AB_ARGS:---depths 0}
         if [ -n "${AB_BIN:-}" ]; then
           [ -x /tmp/keep/b-bin ] || { xz -dc "/tmp/keep/$AB_BIN" > /tmp/keep/b-bin && chmod +x /tmp/keep/b-bin; }
@@ -150,7 +153,7 @@ for phase in $PHASES; do
   early)
     env_setup
     for f in ${FORMATS:-bf16}; do
-      case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+      model_for $f
       ARGS="--prompt-tokens 512 --gen-tokens 256"
       ENVS= bench s27-$f-early --streams 1,8 --depths 0,3 --oracle-acceptance 0.8
       ENVS=TANDEM_NO_EARLY_LAUNCH=1 bench s27-$f-lazy --streams 1,8 --depths 0,3 --oracle-acceptance 0.8
@@ -164,7 +167,7 @@ for phase in $PHASES; do
   ahead)
     env_setup
     for f in ${FORMATS:-q4 bf16}; do
-      case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+      model_for $f
       for mode in off always judged; do
         ENVS="TANDEM_CYCLE_AHEAD=$mode RUST_LOG=tandem::generate::mtp=debug" \
           bench s27-$f-ahead-$mode --depths 0,1,3 --oracle-acceptance 0.8
@@ -189,7 +192,7 @@ for phase in $PHASES; do
   vs)
     env_setup
     for f in ${FORMATS:-q8 bf16}; do
-      case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+      model_for $f
       ENVS= bench s27-$f-vs-plain --depths 0
       mlx_lm s27-$f-vs-mlx-lm
     done
@@ -205,7 +208,7 @@ for phase in $PHASES; do
   streams)
     env_setup
     for f in ${FORMATS:-q4 bf16}; do
-      case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+      model_for $f
       ARGS="--prompt-tokens 512 --gen-tokens 256"
       ENVS= bench s27-$f-streams-oracle08 --streams 1,2,4,8 --depths 0,3 --oracle-acceptance 0.8
       [ "${ADAPTIVE:-1}" = 0 ] || ENVS= bench s27-$f-streams-oracle00-adaptive --streams 1,2,4,8 --depths 0,3 --oracle-acceptance 0.0 --adaptive
@@ -238,7 +241,7 @@ PY
     # (4-bit, depth 3, oracle 0.8), with their operation counts and the commonest operations.
     env_setup
     for f in ${FORMATS:-q4 bf16}; do
-      case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+      model_for $f
       RUST_LOG=tandem::generate::step=trace $B bench --model $MODEL --prompt-tokens 512 --gen-tokens 256 \
         --depths 0 --json > "$OUT/split-$f.json" 2> "$OUT/split-$f.log"
       python3 benches/gpu/summarize_split.py "$OUT/split-$f.json" "$OUT/split-$f.log" | sed "s|^|$f tandem |" | tee -a "$S"
@@ -314,7 +317,7 @@ PY
     env_setup
     for round in 2 3; do
       for f in ${FORMATS:-q4 q8 bf16}; do
-        case $f in q4) MODEL=$M-4bit ;; q8) MODEL=$M-8bit ;; bf16) MODEL=$M ;; esac
+        model_for $f
         ENVS= bench s27-$f-plain-r$round --depths 0
         mlx_lm s27-$f-mlx-lm-r$round
       done
