@@ -105,18 +105,17 @@ impl Attention {
                 }
                 Some(_) => (q, k),
             };
-            let row = |a: &Array, i: i32| a.slice_axis(0, i, i + 1);
+            // Each tensor's rows by one split (one operation, where a slice per row was one each).
+            let (qs, ks, vs) = (q.split(b, 0)?, k.split(b, 0)?, v.split(b, 0)?);
             let rows = caches
                 .iter_mut()
-                .enumerate()
-                .map(|(i, cache)| {
-                    let i = i as i32;
-                    let (q, k) = (row(&q, i)?, row(&k, i)?);
-                    let (q, k) = match rope {
-                        Some(_) => self.rotate(&q, &k, cache, rope)?,
-                        None => (q, k),
-                    };
-                    self.attend(&q, &k, &row(&v, i)?, cache)
+                .zip(qs.iter().zip(&ks).zip(&vs))
+                .map(|(cache, ((q, k), v))| match rope {
+                    Some(_) => {
+                        let (q, k) = self.rotate(q, k, cache, rope)?;
+                        self.attend(&q, &k, v, cache)
+                    }
+                    None => self.attend(q, k, v, cache),
                 })
                 .collect::<Result<Vec<_>>>()?;
             mlx::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?
