@@ -4,7 +4,6 @@
 //! mid-cycle, and seeded sampling; a batched forward's rows are the single forwards' rows.
 
 use mlx::Array;
-use tandem::chat::Tokenizer;
 use tandem::generate::batch::{draft, step_batch};
 use tandem::generate::mtp::Drafted;
 use tandem::generate::{
@@ -16,13 +15,6 @@ use crate::common::*;
 
 fn tiny() -> Qwen35 {
     model::load(&tiny_model_dir(), &LoadOptions::default()).expect("load tandem-tiny")
-}
-
-/// `n` tokens of the probe text from token `offset` on.
-fn story(n: usize, offset: usize) -> Vec<u32> {
-    let tok = Tokenizer::from_dir(&tiny_model_dir()).unwrap();
-    let words = std::fs::read_to_string(repo().join("assets/probe/mtp-probe.txt")).unwrap();
-    tok.encode(&words, false).unwrap().into_iter().cycle().skip(offset).take(n).collect()
 }
 
 fn opts(n: usize, mtp: bool) -> GenerateOptions {
@@ -118,7 +110,7 @@ fn batched(
 #[test]
 fn a_batched_forward_gives_each_row_its_single_forward() {
     let m = tiny();
-    let prompts = [story(5, 0), story(17, 40), story(9, 200)];
+    let prompts = [probe_tokens(5, 0), probe_tokens(17, 40), probe_tokens(9, 200)];
     let mut singles = Vec::new();
     let mut caches = Vec::new();
     for p in &prompts {
@@ -165,7 +157,7 @@ fn a_batched_forward_gives_each_row_its_single_forward() {
 fn a_second_batched_forward_takes_the_batch_states_whole() {
     use tandem::cache::LayerCache;
     let m = tiny();
-    let prompts = [story(6, 0), story(19, 60), story(11, 150)];
+    let prompts = [probe_tokens(6, 0), probe_tokens(19, 60), probe_tokens(11, 150)];
     let steps: [[i32; 3]; 2] = [[11, 300, 7], [42, 5, 900]];
     let mut caches: Vec<Vec<LayerCache>> = Vec::new();
     let mut singles = Vec::new();
@@ -208,7 +200,7 @@ fn a_second_batched_forward_takes_the_batch_states_whole() {
 #[test]
 fn batched_sequences_decode_as_they_do_alone_plain_and_mtp() {
     let m = tiny();
-    let prompts = vec![story(12, 0), story(48, 30), story(5, 400), story(30, 90)];
+    let prompts = vec![probe_tokens(12, 0), probe_tokens(48, 30), probe_tokens(5, 400), probe_tokens(30, 90)];
     for mtp in [false, true] {
         // Different lengths and limits: the second leaves early, the fourth joins mid-stream.
         let o: Vec<GenerateOptions> = [40, 9, 33, 25].iter().map(|&n| opts(n, mtp)).collect();
@@ -227,7 +219,7 @@ fn batched_sequences_decode_as_they_do_alone_plain_and_mtp() {
 #[test]
 fn a_mixed_batch_of_plain_mtp_and_adaptive_sequences_matches_alone() {
     let m = tiny();
-    let prompts = vec![story(20, 10), story(7, 77), story(33, 150)];
+    let prompts = vec![probe_tokens(20, 10), probe_tokens(7, 77), probe_tokens(33, 150)];
     let mut adaptive = opts(60, true);
     adaptive.mtp.adaptive = true;
     let o = vec![opts(30, false), opts(45, true), adaptive];
@@ -240,7 +232,7 @@ fn a_mixed_batch_of_plain_mtp_and_adaptive_sequences_matches_alone() {
 #[test]
 fn a_sequence_stopped_mid_cycle_leaves_its_neighbours_unchanged() {
     let m = tiny();
-    let prompts = vec![story(16, 3), story(24, 60), story(10, 300)];
+    let prompts = vec![probe_tokens(16, 3), probe_tokens(24, 60), probe_tokens(10, 300)];
     let o: Vec<GenerateOptions> = (0..3).map(|_| opts(36, true)).collect();
     // The middle one is stopped by its caller after 7 tokens, inside a cycle's tokens.
     let outs = batched(&m, &prompts, &o, &[0, 0, 0], &[None, Some(7), None]);
@@ -257,7 +249,7 @@ fn seeded_sampling_in_a_batch_draws_what_it_draws_alone() {
     // Draws are keyed by position, so a seeded sequence gives the same tokens with MTP or without
     // (speculative sampling keeps the distribution, docs/MODEL.md §4.3): batched, too.
     let m = tiny();
-    let prompts = vec![story(14, 5), story(28, 120)];
+    let prompts = vec![probe_tokens(14, 5), probe_tokens(28, 120)];
     let sampled = |seed: u64, mtp: bool| GenerateOptions {
         sampling: SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(seed), ..SamplingParams::default() },
         ..opts(40, mtp)
@@ -298,7 +290,7 @@ fn draft_tokens(drafted: &[Drafted]) -> Vec<(Vec<u32>, Vec<u32>)> {
 fn a_group_drafts_what_each_of_its_sequences_drafts_alone() {
     let m = tiny();
     let k = 3;
-    let prompts = vec![story(12, 0), story(30, 45), story(7, 300), story(21, 120)];
+    let prompts = vec![probe_tokens(12, 0), probe_tokens(30, 45), probe_tokens(7, 300), probe_tokens(21, 120)];
     let mtp: Vec<GenerateOptions> = (0..4).map(|_| opts(64, true)).collect();
     // Oracle drafts always right (or always wrong) leave every sequence the same number of pairs.
     let oracle = |p: f64| -> Vec<GenerateOptions> {
@@ -342,7 +334,7 @@ fn a_group_drafts_what_each_of_its_sequences_drafts_alone() {
 fn a_group_drafts_with_one_head_pass_per_step() {
     let m = tiny();
     let k = 3;
-    let prompts = vec![story(12, 0), story(30, 45), story(7, 300), story(21, 120)];
+    let prompts = vec![probe_tokens(12, 0), probe_tokens(30, 45), probe_tokens(7, 300), probe_tokens(21, 120)];
     let o: Vec<GenerateOptions> = (0..4).map(|_| opts(64, true)).collect();
     let cycles = [1, 3, 2, 4];
     let ops = |drafted: &[Drafted]| {
@@ -369,7 +361,7 @@ fn a_group_drafts_with_one_head_pass_per_step() {
 fn a_prompt_with_images_is_refused_by_a_text_model_in_the_batch_too() {
     // Sanity of the batch's entry point for prompts (start_prompt): the usual error, not a panic.
     let m = tiny();
-    let prompt = Prompt::text(story(6, 0));
+    let prompt = Prompt::text(probe_tokens(6, 0));
     let seq = Sequence::start_prompt(&m, &prompt, opts(4, false), Resume::default(), &mut |_| Control::Continue);
     assert!(seq.is_ok());
     let empty = Sequence::start_prompt(&m, &Prompt::text(vec![]), opts(4, false), Resume::default(), &mut |_| {
@@ -385,7 +377,7 @@ fn a_prompt_with_images_is_refused_by_a_text_model_in_the_batch_too() {
 fn a_newcomer_prefilled_in_chunks_between_steps_decodes_as_alone() {
     let m = tiny();
     for mtp in [false, true] {
-        let (pa, pb) = (story(20, 7), story(1300, 50));
+        let (pa, pb) = (probe_tokens(20, 7), probe_tokens(1300, 50));
         let (oa, ob) = (opts(40, mtp), opts(24, mtp));
         let mut a = Sequence::start(&m, &pa, &[], oa.clone(), Resume::default(), &mut |_| Control::Continue).unwrap();
         let mut b = Sequence::begin(&m, &pb, &[], ob.clone(), Resume::default()).unwrap();
@@ -425,7 +417,7 @@ fn the_worker_keeps_decoding_while_a_newcomer_prefills() {
     use std::time::{Duration, Instant};
     use tandem::engine::Event;
     let (_tmp, e) = batch_engine();
-    let (pa, pb) = (story(16, 3), story(1600, 11));
+    let (pa, pb) = (probe_tokens(16, 3), probe_tokens(1600, 11));
     let alone_a = e.chat_blocking(request(pa.clone(), 400)).and_then(|g| g.blocking_collect()).unwrap();
     let alone_b = e.chat_blocking(request(pb.clone(), 8)).and_then(|g| g.blocking_collect()).unwrap();
 
@@ -519,7 +511,7 @@ fn wait_started(g: &mut tandem::engine::Generation) {
 fn a_cancel_stops_a_lone_prefill_between_chunks() {
     let (_tmp, e) = batch_engine();
     e.load_blocking("t").unwrap();
-    let mut g = e.submit(request(story(2000, 5), 4)).unwrap();
+    let mut g = e.submit(request(probe_tokens(2000, 5), 4)).unwrap();
     wait_started(&mut g);
     // Let its first chunk begin (a cancel before it is heard at admission, in both designs); its
     // whole prefill takes seconds on the CI's CPU.
@@ -537,9 +529,9 @@ fn an_unload_fails_a_request_still_prefilling() {
     use tandem::engine::{EngineError, Event};
     let (_tmp, e) = batch_engine();
     e.load_blocking("t").unwrap();
-    let mut running = e.submit(request(story(16, 3), 3000)).unwrap();
+    let mut running = e.submit(request(probe_tokens(16, 3), 3000)).unwrap();
     while !matches!(running.events.blocking_recv(), Some(Event::Delta { .. })) {}
-    let mut newcomer = e.submit(request(story(2000, 7), 4)).unwrap();
+    let mut newcomer = e.submit(request(probe_tokens(2000, 7), 4)).unwrap();
     wait_started(&mut newcomer);
     assert!(e.unload_blocking("t"));
     match newcomer.blocking_collect() {
@@ -557,7 +549,7 @@ fn an_unload_fails_a_request_still_prefilling() {
 #[test]
 fn a_forward_launched_as_it_is_built_gives_the_lazy_forwards_bits() {
     let m = tiny();
-    let prompts = [story(20, 0), story(9, 77)];
+    let prompts = [probe_tokens(20, 0), probe_tokens(9, 77)];
     let prefilled = |p: &[u32]| {
         let mut c = m.make_cache();
         let ids: Vec<i32> = p.iter().map(|&t| t as i32).collect();

@@ -188,15 +188,24 @@ pub fn run_emulation(name: &str, defines: &[(&str, &str)]) -> Option<String> {
     Some(out)
 }
 
+/// `n` tokens of the probe text (assets/probe/mtp-probe.txt, tandem-tiny's tokenizer) from token `offset` on,
+/// the text repeated where it runs out: a prompt whose greedy continuation varies, so that a wrong token
+/// shows (a numeric prompt's continuation is one token repeated).
+pub fn probe_tokens(n: usize, offset: usize) -> Vec<u32> {
+    let tok = tandem::chat::Tokenizer::from_dir(&tiny_model_dir()).unwrap();
+    let words = std::fs::read_to_string(repo().join("assets/probe/mtp-probe.txt")).unwrap();
+    tok.encode(&words, false).unwrap().into_iter().cycle().skip(offset).take(n).collect()
+}
+
 /// tandem-tiny loaded in `dtype`, and its greedy MTP output at depths 1-3 against its plain greedy output
-/// (48 tokens after a fixed 24-token prompt): equal when `check` (each depth's cycles and acceptance are
-/// printed either way). Returns the model for further checks.
+/// (48 tokens after 24 of the probe text, a continuation that varies): equal when `check` (each depth's
+/// cycles and acceptance are printed either way). Returns the model for further checks.
 pub fn tiny_mtp_matches_plain(dtype: mlx::Dtype, check: bool) -> tandem::model::Qwen35 {
     use tandem::generate::{generate, Control, GenerateOptions, MtpOptions, SamplingParams};
     use tandem::model::{self, LoadOptions};
     let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(dtype), probe: false, ..Default::default() })
         .unwrap();
-    let prompt: Vec<u32> = (0..24).map(|i| 20 + (i * 37) % 400).collect();
+    let prompt = probe_tokens(24, 0);
     let run = |mtp: MtpOptions| {
         let opts = GenerateOptions {
             max_tokens: 48,
@@ -208,6 +217,8 @@ pub fn tiny_mtp_matches_plain(dtype: mlx::Dtype, check: bool) -> tandem::model::
         generate(&m, &prompt, &opts, &mut |_| Control::Continue).unwrap()
     };
     let plain = run(MtpOptions { enabled: false, ..Default::default() }).tokens;
+    let distinct = plain.iter().collect::<std::collections::HashSet<_>>().len();
+    assert!(distinct > plain.len() / 4, "{dtype:?}: a continuation that varies tells a wrong token: {plain:?}");
     for depth in 1..=3 {
         let out = run(MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false, ..Default::default() });
         let s = out.stats.spec.expect("spec stats");
