@@ -14,15 +14,9 @@ fn tiny() -> Qwen35 {
     model::load(&tiny_model_dir(), &LoadOptions::default()).expect("load tandem-tiny")
 }
 
-/// Text of the probe file, from paragraph `from`, as token ids.
+/// `words` as token ids.
 fn text(tok: &Tokenizer, words: &str) -> Vec<u32> {
     tok.encode(words, false).unwrap()
-}
-
-fn story(tok: &Tokenizer, n: usize, offset: usize) -> Vec<u32> {
-    let words = std::fs::read_to_string(repo().join("assets/probe/mtp-probe.txt")).unwrap();
-    let ids = text(tok, &words);
-    ids.iter().cycle().skip(offset).take(n).copied().collect()
 }
 
 fn opts(n: usize, mtp: bool) -> GenerateOptions {
@@ -75,7 +69,7 @@ fn a_second_turn_hits_and_matches_a_cold_run() {
     let tok = Tokenizer::from_dir(&tiny_model_dir()).unwrap();
     for mtp in [false, true] {
         let mut cache = PrefixCache::new(1 << 30);
-        let turn1 = Prompt::text(story(&tok, 3 * BLOCK + 17, 0));
+        let turn1 = Prompt::text(probe_tokens(3 * BLOCK + 17, 0));
         let first = run(&m, Some(&mut cache), &turn1, &opts(24, mtp));
         assert_eq!(first.stats.cached_tokens, 0);
         let turn2 = Prompt::text(join(&[&turn1.ids, &first.tokens, &text(&tok, "\n\nAnd then the people said:")]));
@@ -106,7 +100,7 @@ fn a_hit_that_ends_mid_block_matches_a_cold_run() {
     let m = tiny();
     let tok = Tokenizer::from_dir(&tiny_model_dir()).unwrap();
     let mut cache = PrefixCache::new(1 << 30);
-    let prompt = story(&tok, 2 * BLOCK + 37, 5);
+    let prompt = probe_tokens(2 * BLOCK + 37, 5);
     run(&m, Some(&mut cache), &Prompt::text(prompt.clone()), &opts(6, true));
     let other = Prompt::text(join(&[&prompt, &text(&tok, " Meanwhile, far away,")]));
     let cold = run(&m, None, &other, &scored(24, true));
@@ -126,7 +120,7 @@ fn a_prompt_edited_inside_resumes_from_the_boundary_before_the_edit() {
     let every = 2 * BLOCK;
     for mtp in [false, true] {
         let mut cache = PrefixCache::new(1 << 30).snapshot_every(every);
-        let long = story(&tok, 5 * BLOCK + 9, 11);
+        let long = probe_tokens(5 * BLOCK + 9, 11);
         let first = run(&m, Some(&mut cache), &Prompt::text(long.clone()), &opts(4, mtp));
         assert_eq!(first.stats.cached_tokens, 0);
         // Boundaries at 2 and 4 blocks, the end of prefill, the end of the generation.
@@ -143,7 +137,7 @@ fn a_prompt_edited_inside_resumes_from_the_boundary_before_the_edit() {
     }
     // Off: only the ends are kept, and the edited prompt finds nothing to resume.
     let mut cache = PrefixCache::new(1 << 30).snapshot_every(0);
-    let long = story(&tok, 5 * BLOCK + 9, 11);
+    let long = probe_tokens(5 * BLOCK + 9, 11);
     run(&m, Some(&mut cache), &Prompt::text(long.clone()), &opts(4, false));
     let edited = Prompt::text(join(&[&long[..3 * BLOCK + 5], &text(&tok, " But the letter said otherwise:")]));
     assert_eq!(run(&m, Some(&mut cache), &edited, &opts(4, false)).stats.cached_tokens, 0);
@@ -156,7 +150,7 @@ fn an_edit_of_an_earlier_message_reuses_only_the_common_prefix() {
     let m = tiny();
     let tok = Tokenizer::from_dir(&tiny_model_dir()).unwrap();
     let mut cache = PrefixCache::new(1 << 30);
-    let turn1 = story(&tok, BLOCK + 40, 11);
+    let turn1 = probe_tokens(BLOCK + 40, 11);
     let r1 = run(&m, Some(&mut cache), &Prompt::text(turn1.clone()), &opts(16, false)).tokens;
     let turn2 = join(&[&turn1, &r1, &text(&tok, "\nTell me about the battle.")]);
     let r2 = run(&m, Some(&mut cache), &Prompt::text(turn2.clone()), &opts(16, false)).tokens;
@@ -177,7 +171,7 @@ fn a_cached_entry_is_never_changed_by_decoding_after_a_hit() {
     let tok = Tokenizer::from_dir(&tiny_model_dir()).unwrap();
     for mtp in [false, true] {
         let mut cache = PrefixCache::new(1 << 30);
-        let turn1 = Prompt::text(story(&tok, 2 * BLOCK, 30));
+        let turn1 = Prompt::text(probe_tokens(2 * BLOCK, 30));
         let r1 = run(&m, Some(&mut cache), &turn1, &opts(12, mtp)).tokens;
         let turn2 = Prompt::text(join(&[&turn1.ids, &r1, &text(&tok, "\nWhy?")]));
         let cold = run(&m, None, &turn2, &scored(40, mtp));
@@ -202,15 +196,14 @@ fn a_cached_entry_is_never_changed_by_decoding_after_a_hit() {
 #[test]
 fn the_byte_cap_holds_under_distinct_prompts() {
     let m = tiny();
-    let tok = Tokenizer::from_dir(&tiny_model_dir()).unwrap();
     let probe = {
         let mut c = PrefixCache::new(u64::MAX);
-        run(&m, Some(&mut c), &Prompt::text(story(&tok, 150, 0)), &opts(4, true));
+        run(&m, Some(&mut c), &Prompt::text(probe_tokens(150, 0)), &opts(4, true));
         c.stats().bytes
     };
     let mut cache = PrefixCache::new(probe * 5 / 2);
     for i in 0..8 {
-        let prompt = Prompt::text(story(&tok, 150, 7 * i + 1));
+        let prompt = Prompt::text(probe_tokens(150, 7 * i + 1));
         run(&m, Some(&mut cache), &prompt, &opts(4, true));
         let s = cache.stats();
         assert!(s.bytes <= s.cap_bytes, "prompt {i}: {s:?}");
@@ -282,7 +275,7 @@ fn the_engine_reports_cached_tokens_and_its_cache() {
         r.sampling.temperature = Some(0.0);
         e.chat_blocking(r).and_then(|g| g.blocking_collect()).unwrap()
     };
-    let turn1 = story(&tok, BLOCK + 20, 3);
+    let turn1 = probe_tokens(BLOCK + 20, 3);
     let reply = chat("a", turn1.clone());
     let turn2 = join(&[&turn1, &reply.tokens, &text(&tok, "\nAnd?")]);
     let warm = chat("a", turn2.clone());
@@ -341,7 +334,7 @@ fn files(dir: &std::path::Path, kind: &str) -> Vec<std::path::PathBuf> {
 /// Turn 1 through a cache on `settings`, and turn 2's prompt.
 fn first_turn(m: &Qwen35, tok: &Tokenizer, settings: &PrefixCacheDisk, mtp: bool) -> (Prompt, DiskStats) {
     let mut cache = on_disk(settings);
-    let turn1 = Prompt::text(story(tok, 3 * BLOCK + 17, 2));
+    let turn1 = Prompt::text(probe_tokens(3 * BLOCK + 17, 2));
     let first = run(m, Some(&mut cache), &turn1, &opts(20, mtp));
     let turn2 = Prompt::text(join(&[&turn1.ids, &first.tokens, &text(tok, "\n\nAnd then the people said:")]));
     (turn2, disk_stats(&cache))
@@ -407,7 +400,7 @@ fn a_new_engine_hits_the_disk_on_its_first_turn() {
         r.sampling.temperature = Some(0.0);
         e.chat_blocking(r).and_then(|g| g.blocking_collect()).unwrap()
     };
-    let turn1 = story(&tok, BLOCK + 20, 3);
+    let turn1 = probe_tokens(BLOCK + 20, 3);
     let turn2 = {
         let e = Engine::new(Registry::load(&toml).unwrap(), EngineConfig::default());
         let reply = chat(&e, "a", turn1.clone());
@@ -432,12 +425,11 @@ fn a_new_engine_hits_the_disk_on_its_first_turn() {
 #[test]
 fn the_folder_stays_under_its_cap() {
     let m = tiny();
-    let tok = Tokenizer::from_dir(&tiny_model_dir()).unwrap();
     let dir = tempdir();
     let one = {
         let probe = tempdir();
         let mut c = on_disk(&disk_settings(probe.path(), 1 << 30));
-        run(&m, Some(&mut c), &Prompt::text(story(&tok, 150, 0)), &opts(4, true));
+        run(&m, Some(&mut c), &Prompt::text(probe_tokens(150, 0)), &opts(4, true));
         folder_bytes(probe.path())
     };
     std::fs::write(dir.path().join("notes.txt"), vec![b'x'; 1000]).unwrap();
@@ -446,7 +438,7 @@ fn the_folder_stays_under_its_cap() {
     let mut cache = on_disk(&settings);
     let mut last = Prompt::default();
     for i in 0..8 {
-        last = Prompt::text(story(&tok, 150, 7 * i + 1));
+        last = Prompt::text(probe_tokens(150, 7 * i + 1));
         run(&m, Some(&mut cache), &last, &opts(4, true));
         let bytes = folder_bytes(dir.path());
         assert!(bytes <= cap, "prompt {i}: {bytes} bytes in a folder capped at {cap}");
@@ -534,7 +526,6 @@ fn a_bad_cache_file_is_ignored() {
 #[test]
 fn an_unwritable_folder_or_a_spent_budget_falls_back() {
     let m = tiny();
-    let tok = Tokenizer::from_dir(&tiny_model_dir()).unwrap();
     let tmp = tempdir();
     std::fs::write(tmp.path().join("file"), b"").unwrap();
     let mut folders = vec![(tmp.path().join("file").join("cache"), "cannot create the folder")];
@@ -549,7 +540,7 @@ fn an_unwritable_folder_or_a_spent_budget_falls_back() {
             folders.push((ro, "not writable"));
         }
     }
-    let prompt = Prompt::text(story(&tok, 2 * BLOCK + 5, 9));
+    let prompt = Prompt::text(probe_tokens(2 * BLOCK + 5, 9));
     let cold = run(&m, None, &prompt, &opts(8, false));
     for (dir, reason) in folders {
         let mut cache = on_disk(&disk_settings(&dir, 1 << 30));

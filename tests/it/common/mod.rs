@@ -197,6 +197,13 @@ pub fn probe_tokens(n: usize, offset: usize) -> Vec<u32> {
     tok.encode(&words, false).unwrap().into_iter().cycle().skip(offset).take(n).collect()
 }
 
+/// Asserts that `tokens` vary (more than a quarter of them distinct): only then does a comparison of two
+/// decodes show a wrong token.
+pub fn assert_varies(tokens: &[u32], what: &str) {
+    let distinct = tokens.iter().collect::<std::collections::HashSet<_>>().len();
+    assert!(distinct > tokens.len() / 4, "{what}: a continuation that varies tells a wrong token: {tokens:?}");
+}
+
 /// tandem-tiny loaded in `dtype`, and its greedy MTP output at depths 1-3 against its plain greedy output
 /// (48 tokens after 24 of the probe text, a continuation that varies): equal when `check` (each depth's
 /// cycles and acceptance are printed either way). Returns the model for further checks.
@@ -217,8 +224,7 @@ pub fn tiny_mtp_matches_plain(dtype: mlx::Dtype, check: bool) -> tandem::model::
         generate(&m, &prompt, &opts, &mut |_| Control::Continue).unwrap()
     };
     let plain = run(MtpOptions { enabled: false, ..Default::default() }).tokens;
-    let distinct = plain.iter().collect::<std::collections::HashSet<_>>().len();
-    assert!(distinct > plain.len() / 4, "{dtype:?}: a continuation that varies tells a wrong token: {plain:?}");
+    assert_varies(&plain, &format!("{dtype:?}"));
     for depth in 1..=3 {
         let out = run(MtpOptions { enabled: true, depth, adaptive: false, exact_verify: false, ..Default::default() });
         let s = out.stats.spec.expect("spec stats");
