@@ -22,6 +22,7 @@
 #   streams  issue 22: the 4-bit and bf16 slices, 512-token prompts, 256 generated per stream: `tandem bench
 #            --streams 1,2,4,8` plain and at depth 3 with oracle acceptance 0.8 (drafts from the plain batch's
 #            tokens), then depth 3 adaptive at oracle 0.0 (ADAPTIVE=0 leaves that out)
+#   slabs    the quantized matmul past 8 rows, all slabs in one block against a block per slab (A/B, 4-bit streams)
 #   cycles   issue 22: where a batched MTP cycle's time goes, 4-bit slice, depth 3, oracle 0.8, 2 / 4 / 8 streams
 #            (the `batched cycle (ms)` debug lines of generate::batch, averaged per stream count)
 #   early    model::launch (a forward's layers started while the rest is built) A/B, FORMATS (default bf16):
@@ -32,8 +33,9 @@
 #   knobs    MLX's CUDA graph settings (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER, MLX_MAX_MB_PER_BUFFER: how
 #            many kernels and bytes one CUDA graph takes before MLX launches it), 4-bit slice, 256 generated:
 #            Tandem plain and at depth 3 oracle 0.8, then mlx-lm, under each setting in KNOBS
-#   qmm      the quantized matmul kernel's device time per launch shape (R, KS, U) on the slice's fused
-#            projections, 4 and 8 bits, M = 1, 4, 8, 32, by Nsight Compute (benches/gpu/qmm_device.py; VARIANTS)
+#   qmm      the quantized matmul kernel's device time per launch shape (R, KS, U, P, S) on the slice's fused
+#            projections, 4 and 8 bits, M = 1, 4, 8, 32, by Nsight Compute (benches/gpu/qmm_device.py; VARIANTS,
+#            QMM_MS and QMM_BITS change the launch shapes, Ms and bit widths)
 #   ahead    the next MTP cycle built while a verify runs (TANDEM_CYCLE_AHEAD=off | always | judged, the
 #            default), FORMATS (default q4 bf16): oracle acceptance 0.8 at depths 1 and 3 and plain decoding under
 #            each, oracle 0.0 at depth 3 adaptive (judged), then mlx-lm on the same files
@@ -215,6 +217,18 @@ for phase in $PHASES; do
     done
     ARGS="--prompt-tokens 512 --gen-tokens 512"
     ;;
+  slabs)
+    # The quantized matmul past 8 rows: every 8-row slab in one block (TANDEM_QMM_SLABS=1) against a block per
+    # slab (the default), alternated for two rounds: 4-bit, MTP depth 3, oracle 0.8, 1 / 2 / 4 / 8 streams.
+    env_setup
+    MODEL=$M-4bit
+    ARGS="--prompt-tokens 512 --gen-tokens 256"
+    for round in 1 2; do
+      ENVS=TANDEM_QMM_SLABS=1 bench s27-q4-slabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
+      ENVS= bench s27-q4-noslabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
+    done
+    ARGS="--prompt-tokens 512 --gen-tokens 512"
+    ;;
   cycles)
     env_setup
     RUST_LOG=tandem::generate::batch=debug $B bench --model $M-4bit --prompt-tokens 512 --gen-tokens 128 \
@@ -256,6 +270,7 @@ PY
     timeout ${NCU_TIMEOUT:-400} ncu --clock-control none --kernel-name regex:tandem_qmm \
       --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed --csv \
       python3 benches/gpu/qmm_device.py run --manifest "$OUT/qmm-labels.json" ${VARIANTS:+--variants "$VARIANTS"} \
+      ${QMM_MS:+--ms "$QMM_MS"} ${QMM_BITS:+--bits "$QMM_BITS"} \
       > "$OUT/qmm-ncu.csv" 2> "$OUT/qmm-ncu.err"
     grep -E "PARITY|SAME-BITS|launches|rror" "$OUT/qmm-ncu.err" | tee -a "$S"
     python3 benches/gpu/qmm_device.py summarize "$OUT/qmm-ncu.csv" "$OUT/qmm-labels.json" | tee "$OUT/qmm-device.txt" | tee -a "$S"

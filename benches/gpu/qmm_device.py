@@ -9,6 +9,7 @@ clock, whose ~20 us of MLX host work per call hides the GPU at these sizes: kern
 linear attention's in_proj fused), each bit width, each M and each launch shape (R tiles per warp, KS warps per
 block, U groups per round), CALLS launches, each evaluated alone, and writes the label of every launch in
 order. Nsight Compute flushes the caches before each profiled kernel, so every call reads its weights from HBM.
+A fifth field S sets the 8-row slabs of x one block takes (1: a block per slab, as for M <= 8; 0: all of them).
 `summarize` matches the profiled kernels to the labels (launch order) and prints, per shape, bits and M, the
 median device time and achieved bandwidth of each launch shape. Launch shapes with the same KS must give the same
 bits whatever their R, U and P (only KS orders a row's sums): a difference prints SAME-BITS.
@@ -41,8 +42,9 @@ def run(a):
     source = (ROOT / "kernels/cuda/quantized_matmul.cu").read_text()
     kern = mx.fast.cuda_kernel(name="tandem_qmm_bf16", input_names=["x", "w", "scales", "biases"],
                                output_names=["y"], source=source, header=header)
-    # R,KS,U[,P]: P (the load's L2 prefetch mode, kernels/cuda/quantized_matmul.cuh) defaults to 0.
-    variants = [tuple(int(v) for v in (s + ",0").split(",")[:4]) for s in a.variants.split(";")]
+    # R,KS,U[,P[,S]]: P (the load's L2 prefetch mode, kernels/cuda/quantized_matmul.cuh) defaults to 0; S (8-row
+    # slabs of x a block takes) to 1, and 0 means every slab of M in one block.
+    variants = [tuple(int(v) for v in (s + ",0,1").split(",")[:5]) for s in a.variants.split(";")]
     ms = [int(m) for m in a.ms.split(",")]
     labels = []
     for name, n, k in SHAPES:
@@ -57,17 +59,19 @@ def run(a):
             outs = {}  # (M, KS) -> the first output: a row's bits depend on KS alone, not on R, U or P
             for m in ms:
                 x = x32[:m]
-                for r, ks, u, pf in variants:
-                    blocks = (n + 16 * r - 1) // (16 * r) * ((m + 7) // 8)
+                for r, ks, u, pf, sv in variants:
+                    slabs = (m + 7) // 8
+                    sb = min(sv or slabs, slabs)
+                    blocks = (n + 16 * r - 1) // (16 * r) * ((slabs + sb - 1) // sb)
                     for _ in range(a.calls):
-                        y = kern(inputs=[x, w, s, b], template=[("BITS", bits), ("R", r), ("KS", ks), ("U", u), ("P", pf), ("XD", 2)],
+                        y = kern(inputs=[x, w, s, b], template=[("BITS", bits), ("R", r), ("KS", ks), ("U", u), ("P", pf), ("S", sb), ("XD", 2)],
                                  grid=(blocks * 32 * ks, 1, 1), threadgroup=(32 * ks, 1, 1),
                                  output_shapes=[(m, n)], output_dtypes=[mx.bfloat16])[0]
                         mx.eval(y)
-                        labels.append(dict(shape=name, n=n, k=k, bits=bits, m=m, variant=f"{r},{ks},{u},{pf}"))
+                        labels.append(dict(shape=name, n=n, k=k, bits=bits, m=m, variant=f"{r},{ks},{u},{pf},{sv}"))
                     first = outs.setdefault((m, ks), y)
                     if not mx.array_equal(first, y).item():
-                        print(f"SAME-BITS {name} {bits}-bit M={m} {r},{ks},{u},{pf} differs from the first launch shape with KS {ks}",
+                        print(f"SAME-BITS {name} {bits}-bit M={m} {r},{ks},{u},{pf},{sv} differs from the first launch shape with KS {ks}",
                               file=sys.stderr, flush=True)
                     # Every launch shape must give the same rows within rounding (a wrong one shows here).
                     if ref is None or ref.shape[0] < m:
@@ -75,7 +79,7 @@ def run(a):
                                                                      group_size=GROUP, bits=bits).T)
                     err = (mx.sqrt(mx.sum((y.astype(mx.float32) - ref[:m]) ** 2)) / mx.sqrt(mx.sum(ref[:m] ** 2))).item()
                     if err > 2**-8:
-                        print(f"PARITY {name} {bits}-bit M={m} {r},{ks},{u},{pf}: {err:.2e}", file=sys.stderr, flush=True)
+                        print(f"PARITY {name} {bits}-bit M={m} {r},{ks},{u},{pf},{sv}: {err:.2e}", file=sys.stderr, flush=True)
     Path(a.manifest).write_text(json.dumps(labels))
     print(f"{len(labels)} launches", file=sys.stderr)
 

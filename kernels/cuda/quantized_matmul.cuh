@@ -150,29 +150,33 @@ __device__ __forceinline__ T load_sb(const T* p) {
   }
 }
 
-// What one warp loads for one round: U groups of x (as pairs) and, for each of its R tiles, the two rows'
-// words, scales and biases of those groups.
-template <int BITS, int R, int U, typename T>
+// What one warp loads for one round: U groups of x (as pairs) for each of its S slabs of rows, and, for each
+// of its R tiles, the two rows' words, scales and biases of those groups.
+template <int BITS, int R, int U, int S, typename T>
 struct Round {
-  uint32_t xv[U][8];
+  uint32_t xv[U][S][8];
   uint32_t wq[U][R][2][BITS / 2];
   T sc[U][R][2], bi[U][R][2];
 };
 
-template <int BITS, int R, int KS, int U, int P, typename T>
-__device__ __forceinline__ void load_round(Round<BITS, R, U, T>& f, int g0, int G, const T* xr, bool mine, bool xa,
-                                           const uint32_t* w, bool wa, const T* scales, const T* biases,
-                                           const int (&rows)[R][2], int wrow, int t) {
+template <int BITS, int R, int KS, int U, int S, int P, typename T>
+__device__ __forceinline__ void load_round(Round<BITS, R, U, S, T>& f, int g0, int G, const T* const (&xr)[S],
+                                           const bool (&mine)[S], bool xa, const uint32_t* w, bool wa,
+                                           const T* scales, const T* biases, const int (&rows)[R][2], int wrow,
+                                           int t) {
   constexpr int WPG = 2 * BITS;  // words per row per group of 64
   constexpr int WPL = BITS / 2;  // words per lane per group (each lane owns 16 consecutive k)
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int g = (g0 + u * KS < G) ? g0 + u * KS : g0;  // out-of-range slots reload g0, unused
-    if (mine) {
-      load_x16(xr + g * 64, xa, f.xv[u]);
-    } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) f.xv[u][i] = 0u;
+    for (int s = 0; s < S; ++s) {
+      if (mine[s]) {
+        load_x16(xr[s] + g * 64, xa, f.xv[u][s]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f.xv[u][s][i] = 0u;
+      }
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -186,29 +190,35 @@ __device__ __forceinline__ void load_round(Round<BITS, R, U, T>& f, int g0, int 
   }
 }
 
-template <int BITS, int R, int KS, int U, typename T>
-__device__ __forceinline__ void compute_round(const Round<BITS, R, U, T>& f, int g0, int G, float (&acc)[R][4]) {
+// x as B pairs in the order the weight pairs come out of the words (a permutation of the group's k, the same
+// for A and B, so the mma still sums every k once).
+template <int BITS>
+__device__ __forceinline__ void x_pairs(const uint32_t (&xv)[8], uint32_t (&bp)[8]) {
+  if constexpr (BITS == 4) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      bp[4 * i + 0] = __byte_perm(xv[4 * i + 0], xv[4 * i + 2], 0x5410);
+      bp[4 * i + 1] = __byte_perm(xv[4 * i + 0], xv[4 * i + 2], 0x7632);
+      bp[4 * i + 2] = __byte_perm(xv[4 * i + 1], xv[4 * i + 3], 0x5410);
+      bp[4 * i + 3] = __byte_perm(xv[4 * i + 1], xv[4 * i + 3], 0x7632);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      bp[2 * i + 0] = __byte_perm(xv[2 * i], xv[2 * i + 1], 0x5410);
+      bp[2 * i + 1] = __byte_perm(xv[2 * i], xv[2 * i + 1], 0x7632);
+    }
+  }
+}
+
+// Each tile's weights are unpacked once and meet every slab's x: a slab's sums are the same instructions in the
+// same order as in a launch of its rows alone (acc[s] is that launch's acc).
+template <int BITS, int R, int KS, int U, int S, typename T>
+__device__ __forceinline__ void compute_round(const Round<BITS, R, U, S, T>& f, int g0, int G,
+                                              float (&acc)[S][R][4]) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (g0 + u * KS >= G) break;
-    // x as B pairs in the order the weight pairs come out of the words (a permutation of the group's k,
-    // the same for A and B, so the mma still sums every k once).
-    uint32_t bp[8];
-    if constexpr (BITS == 4) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        bp[4 * i + 0] = __byte_perm(f.xv[u][4 * i + 0], f.xv[u][4 * i + 2], 0x5410);
-        bp[4 * i + 1] = __byte_perm(f.xv[u][4 * i + 0], f.xv[u][4 * i + 2], 0x7632);
-        bp[4 * i + 2] = __byte_perm(f.xv[u][4 * i + 1], f.xv[u][4 * i + 3], 0x5410);
-        bp[4 * i + 3] = __byte_perm(f.xv[u][4 * i + 1], f.xv[u][4 * i + 3], 0x7632);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        bp[2 * i + 0] = __byte_perm(f.xv[u][2 * i], f.xv[u][2 * i + 1], 0x5410);
-        bp[2 * i + 1] = __byte_perm(f.xv[u][2 * i], f.xv[u][2 * i + 1], 0x7632);
-      }
-    }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       uint32_t ap[2][8];
@@ -229,46 +239,60 @@ __device__ __forceinline__ void compute_round(const Round<BITS, R, U, T>& f, int
           }
         }
       }
-      float cq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        Num<T>::mma(cq, ap[0][2 * j], ap[1][2 * j], ap[0][2 * j + 1], ap[1][2 * j + 1], bp[2 * j], bp[2 * j + 1]);
-      }
       const float s0 = Num<T>::to_float(f.sc[u][r][0]), s1 = Num<T>::to_float(f.sc[u][r][1]);
-      acc[r][0] = fmaf(s0, cq[0], acc[r][0]);
-      acc[r][1] = fmaf(s0, cq[1], acc[r][1]);
-      acc[r][2] = fmaf(s1, cq[2], acc[r][2]);
-      acc[r][3] = fmaf(s1, cq[3], acc[r][3]);
       const uint32_t b0 = Num<T>::dup(f.bi[u][r][0]), b1 = Num<T>::dup(f.bi[u][r][1]);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) Num<T>::mma(acc[r], b0, b1, b0, b1, bp[2 * j], bp[2 * j + 1]);
+      for (int s = 0; s < S; ++s) {
+        uint32_t bp[8];
+        x_pairs<BITS>(f.xv[u][s], bp);
+        float cq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          Num<T>::mma(cq, ap[0][2 * j], ap[1][2 * j], ap[0][2 * j + 1], ap[1][2 * j + 1], bp[2 * j], bp[2 * j + 1]);
+        }
+        float(&a)[4] = acc[s][r];
+        a[0] = fmaf(s0, cq[0], a[0]);
+        a[1] = fmaf(s0, cq[1], a[1]);
+        a[2] = fmaf(s1, cq[2], a[2]);
+        a[3] = fmaf(s1, cq[3], a[3]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) Num<T>::mma(a, b0, b1, b0, b1, bp[2 * j], bp[2 * j + 1]);
+      }
     }
   }
 }
 
 // BITS: 4 or 8. R: 16-row tiles per warp. KS: warps per block, splitting K. U: groups each warp loads per round.
-// P: 1 loads with L2's 256-byte prefetch hint, 0 plain loads; the same bits either way. A row's bits depend on
-// KS only (the order its partial sums meet in); R, U and P change how the work is spread and loaded.
-template <int BITS, int R, int KS, int U, int P, typename T>
+// P: 1 loads with L2's 256-byte prefetch hint, 0 plain loads; the same bits either way. S: 8-row slabs of x per
+// block (below). A row's bits depend on KS only (the order its partial sums meet in); R, U, P and S change how
+// the work is spread and loaded.
+template <int BITS, int R, int KS, int U, int P, int S, typename T>
 __device__ __forceinline__ void qmv(const T* x, const uint32_t* w, const T* scales, const T* biases, T* y, int M,
                                     int N, int K) {
   static_assert(BITS == 4 || BITS == 8, "4 or 8 bits");
   static_assert(R >= 1 && R <= KS, "each tile is finished by one warp");
+  static_assert(S >= 1 && S <= 4, "1 to 4 slabs a block");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gid = lane >> 2, t = lane & 3;
   const int G = K / 64;
   const int wrow = K * BITS / 32;
-  // Rows of x past 8 (a batch's verify) go in 8-row slabs, one block per slab beside the blocks of the same
-  // weight rows (they meet those weights in L2): a slab is computed exactly as a launch of its rows alone.
-  const int slabs = (M + 7) / 8, slab = blockIdx.x % slabs;
-  x += size_t(slab) * 8 * K;
-  y += size_t(slab) * 8 * N;
-  M = min(M - 8 * slab, 8);
-  const int row0 = (blockIdx.x / slabs) * 16 * R;
+  // Rows of x past 8 (a batch's verify) go in 8-row slabs. A block takes S consecutive slabs: it unpacks each
+  // weight tile once for all of them. With fewer slabs a block than the rows need, the blocks of the other slabs
+  // sit beside those of the same weight rows (they meet those weights in L2). Either way a slab is computed
+  // exactly as a launch of its rows alone.
+  const int groups = ((M + 7) / 8 + S - 1) / S, slab0 = S * (blockIdx.x % groups);
+  const int row0 = (blockIdx.x / groups) * 16 * R;
   const bool xa = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const bool wa = (reinterpret_cast<uintptr_t>(w) & 15) == 0;
-  const bool mine = gid < M;  // this lane carries column gid of the mma's B (row gid of x)
-  const T* xr = x + size_t(mine ? gid : 0) * K + 16 * t;
+  int ms[S];          // rows of x in each slab (0 past the last)
+  bool mine[S];       // this lane carries column gid of the mma's B (row gid of the slab)
+  const T* xr[S];
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    ms[s] = max(0, min(M - 8 * (slab0 + s), 8));
+    mine[s] = gid < ms[s];
+    xr[s] = x + (size_t(8 * (slab0 + s)) + (mine[s] ? gid : 0)) * K + 16 * t;
+  }
 
   int rows[R][2];
 #pragma unroll
@@ -277,40 +301,51 @@ __device__ __forceinline__ void qmv(const T* x, const uint32_t* w, const T* scal
     for (int h = 0; h < 2; ++h) rows[r][h] = min(row0 + 16 * r + gid + 8 * h, N - 1);
   }
 
-  float acc[R][4];
+  float acc[S][R][4];
 #pragma unroll
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
+  for (int s = 0; s < S; ++s) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[s][r][0] = acc[s][r][1] = acc[s][r][2] = acc[s][r][3] = 0.0f;
+  }
 
   for (int g0 = warp; g0 < G; g0 += KS * U) {
-    Round<BITS, R, U, T> f;
-    load_round<BITS, R, KS, U, P>(f, g0, G, xr, mine, xa, w, wa, scales, biases, rows, wrow, t);
-    compute_round<BITS, R, KS, U>(f, g0, G, acc);
+    Round<BITS, R, U, S, T> f;
+    load_round<BITS, R, KS, U, S, P>(f, g0, G, xr, mine, xa, w, wa, scales, biases, rows, wrow, t);
+    compute_round<BITS, R, KS, U, S>(f, g0, G, acc);
   }
 
-  // The KS partial sums of each tile, added in warp order by the tile's own warp.
-  __shared__ float red[KS][R][32][4];
+  // The KS partial sums of each (slab, tile), added in warp order by one warp.
+  __shared__ float red[KS][S][R][32][4];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
+  for (int s = 0; s < S; ++s) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][r][lane][i] = acc[r][i];
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][s][r][lane][i] = acc[s][r][i];
+    }
   }
   __syncthreads();
-  if (warp < R) {
-    const int r = warp;
-    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int k = 0; k < KS; ++k) {
+  for (int s = 0; s < S; ++s) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[i] += red[k][r][lane][i];
-    }
-    const int n_lo = row0 + 16 * r + gid, n_hi = n_lo + 8, m0 = 2 * t, m1 = 2 * t + 1;
-    if (n_lo < N) {
-      if (m0 < M) y[size_t(m0) * N + n_lo] = Num<T>::from_float(s[0]);
-      if (m1 < M) y[size_t(m1) * N + n_lo] = Num<T>::from_float(s[1]);
-    }
-    if (n_hi < N) {
-      if (m0 < M) y[size_t(m0) * N + n_hi] = Num<T>::from_float(s[2]);
-      if (m1 < M) y[size_t(m1) * N + n_hi] = Num<T>::from_float(s[3]);
+    for (int r = 0; r < R; ++r) {
+      if ((s * R + r) % KS != warp || ms[s] == 0) continue;
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int k = 0; k < KS; ++k) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] += red[k][s][r][lane][i];
+      }
+      T* ys = y + size_t(8 * (slab0 + s)) * N;
+      const int n_lo = row0 + 16 * r + gid, n_hi = n_lo + 8, m0 = 2 * t, m1 = 2 * t + 1;
+      if (n_lo < N) {
+        if (m0 < ms[s]) ys[size_t(m0) * N + n_lo] = Num<T>::from_float(v[0]);
+        if (m1 < ms[s]) ys[size_t(m1) * N + n_lo] = Num<T>::from_float(v[1]);
+      }
+      if (n_hi < N) {
+        if (m0 < ms[s]) ys[size_t(m0) * N + n_hi] = Num<T>::from_float(v[2]);
+        if (m1 < ms[s]) ys[size_t(m1) * N + n_hi] = Num<T>::from_float(v[3]);
+      }
     }
   }
 }

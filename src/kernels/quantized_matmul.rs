@@ -9,7 +9,8 @@
 //! MLX's CUDA op costs almost linearly in M (an MTP verify of 4 tokens paid ~3.5 plain steps of it on the
 //! H200); the kernel reads the weights once for all M rows, so M = 8 costs what M = 1 does. It computes
 //! each row of x the same way whatever M is, so a verify's logits stay decoding's own (bit for bit).
-//! It is taken for all M in 1..=32, M = 1 included, for that reason; past 8 rows it runs per 8-row slab.
+//! It is taken for all M in 1..=32, M = 1 included, for that reason; past 8 rows it runs per 8-row slab, all
+//! of a call's slabs in one block under `TANDEM_QMM_SLABS=1` ([`slab_shape`], not yet run on a GPU).
 //!
 //! Tolerance: against an fp32 reference (x and the dequantized weight in fp32) the relative Frobenius error
 //! of its output is at most half an ulp of the output dtype at its worst (2^-8 bf16, 2^-11 f16), what
@@ -71,6 +72,22 @@ pub fn launch_shape(n: i32) -> LaunchShape {
     } else {
         WIDE
     }
+}
+
+/// 8-row slabs of x one block takes for `m` rows, and the groups it loads per round: past 8 rows (a batch's
+/// verify) a block takes every slab, so each weight tile is loaded and unpacked once for all rows where a block
+/// per slab did both once per slab; with more than two slabs it loads one group a round, which holds its
+/// registers near a one-slab block's. Neither changes a row's bits (only the warps per block do).
+/// **Not yet run on a GPU** (compiled for sm_90 by NVRTC only, benches/gpu/nvrtc_check.py), so it is taken only
+/// under `TANDEM_QMM_SLABS=1` until its parity test has passed there; otherwise a block per slab, as before.
+pub fn slab_shape(m: i32, ls: LaunchShape) -> (i32, i32) {
+    let slabs = super::slabs(m);
+    static OPTED_IN: OnceLock<bool> = OnceLock::new();
+    let opted_in = *OPTED_IN.get_or_init(|| std::env::var("TANDEM_QMM_SLABS").is_ok_and(|v| v == "1"));
+    if slabs == 1 || !opted_in || super::disabled("qmm_slabs") {
+        return (1, ls.groups_per_round);
+    }
+    (slabs, if slabs > 2 { 1 } else { ls.groups_per_round })
 }
 
 /// Half an ulp of `dtype` at its worst, relative: the tolerance against an fp32 reference.
@@ -178,14 +195,16 @@ pub fn cuda(x: &Array, q: &Quantized) -> Result<Array> {
     }
     let out_shape = super::last_axis_set(x, n);
     let ls = launch_shape(n);
+    let (slabs_per_block, groups_per_round) = slab_shape(m, ls);
     let rows_per_block = 16 * ls.tiles_per_warp;
-    let blocks = (n + rows_per_block - 1) / rows_per_block * super::slabs(m);
+    let blocks = (n + rows_per_block - 1) / rows_per_block * (super::slabs(m) / slabs_per_block);
     let template = [
         ("BITS", q.bits),
         ("R", ls.tiles_per_warp),
         ("KS", ls.warps),
-        ("U", ls.groups_per_round),
+        ("U", groups_per_round),
         ("P", ls.prefetch),
+        ("S", slabs_per_block),
         ("XD", x.ndim() as i32),
     ];
     with_kernel(dt, |kernel| {
@@ -229,12 +248,14 @@ fn probe_passed(dtype: Dtype, bits: i32) -> bool {
     })
 }
 
-/// The larger relative Frobenius error of the kernel on two small random problems against an fp32
-/// reference: 40 output rows ([`NARROW`], x `[3, K]`) and [`NARROW_MAX_N`] + 40 ([`WIDE`], x `[1, 3, K]`).
+/// The larger relative Frobenius error of the kernel on small random problems against an fp32 reference: 40
+/// output rows ([`NARROW`], x `[3, K]`) and [`NARROW_MAX_N`] + 40 ([`WIDE`], x `[1, 3, K]`), each also with 19
+/// rows of x (three slabs in one block, [`slab_shape`]), whose last slab must give the bits of those 3 rows
+/// alone (one slab a block): infinite where it does not.
 pub fn probe(dtype: Dtype, bits: i32) -> Result<f32> {
     let mut worst = 0.0f32;
     for (i, n) in [40, NARROW_MAX_N + 40].into_iter().enumerate() {
-        let keys = random::split(&random::key(0x7a6e_6465_6d00 + i as u64)?, 2)?;
+        let keys = random::split(&random::key(0x7a6e_6465_6d00 + i as u64)?, 3)?;
         let w = random::normal(&[n, 256], Dtype::F32, &keys[0])?.multiply(&Array::f32(0.02))?.as_dtype(dtype)?;
         let q = quantize(&w, GROUP_SIZE, bits, QuantMode::Affine)?;
         // One problem with x of two axes, one with three: both ways the kernel reads x's rows.
@@ -242,6 +263,13 @@ pub fn probe(dtype: Dtype, bits: i32) -> Result<f32> {
         let x = random::normal(x_shape, Dtype::F32, &keys[1])?.as_dtype(dtype)?;
         let y = cuda(&x, &q)?;
         worst = worst.max(relative_error(&y, &reference(&x, &q)?)?);
+        let x19 = random::normal(&[19, 256], Dtype::F32, &keys[2])?.as_dtype(dtype)?;
+        let y19 = cuda(&x19, &q)?;
+        worst = worst.max(relative_error(&y19, &reference(&x19, &q)?)?);
+        let last = cuda(&x19.slice_axis(0, 16, 19)?, &q)?;
+        if y19.slice_axis(0, 16, 19)?.to_bytes()? != last.to_bytes()? {
+            return Ok(f32::INFINITY);
+        }
     }
     Ok(worst)
 }
