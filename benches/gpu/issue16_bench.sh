@@ -22,7 +22,8 @@
 #   streams  issue 22: the 4-bit and bf16 slices, 512-token prompts, 256 generated per stream: `tandem bench
 #            --streams 1,2,4,8` plain and at depth 3 with oracle acceptance 0.8 (drafts from the plain batch's
 #            tokens), then depth 3 adaptive at oracle 0.0 (ADAPTIVE=0 leaves that out)
-#   slabs    the quantized matmul past 8 rows, all slabs in one block against a block per slab (A/B, 4-bit streams)
+#   slabs    the quantized matmul past 8 rows, all slabs in one block against a block per slab (A/B, 4-bit streams;
+#            ROUNDS rounds, default 2)
 #   cycles   issue 22: where a batched MTP cycle's time goes, 4-bit slice, depth 3, oracle 0.8, 2 / 4 / 8 streams
 #            (the `batched cycle (ms)` debug lines of generate::batch, averaged per stream count)
 #   early    model::launch (a forward's layers started while the rest is built) A/B, FORMATS (default bf16):
@@ -218,14 +219,15 @@ for phase in $PHASES; do
     ARGS="--prompt-tokens 512 --gen-tokens 512"
     ;;
   slabs)
-    # The quantized matmul past 8 rows: every 8-row slab in one block (TANDEM_QMM_SLABS=1) against a block per
-    # slab (the default), alternated for two rounds: 4-bit, MTP depth 3, oracle 0.8, 1 / 2 / 4 / 8 streams.
+    # The quantized matmul past 8 rows: every 8-row slab in one block (the default since session 21) against a
+    # block per slab (TANDEM_KERNELS=-qmm_slabs), alternated for ROUNDS rounds (default 2): 4-bit, MTP depth 3,
+    # oracle 0.8, 1 / 2 / 4 / 8 streams.
     env_setup
     MODEL=$M-4bit
     ARGS="--prompt-tokens 512 --gen-tokens 256"
-    for round in 1 2; do
-      ENVS=TANDEM_QMM_SLABS=1 bench s27-q4-slabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
-      ENVS= bench s27-q4-noslabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
+    for round in $(seq 1 ${ROUNDS:-2}); do
+      ENVS= bench s27-q4-slabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
+      ENVS=TANDEM_KERNELS=-qmm_slabs bench s27-q4-noslabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
     done
     ARGS="--prompt-tokens 512 --gen-tokens 512"
     ;;

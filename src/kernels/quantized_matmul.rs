@@ -10,7 +10,7 @@
 //! H200); the kernel reads the weights once for all M rows, so M = 8 costs what M = 1 does. It computes
 //! each row of x the same way whatever M is, so a verify's logits stay decoding's own (bit for bit).
 //! It is taken for all M in 1..=32, M = 1 included, for that reason; past 8 rows it runs per 8-row slab, all
-//! of a call's slabs in one block under `TANDEM_QMM_SLABS=1` ([`slab_shape`], not yet run on a GPU).
+//! of a call's slabs in one block ([`slab_shape`]).
 //!
 //! Tolerance: against an fp32 reference (x and the dequantized weight in fp32) the relative Frobenius error
 //! of its output is at most half an ulp of the output dtype at its worst (2^-8 bf16, 2^-11 f16), what
@@ -76,18 +76,16 @@ pub fn launch_shape(n: i32) -> LaunchShape {
 
 /// 8-row slabs of x one block takes for `m` rows, and the groups it loads per round: past 8 rows (a batch's
 /// verify) a block takes every slab, so each weight tile is loaded and unpacked once for all rows where a block
-/// per slab did both once per slab; with more than two slabs it loads one group a round, which holds its
-/// registers near a one-slab block's. Neither changes a row's bits (only the warps per block do).
-/// **Not yet run on a GPU** (compiled for sm_90 by NVRTC only, benches/gpu/nvrtc_check.py), so it is taken only
-/// under `TANDEM_QMM_SLABS=1` until its parity test has passed there; otherwise a block per slab, as before.
+/// per slab did both once per slab (8 streams at depth 3, 4-bit slice: the six projections' device time 468 ->
+/// 379 us, kernels/README.md). [`NARROW`] then loads one group a round (its registers stay near a one-slab
+/// block's; faster at 16 to 32 rows on the H200), [`WIDE`] keeps two. Neither changes a row's bits (only the
+/// warps per block do). `TANDEM_KERNELS=-qmm_slabs` runs a block per slab, as before session 21.
 pub fn slab_shape(m: i32, ls: LaunchShape) -> (i32, i32) {
     let slabs = super::slabs(m);
-    static OPTED_IN: OnceLock<bool> = OnceLock::new();
-    let opted_in = *OPTED_IN.get_or_init(|| std::env::var("TANDEM_QMM_SLABS").is_ok_and(|v| v == "1"));
-    if slabs == 1 || !opted_in || super::disabled("qmm_slabs") {
+    if slabs == 1 || super::disabled("qmm_slabs") {
         return (1, ls.groups_per_round);
     }
-    (slabs, if slabs > 2 { 1 } else { ls.groups_per_round })
+    (slabs, if ls == NARROW { 1 } else { ls.groups_per_round })
 }
 
 /// Half an ulp of `dtype` at its worst, relative: the tolerance against an fp32 reference.

@@ -96,6 +96,22 @@ fn qmm_selection_rules() {
     assert!(!qmm::cpu_selected(&x, &mx), "only affine weights");
 }
 
+/// Past 8 rows one block takes every 8-row slab (so each weight tile is unpacked once for all rows); up to 8 it
+/// is one slab launched as before. The groups loaded per round may change with the slabs (they order no sums).
+#[test]
+fn qmm_slab_rule_takes_every_slab_past_8_rows() {
+    for ls in [qmm::WIDE, qmm::NARROW] {
+        for m in 1..=qmm::MAX_ROWS {
+            let (slabs, groups) = qmm::slab_shape(m, ls);
+            assert_eq!(slabs, (m + 7) / 8, "{ls:?} at {m} rows");
+            assert!(groups == 1 || groups == ls.groups_per_round, "{ls:?} at {m} rows loads {groups} groups");
+            if m <= 8 {
+                assert_eq!(groups, ls.groups_per_round, "one slab launches as before: {ls:?} at {m} rows");
+            }
+        }
+    }
+}
+
 /// The CPU path (MLX's op in fp32, rounded once to x's dtype) is within half an ulp of an fp32 reference at
 /// the shapes tandem-tiny and a real model use, at decode, verify and prefill widths, and rows do not
 /// depend on how many come in one call (a verify's logits are decoding's own).
