@@ -36,14 +36,19 @@ pub struct KvCache {
 impl KvCache {
     /// Appends `k`, `v` (`[B, H, T, D]`) and returns all keys and values so far (views of the buffers).
     pub fn update(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        self.append(k, v)?;
+        self.contents()?.ok_or_else(|| mlx::Error::Invalid("KV cache: no buffers after an append".into()))
+    }
+
+    /// Appends `k`, `v` (`[B, H, T, D]`) without the views of [`KvCache::update`]: for a reader of the
+    /// buffers themselves (the attention kernel), which would leave those views unevaluated, each an
+    /// operation the host built for nothing.
+    pub fn append(&mut self, k: &Array, v: &Array) -> Result<()> {
         let (start, end) = (self.offset, self.offset + k.dim(2));
-        let keys = write(self.keys.take(), k, start, end)?;
-        let values = write(self.values.take(), v, start, end)?;
+        self.keys = Some(write(self.keys.take(), k, start, end)?);
+        self.values = Some(write(self.values.take(), v, start, end)?);
         self.offset = end;
-        let valid = (keys.slice_axis(2, 0, end)?, values.slice_axis(2, 0, end)?);
-        self.keys = Some(keys);
-        self.values = Some(values);
-        Ok(valid)
+        Ok(())
     }
 
     /// A cache over `keys` and `values` buffers (`[B, H, capacity, D]`) whose first `offset`

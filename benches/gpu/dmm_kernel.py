@@ -63,7 +63,7 @@ def dmm_kernel(x, w, variant):
     blocks = (n + 16 * r - 1) // (16 * r)
     return kernel(x.dtype)(
         inputs=[x, w],
-        template=[("R", r), ("KS", ks), ("U", u), ("XD", 2)],
+        template=[("R", r), ("KS", ks), ("U", u), ("S", 1), ("XD", 2)],
         grid=(blocks * 32 * ks, 1, 1),
         threadgroup=(32 * ks, 1, 1),
         output_shapes=[(m, n)],

@@ -67,7 +67,7 @@ def qmm_kernel(x, w, s, b, bits, variant):
     blocks = (n + 16 * r - 1) // (16 * r)
     return kernel(x.dtype)(
         inputs=[x, w, s, b],
-        template=[("BITS", bits), ("R", r), ("KS", ks), ("U", u), ("P", pf), ("XD", 2)],
+        template=[("BITS", bits), ("R", r), ("KS", ks), ("U", u), ("P", pf), ("S", 1), ("XD", 2)],
         grid=(blocks * 32 * ks, 1, 1),
         threadgroup=(32 * ks, 1, 1),
         output_shapes=[(m, n)],

@@ -12,7 +12,7 @@
 // bytes of each of 8 rows. The four pairs of each 16-byte piece feed two mmas; A and B use the same
 // permutation of the chunk's k, so the mma still sums every k once.
 //
-// Work split: a block owns 16 * R weight rows; its KS warps take interleaved chunks of K (U chunks loaded per
+// Work split: a block owns 16 * R weight rows (and S slabs of x); its KS warps take interleaved chunks of K (U chunks loaded per
 // round) and meet in shared memory, summed in warp order by the tile's own warp.
 //
 // This file is the kernel's header (device functions); dense_matmul.cu is the body MLX wraps in the generated
@@ -63,31 +63,39 @@ __device__ __forceinline__ void load8(const T* p, bool aligned, uint32_t* v) {
   }
 }
 
-// What one warp loads for one round: U chunks of x (its row gid) and, for each of its R tiles, rows gid and
-// gid + 8, as pairs.
-template <int R, int U>
+// What one warp loads for one round: U chunks of x (its row gid of each of its S slabs) and, for each of its R
+// tiles, rows gid and gid + 8, as pairs.
+template <int R, int U, int S>
 struct Round {
-  uint32_t xv[U][8];
+  uint32_t xv[U][S][8];
   uint32_t wv[U][R][2][8];
 };
 
 // R: 16-row tiles per warp. KS: warps per block, splitting K. U: chunks of 64 k each warp loads per round.
-template <int R, int KS, int U, typename T>
+// S: 8-row slabs of x per block (below). A row's bits depend on KS only (the order its partial sums meet in).
+template <int R, int KS, int U, int S, typename T>
 __device__ __forceinline__ void dmv(const T* x, const T* w, T* y, int M, int N, int K) {
   static_assert(R >= 1 && R <= KS, "each tile is finished by one warp");
+  static_assert(S >= 1 && S <= 4, "1 to 4 slabs a block");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gid = lane >> 2, t = lane & 3;
   const int C = K / 64;
-  // Rows of x past 8 go in 8-row slabs, as in quantized_matmul.cuh: each slab computed as its rows alone.
-  const int slabs = (M + 7) / 8, slab = blockIdx.x % slabs;
-  x += size_t(slab) * 8 * K;
-  y += size_t(slab) * 8 * N;
-  M = min(M - 8 * slab, 8);
-  const int row0 = (blockIdx.x / slabs) * 16 * R;
+  // Rows of x past 8 go in 8-row slabs, as in quantized_matmul.cuh: a block takes S consecutive slabs and loads
+  // each weight chunk once for all of them; the blocks of other slabs sit beside those of the same weight rows
+  // (they meet those weights in L2). Either way each slab is computed as its rows alone.
+  const int groups = ((M + 7) / 8 + S - 1) / S, slab0 = S * (blockIdx.x % groups);
+  const int row0 = (blockIdx.x / groups) * 16 * R;
   const bool xa = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const bool wa = (reinterpret_cast<uintptr_t>(w) & 15) == 0;
-  const bool mine = gid < M;  // this lane carries column gid of the mma's B (row gid of x)
-  const T* xr = x + size_t(mine ? gid : 0) * K + 8 * t;
+  int ms[S];      // rows of x in each slab (0 past the last)
+  bool mine[S];   // this lane carries column gid of the mma's B (row gid of the slab)
+  const T* xr[S];
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    ms[s] = max(0, min(M - 8 * (slab0 + s), 8));
+    mine[s] = gid < ms[s];
+    xr[s] = x + (size_t(8 * (slab0 + s)) + (mine[s] ? gid : 0)) * K + 8 * t;
+  }
 
   const T* wr[R][2];
 #pragma unroll
@@ -96,21 +104,27 @@ __device__ __forceinline__ void dmv(const T* x, const T* w, T* y, int M, int N, 
     for (int h = 0; h < 2; ++h) wr[r][h] = w + size_t(min(row0 + 16 * r + gid + 8 * h, N - 1)) * K + 8 * t;
   }
 
-  float acc[R][4];
+  float acc[S][R][4];
 #pragma unroll
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.0f;
+  for (int s = 0; s < S; ++s) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[s][r][0] = acc[s][r][1] = acc[s][r][2] = acc[s][r][3] = 0.0f;
+  }
 
   for (int c0 = warp; c0 < C; c0 += KS * U) {
-    Round<R, U> f;
+    Round<R, U, S> f;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = (c0 + u * KS < C) ? c0 + u * KS : c0;  // out-of-range slots reload c0, unused
-      if (mine) {
-        load8(xr + c * 64, xa, &f.xv[u][0]);
-        load8(xr + c * 64 + 32, xa, &f.xv[u][4]);
-      } else {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) f.xv[u][i] = 0u;
+      for (int s = 0; s < S; ++s) {
+        if (mine[s]) {
+          load8(xr[s] + c * 64, xa, &f.xv[u][s][0]);
+          load8(xr[s] + c * 64 + 32, xa, &f.xv[u][s][4]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) f.xv[u][s][i] = 0u;
+        }
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -126,39 +140,50 @@ __device__ __forceinline__ void dmv(const T* x, const T* w, T* y, int M, int N, 
       if (c0 + u * KS >= C) break;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
+        // Each slab's mmas on the same weight registers, in the order a one-slab block issues them.
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          Num<T>::mma(acc[r], f.wv[u][r][0][2 * j], f.wv[u][r][1][2 * j], f.wv[u][r][0][2 * j + 1],
-                      f.wv[u][r][1][2 * j + 1], f.xv[u][2 * j], f.xv[u][2 * j + 1]);
+        for (int s = 0; s < S; ++s) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            Num<T>::mma(acc[s][r], f.wv[u][r][0][2 * j], f.wv[u][r][1][2 * j], f.wv[u][r][0][2 * j + 1],
+                        f.wv[u][r][1][2 * j + 1], f.xv[u][s][2 * j], f.xv[u][s][2 * j + 1]);
+          }
         }
       }
     }
   }
 
-  // The KS partial sums of each tile, added in warp order by the tile's own warp.
-  __shared__ float red[KS][R][32][4];
+  // The KS partial sums of each (slab, tile), added in warp order by the tile's own warp.
+  __shared__ float red[KS][S][R][32][4];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
+  for (int s = 0; s < S; ++s) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][r][lane][i] = acc[r][i];
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][s][r][lane][i] = acc[s][r][i];
+    }
   }
   __syncthreads();
   if (warp < R) {
     const int r = warp;
-    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int k = 0; k < KS; ++k) {
+    for (int s = 0; s < S; ++s) {
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[i] += red[k][r][lane][i];
-    }
-    const int n_lo = row0 + 16 * r + gid, n_hi = n_lo + 8, m0 = 2 * t, m1 = 2 * t + 1;
-    if (n_lo < N) {
-      if (m0 < M) y[size_t(m0) * N + n_lo] = Num<T>::from_float(s[0]);
-      if (m1 < M) y[size_t(m1) * N + n_lo] = Num<T>::from_float(s[1]);
-    }
-    if (n_hi < N) {
-      if (m0 < M) y[size_t(m0) * N + n_hi] = Num<T>::from_float(s[2]);
-      if (m1 < M) y[size_t(m1) * N + n_hi] = Num<T>::from_float(s[3]);
+      for (int k = 0; k < KS; ++k) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] += red[k][s][r][lane][i];
+      }
+      T* ys = y + size_t(8 * (slab0 + s)) * N;
+      const int n_lo = row0 + 16 * r + gid, n_hi = n_lo + 8, m0 = 2 * t, m1 = 2 * t + 1;
+      if (n_lo < N) {
+        if (m0 < ms[s]) ys[size_t(m0) * N + n_lo] = Num<T>::from_float(v[0]);
+        if (m1 < ms[s]) ys[size_t(m1) * N + n_lo] = Num<T>::from_float(v[1]);
+      }
+      if (n_hi < N) {
+        if (m0 < ms[s]) ys[size_t(m0) * N + n_hi] = Num<T>::from_float(v[2]);
+        if (m1 < ms[s]) ys[size_t(m1) * N + n_hi] = Num<T>::from_float(v[3]);
+      }
     }
   }
 }

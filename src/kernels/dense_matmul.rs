@@ -5,7 +5,8 @@
 //! gemv and its gemm tile sum in different orders), so an MTP verify's logits were not plain decoding's
 //! and bf16 MTP left the plain continuation (docs/PERF.md). The kernel computes each row of x the same way
 //! whatever M is and whatever the other rows hold, so a verify's logits are decoding's own, bit for bit; it
-//! is taken for all M in 1..=32, M = 1 included, for that reason, and reads each weight byte once for each 8 rows.
+//! is taken for all M in 1..=32, M = 1 included, for that reason, and reads each weight byte once for each 8 rows
+//! (once for all rows under `TANDEM_DMM_SLABS=1`, [`slab_shape`]).
 //!
 //! Tolerance: against an fp32 reference (x and w upcast) the relative Frobenius error of its output is at
 //! most half an ulp of the output dtype (2^-8 bf16, 2^-11 f16), what rounding the exact result costs.
@@ -42,6 +43,21 @@ pub const TESTED_CLASSES: &[(u32, u32)] = &[(9, 0)];
 /// bits must not change with the number of rows.
 fn launch_shape(_n: i32, _k: i32) -> (i32, i32, i32) {
     (2, 4, 2)
+}
+
+/// 8-row slabs of x one block takes for `m` rows, and the chunks it loads per round (`u`, the launch shape's):
+/// under `TANDEM_DMM_SLABS=1`, past 8 rows a block takes every slab and loads each weight chunk once for all
+/// of them (as the quantized matmul does by default, kernels/README.md), one chunk a round past two slabs (128
+/// registers where two would take 234: `benches/gpu/nvrtc_check.py ... dmm`). Neither changes a row's bits.
+/// **Not yet run on a GPU**, so opt-in; otherwise a block per slab.
+pub fn slab_shape(m: i32, u: i32) -> (i32, i32) {
+    let slabs = super::slabs(m);
+    static OPTED_IN: OnceLock<bool> = OnceLock::new();
+    let opted_in = *OPTED_IN.get_or_init(|| std::env::var("TANDEM_DMM_SLABS").is_ok_and(|v| v == "1"));
+    if slabs == 1 || !opted_in {
+        return (1, u);
+    }
+    (slabs, if slabs > 2 { 1 } else { u })
 }
 
 /// `x @ w^T`: the CUDA kernel where [`selected`], MLX's matmul otherwise.
@@ -100,7 +116,8 @@ pub fn cuda(x: &Array, w: &Array) -> Result<Array> {
     }
     let out_shape = super::last_axis_set(x, n);
     let (r, ks, u) = launch_shape(n, k);
-    let blocks = (n + 16 * r - 1) / (16 * r) * super::slabs(m);
+    let (slabs_per_block, u) = slab_shape(m, u);
+    let blocks = (n + 16 * r - 1) / (16 * r) * (super::slabs(m) / slabs_per_block);
     with_kernel(dt, |kernel| {
         kernel.call(
             &[x, w],
@@ -108,7 +125,7 @@ pub fn cuda(x: &Array, w: &Array) -> Result<Array> {
                 outputs: &[(&out_shape[..], dt)],
                 grid: [blocks * 32 * ks, 1, 1],
                 threadgroup: [32 * ks, 1, 1],
-                template: &[("R", r), ("KS", ks), ("U", u), ("XD", x.ndim() as i32)],
+                template: &[("R", r), ("KS", ks), ("U", u), ("S", slabs_per_block), ("XD", x.ndim() as i32)],
             },
         )
     })?
@@ -135,14 +152,22 @@ fn probe_passed(dtype: Dtype) -> bool {
     *slot.get_or_init(|| probe_verdict(&format!("dense_matmul kernel ({dtype:?})"), probe(dtype), tolerance(dtype)))
 }
 
-/// Relative Frobenius error of the kernel on one small random problem against an fp32 reference.
+/// Relative Frobenius error of the kernel on small random problems against an fp32 reference: x of 3 rows, and
+/// of 19 (three slabs, in one block under [`slab_shape`]'s opt-in) whose last slab must give the bits of those
+/// 3 rows alone: infinite where it does not.
 pub fn probe(dtype: Dtype) -> Result<f32> {
-    let keys = random::split(&random::key(0x646d_6d00)?, 2)?;
+    let keys = random::split(&random::key(0x646d_6d00)?, 3)?;
     let w = random::normal(&[40, 256], Dtype::F32, &keys[0])?.multiply(&Array::f32(0.02))?.as_dtype(dtype)?;
     // x of two axes and of three: both ways the kernel reads x's rows.
     let x = random::normal(&[3, 256], Dtype::F32, &keys[1])?.as_dtype(dtype)?;
     let x3 = x.reshape(&[1, 3, 256])?;
     let worst = relative_error(&cuda(&x, &w)?, &reference(&x, &w)?)?;
+    let x19 = random::normal(&[19, 256], Dtype::F32, &keys[2])?.as_dtype(dtype)?;
+    let y19 = cuda(&x19, &w)?;
+    if y19.slice_axis(0, 16, 19)?.to_bytes()? != cuda(&x19.slice_axis(0, 16, 19)?, &w)?.to_bytes()? {
+        return Ok(f32::INFINITY);
+    }
+    let worst = worst.max(relative_error(&y19, &reference(&x19, &w)?)?);
     Ok(worst.max(relative_error(&cuda(&x3, &w)?, &reference(&x3, &w)?)?))
 }
 

@@ -142,15 +142,19 @@ impl Attention {
 
     /// One sequence's part after RoPE: its cache extended, attention over its keys.
     fn attend(&self, q: &Array, k: &Array, v: &Array, cache: &mut KvCache) -> Result<Array> {
-        let (keys, values) = cache.update(k, v)?;
+        cache.append(k, v)?;
         let scale = 1.0 / (self.hd as f32).sqrt();
-        // On CUDA a kernel reads the cache's buffers where they lie (kernels::attention); the valid
-        // slices above then stay unevaluated.
+        // On CUDA a kernel reads the cache's buffers where they lie (kernels::attention); elsewhere
+        // attention reads views of the valid positions.
         match cache.state() {
             Some((kb, vb)) if attention::selected(q, kb, vb, cache.offset) => {
                 attention::cuda(q, kb, vb, cache.offset, scale)
             }
-            _ => causal_attention(q, &keys, &values, scale),
+            _ => {
+                let (keys, values) =
+                    cache.contents()?.ok_or_else(|| mlx::Error::Invalid("attention: an empty KV cache".into()))?;
+                causal_attention(q, &keys, &values, scale)
+            }
         }
     }
 }
