@@ -154,11 +154,12 @@ pub(crate) fn with_cached<K: Copy + PartialEq + 'static, R>(
 }
 
 /// Rows of x the verify-width matmul kernels take (quantized and dense): a verify of depth 7 alone, or
-/// of depth 3 for each of 8 batched streams. Past 8 rows each 8-row slab of x is its own block, so a
-/// row's bits stay those of M = 1; the weights are read once per slab (L2 shares some of it).
+/// of depth 3 for each of 8 batched streams. Past 8 rows x goes in 8-row slabs, each computed as its rows
+/// alone, so a row's bits stay those of M = 1; the quantized kernel takes every slab in one block (each weight
+/// tile loaded and unpacked once), the dense one a block per slab unless `TANDEM_DMM_SLABS=1`.
 pub const VERIFY_ROWS: i32 = 32;
 
-/// Blocks per group of weight rows for `m` rows of x: one per 8-row slab (the kernels' `slabs`).
+/// The 8-row slabs of `m` rows of x (the kernels' `slabs`).
 pub fn slabs(m: i32) -> i32 {
     (m + 7) / 8
 }
