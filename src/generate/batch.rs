@@ -105,10 +105,20 @@ fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
     let input = Array::from_slice(&lasts, &[b, 1])?;
     let hidden = launching(|| model.forward_batch(&input, &mut caches(group)))?;
     let logits = model.logits(&hidden)?;
+    // Where every sampler only takes its row's argmax, one argmax for the batch (one operation, not a
+    // slice, cast and argmax per sequence); otherwise each sequence's sampler draws from its row.
+    let batched = group.iter().all(|s| s.sampler.argmax_only());
     let mut drawn = Vec::with_capacity(group.len());
+    if batched {
+        drawn.push(logits.reshape(&[b, -1])?.argmax(-1, false)?);
+    }
     for (i, (seq, &fed)) in group.iter_mut().zip(&lasts).enumerate() {
         let i = i as i32;
         seq.history.push(fed);
+        if batched {
+            seq.sampler.advance(1);
+            continue;
+        }
         let row = logits.slice_axis(0, i, i + 1)?.reshape(&[-1])?.as_dtype(Dtype::F32)?;
         let row = seq.sampler.penalize(&row, &seq.history)?;
         drawn.push(seq.sampler.sample(&row)?);
@@ -120,8 +130,12 @@ fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
         tracing::debug!(streams = group.len(), ops, built, launch, wait, "batched plain step (ms)");
     }
     mlx::device::eval(&drawn_refs)?;
-    for (i, (seq, token)) in group.iter_mut().zip(&drawn).enumerate() {
-        let next = token.item::<u32>()?;
+    let tokens: Vec<u32> = if batched {
+        drawn[0].to_vec::<u32>()?
+    } else {
+        drawn.iter().map(|t| t.item::<u32>()).collect::<mlx::Result<_>>()?
+    };
+    for (i, (seq, &next)) in group.iter_mut().zip(&tokens).enumerate() {
         let h = hidden.slice_axis(0, i as i32, i as i32 + 1)?;
         let new = match &mut seq.decoder {
             Decoder::Plain(p) => p.after_step(h, next),
@@ -188,7 +202,16 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
     let logit_rows = (0..lasts.len() as i32)
         .map(|i| logits.slice_axis(0, i, i + 1)?.squeeze(&[0]))
         .collect::<mlx::Result<Vec<_>>>()?;
-    let drawn = samplers.iter().zip(&logit_rows).map(|(s, row)| draw_ahead(s, row)).collect::<Result<Vec<_>>>()?;
+    // Greedy samplers without penalties or a grammar draw each row's argmax: one for the whole batch
+    // (exact, as each row's own), read as each sequence's rows.
+    let drawn = if samplers.iter().all(|s| s.is_greedy() && !s.params.uses_history() && !s.is_constrained()) {
+        let all = logits.argmax(-1, false)?;
+        (0..lasts.len() as i32)
+            .map(|i| Ok(Some(all.slice_axis(0, i, i + 1)?.squeeze(&[0])?)))
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        samplers.iter().zip(&logit_rows).map(|(s, row)| draw_ahead(s, row)).collect::<Result<Vec<_>>>()?
+    };
     let built = Instant::now();
     let mut wait: Vec<&Array> = vec![&logits];
     wait.extend(drafted.iter().flat_map(|d| [&d.drafts, &d.head]));

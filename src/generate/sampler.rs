@@ -183,6 +183,13 @@ impl Sampler {
         self.params.is_greedy()
     }
 
+    /// Whether this sampler's pick from a row of logits is that row's argmax and nothing else happens:
+    /// greedy, no penalty, no grammar, no log-probabilities recorded. A batch of such samplers can take
+    /// one argmax over all their rows (an exact operation: each row's index is the one its own gives).
+    pub fn argmax_only(&self) -> bool {
+        self.is_greedy() && !self.params.uses_history() && !self.is_constrained() && self.logprobs.is_none()
+    }
+
     /// The key of the draw `ahead` positions after the next token's. Every emitted token has exactly
     /// one position, whether plain decoding or a verify picked it.
     fn key_at(&self, ahead: u64) -> Result<Array> {

@@ -230,6 +230,27 @@ fn a_mixed_batch_of_plain_mtp_and_adaptive_sequences_matches_alone() {
 }
 
 #[test]
+fn greedy_sequences_without_logprobs_share_one_argmax_and_decode_as_alone() {
+    // Without log-probabilities (the other tests record them), plain greedy steps take one argmax for the
+    // whole batch; a penalised neighbour sends the step back to each sequence's own sampler.
+    let m = tiny();
+    let prompts = vec![probe_tokens(18, 40), probe_tokens(9, 210), probe_tokens(27, 333)];
+    let bare = |n: usize, mtp: bool| GenerateOptions { logprobs: None, ..opts(n, mtp) };
+    let mut penalised = bare(28, false);
+    penalised.sampling.repetition_penalty = 1.3;
+    for (what, o) in [
+        ("plain", vec![bare(30, false), bare(22, false), bare(35, false)]),
+        ("mtp", vec![bare(30, true), bare(22, true), bare(35, true)]),
+        ("one penalised", vec![bare(30, false), penalised, bare(35, true)]),
+    ] {
+        let outs = batched(&m, &prompts, &o, &[0, 0, 3], &[None; 3]);
+        for (i, out) in outs.iter().enumerate() {
+            assert_eq!(out.tokens, alone(&m, &prompts[i], &o[i]).tokens, "{what}, sequence {i}");
+        }
+    }
+}
+
+#[test]
 fn a_sequence_stopped_mid_cycle_leaves_its_neighbours_unchanged() {
     let m = tiny();
     let prompts = vec![probe_tokens(16, 3), probe_tokens(24, 60), probe_tokens(10, 300)];
