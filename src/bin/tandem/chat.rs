@@ -158,6 +158,9 @@ fn complete_until(
         }
         Control::Continue
     })?;
+    // A reply stopped by Ctrl-C leaves the step it started ahead running on MLX's stream; a `/exit` right
+    // after would run MLX's static destructors beside it (a heap corruption at exit, seen once under load).
+    mlx::device::synchronize().context("waiting for the stopped reply's last step")?;
     if let Some(e) = err {
         return Err(e).context("decoding tokens");
     }
