@@ -683,10 +683,14 @@ impl Engine {
             .map_err(|e| EngineError::Internal(format!("the unloading task failed: {e}")))
     }
 
-    /// Unloads every model.
+    /// Unloads every model, then waits for MLX's work still in flight (a worker's step started ahead of a
+    /// cancelled request), so a process exiting next never runs MLX's static destructors beside it.
     pub fn shutdown(&self) {
         for name in self.loaded() {
             self.unload_blocking(&name);
+        }
+        if let Err(e) = mlx::device::synchronize() {
+            tracing::warn!("waiting for MLX's work at shutdown: {e}");
         }
     }
 
