@@ -202,9 +202,9 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
     let logit_rows = (0..lasts.len() as i32)
         .map(|i| logits.slice_axis(0, i, i + 1)?.squeeze(&[0]))
         .collect::<mlx::Result<Vec<_>>>()?;
-    // Greedy samplers without penalties or a grammar draw each row's argmax: one for the whole batch
+    // Where every sampler would draw its rows' argmax ahead (greedy), one argmax for the whole batch
     // (exact, as each row's own), read as each sequence's rows.
-    let drawn = if samplers.iter().all(|s| s.is_greedy() && !s.params.uses_history() && !s.is_constrained()) {
+    let drawn = if samplers.iter().all(|s| s.is_greedy() && s.draws_ahead()) {
         let all = logits.argmax(-1, false)?;
         (0..lasts.len() as i32)
             .map(|i| Ok(Some(all.slice_axis(0, i, i + 1)?.squeeze(&[0])?)))

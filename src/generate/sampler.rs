@@ -183,11 +183,17 @@ impl Sampler {
         self.params.is_greedy()
     }
 
+    /// Whether a row's token depends on that row alone (no penalty over the history, no grammar), so
+    /// a verify's targets can be drawn before its logits are read.
+    pub fn draws_ahead(&self) -> bool {
+        !self.params.uses_history() && !self.is_constrained()
+    }
+
     /// Whether this sampler's pick from a row of logits is that row's argmax and nothing else happens:
-    /// greedy, no penalty, no grammar, no log-probabilities recorded. A batch of such samplers can take
+    /// greedy, [`Self::draws_ahead`], no log-probabilities recorded. A batch of such samplers can take
     /// one argmax over all their rows (an exact operation: each row's index is the one its own gives).
     pub fn argmax_only(&self) -> bool {
-        self.is_greedy() && !self.params.uses_history() && !self.is_constrained() && self.logprobs.is_none()
+        self.is_greedy() && self.draws_ahead() && self.logprobs.is_none()
     }
 
     /// The key of the draw `ahead` positions after the next token's. Every emitted token has exactly

@@ -159,6 +159,18 @@ pub(crate) fn with_cached<K: Copy + PartialEq + 'static, R>(
 /// tile loaded and unpacked once), the dense one a block per slab unless `TANDEM_DMM_SLABS=1`.
 pub const VERIFY_ROWS: i32 = 32;
 
+/// A matmul kernel's probe of its slabs: `kernel` over x of 19 rows (three slabs) and over its last 3 rows
+/// alone; returns the 19-row result, or None where those rows' bytes differ (a slab that is not computed as
+/// its rows alone).
+pub(crate) fn last_slab_alone(
+    x19: &Array,
+    kernel: impl Fn(&Array) -> mlx::Result<Array>,
+) -> mlx::Result<Option<Array>> {
+    let y19 = kernel(x19)?;
+    let alone = kernel(&x19.slice_axis(0, 16, 19)?)?;
+    Ok((y19.slice_axis(0, 16, 19)?.to_bytes()? == alone.to_bytes()?).then_some(y19))
+}
+
 /// The 8-row slabs of `m` rows of x (the kernels' `slabs`).
 pub fn slabs(m: i32) -> i32 {
     (m + 7) / 8

@@ -262,12 +262,8 @@ pub fn probe(dtype: Dtype, bits: i32) -> Result<f32> {
         let y = cuda(&x, &q)?;
         worst = worst.max(relative_error(&y, &reference(&x, &q)?)?);
         let x19 = random::normal(&[19, 256], Dtype::F32, &keys[2])?.as_dtype(dtype)?;
-        let y19 = cuda(&x19, &q)?;
+        let Some(y19) = super::last_slab_alone(&x19, |x| cuda(x, &q))? else { return Ok(f32::INFINITY) };
         worst = worst.max(relative_error(&y19, &reference(&x19, &q)?)?);
-        let last = cuda(&x19.slice_axis(0, 16, 19)?, &q)?;
-        if y19.slice_axis(0, 16, 19)?.to_bytes()? != last.to_bytes()? {
-            return Ok(f32::INFINITY);
-        }
     }
     Ok(worst)
 }

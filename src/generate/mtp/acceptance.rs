@@ -23,7 +23,7 @@ pub fn accept(sampler: &mut Sampler, logits: &Array, drafts: &[u32], history: &[
 /// drafts or the history to draw them (no penalties, no grammar): lazy, so the caller evaluates them
 /// with the logits and the cycle waits for the device once. None where the rows must wait.
 pub fn draw_ahead(sampler: &Sampler, logits: &Array) -> Result<Option<Array>> {
-    if sampler.params.uses_history() || sampler.is_constrained() {
+    if !sampler.draws_ahead() {
         return Ok(None);
     }
     Ok(Some(sampler.sample_rows(logits)?))
