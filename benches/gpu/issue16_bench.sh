@@ -24,8 +24,8 @@
 #            tokens), then depth 3 adaptive at oracle 0.0 (ADAPTIVE=0 leaves that out)
 #   slabs    the quantized matmul past 8 rows, all slabs in one block against a block per slab (A/B, 4-bit streams;
 #            ROUNDS rounds, default 2)
-#   dslabs   the dense matmul past 8 rows, all slabs in one block (opt-in TANDEM_DMM_SLABS=1) against a block per
-#            slab (A/B, bf16 streams; ROUNDS rounds, default 2)
+#   dslabs   the dense matmul past 8 rows, all slabs in one block (the default since session 22) against a block per
+#            slab (TANDEM_KERNELS=-dmm_slabs; A/B, bf16 streams; ROUNDS rounds, default 2)
 #   cycles   issue 22: where a batched MTP cycle's time goes, 4-bit slice, depth 3, oracle 0.8, 2 / 4 / 8 streams
 #            (the `batched cycle (ms)` debug lines of generate::batch, averaged per stream count)
 #   early    model::launch (a forward's layers started while the rest is built) A/B, FORMATS (default bf16):
@@ -234,15 +234,15 @@ for phase in $PHASES; do
     ARGS="--prompt-tokens 512 --gen-tokens 512"
     ;;
   dslabs)
-    # The dense matmul past 8 rows: every 8-row slab in one block (opt-in, TANDEM_DMM_SLABS=1) against a block
-    # per slab (the default), alternated for ROUNDS rounds (default 2): bf16, MTP depth 3, oracle 0.8, 1 / 2 / 4 / 8
-    # streams. Run `TANDEM_DMM_SLABS=1 RUST_TESTS="kernels::dmm batch::" ... rust` first: its parity tests.
+    # The dense matmul past 8 rows: every 8-row slab in one block (the default since session 22) against a block
+    # per slab (TANDEM_KERNELS=-dmm_slabs), alternated for ROUNDS rounds (default 2): bf16, MTP depth 3, oracle 0.8,
+    # 1 / 2 / 4 / 8 streams.
     env_setup
     MODEL=$M
     ARGS="--prompt-tokens 512 --gen-tokens 256"
     for round in $(seq 1 ${ROUNDS:-2}); do
-      ENVS=TANDEM_DMM_SLABS=1 bench s27-bf16-slabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
-      ENVS= bench s27-bf16-noslabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
+      ENVS= bench s27-bf16-slabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
+      ENVS=TANDEM_KERNELS=-dmm_slabs bench s27-bf16-noslabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
     done
     ARGS="--prompt-tokens 512 --gen-tokens 512"
     ;;

@@ -6,7 +6,7 @@
 //! and bf16 MTP left the plain continuation (docs/PERF.md). The kernel computes each row of x the same way
 //! whatever M is and whatever the other rows hold, so a verify's logits are decoding's own, bit for bit; it
 //! is taken for all M in 1..=32, M = 1 included, for that reason, and reads each weight byte once for each 8 rows
-//! (once for all rows under `TANDEM_DMM_SLABS=1`, [`slab_shape`]).
+//! (past 8 rows, once for all of a call's slabs: [`slab_shape`]).
 //!
 //! Tolerance: against an fp32 reference (x and w upcast) the relative Frobenius error of its output is at
 //! most half an ulp of the output dtype (2^-8 bf16, 2^-11 f16), what rounding the exact result costs.
@@ -46,15 +46,14 @@ fn launch_shape(_n: i32, _k: i32) -> (i32, i32, i32) {
 }
 
 /// 8-row slabs of x one block takes for `m` rows, and the chunks it loads per round (`u`, the launch shape's):
-/// under `TANDEM_DMM_SLABS=1`, past 8 rows a block takes every slab and loads each weight chunk once for all
-/// of them (as the quantized matmul does by default, kernels/README.md), one chunk a round past two slabs (128
-/// registers where two would take 234: `benches/gpu/nvrtc_check.py ... dmm`). Neither changes a row's bits.
-/// **Not yet run on a GPU**, so opt-in; otherwise a block per slab.
+/// past 8 rows a block takes every slab and loads each weight chunk once for all of them (as the quantized
+/// matmul does, kernels/README.md), one chunk a round past two slabs (128 registers where two would take 234:
+/// `benches/gpu/nvrtc_check.py ... dmm`). Neither changes a row's bits. bf16 slice on an H100, 8 streams at
+/// depth 3: 1,405-1,429 -> 1,554-1,678 tok/s (docs/PERF.md, session 22). `TANDEM_KERNELS=-dmm_slabs` runs a
+/// block per slab, as before.
 pub fn slab_shape(m: i32, u: i32) -> (i32, i32) {
     let slabs = super::slabs(m);
-    static OPTED_IN: OnceLock<bool> = OnceLock::new();
-    let opted_in = *OPTED_IN.get_or_init(|| std::env::var("TANDEM_DMM_SLABS").is_ok_and(|v| v == "1"));
-    if slabs == 1 || !opted_in {
+    if slabs == 1 || super::disabled("dmm_slabs") {
         return (1, u);
     }
     (slabs, if slabs > 2 { 1 } else { u })
@@ -153,7 +152,7 @@ fn probe_passed(dtype: Dtype) -> bool {
 }
 
 /// Relative Frobenius error of the kernel on small random problems against an fp32 reference: x of 3 rows, and
-/// of 19 (three slabs, in one block under [`slab_shape`]'s opt-in) whose last slab must give the bits of those
+/// of 19 (three slabs in one block, [`slab_shape`]) whose last slab must give the bits of those
 /// 3 rows alone: infinite where it does not.
 pub fn probe(dtype: Dtype) -> Result<f32> {
     let keys = random::split(&random::key(0x646d_6d00)?, 3)?;

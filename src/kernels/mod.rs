@@ -5,7 +5,7 @@
 //! other call goes to the MLX op. `TANDEM_KERNELS=off` turns them all off; `TANDEM_KERNELS=-gated_delta`
 //! (a comma-separated list: a policy, and names with a `-` before them) turns off the named kernels only
 //! (`gated_delta`, `dense_matmul`, `attention`, `conv`, `norm`; `qmm_narrow` launches the quantized matmul
-//! in its one wide shape for every weight).
+//! in its one wide shape for every weight, `qmm_slabs` / `dmm_slabs` a matmul block per 8-row slab of x).
 //! `fused` holds the elementwise chains MLX's graph compiler fuses on every backend (`TANDEM_COMPILE=off`
 //! runs them op by op).
 
@@ -155,8 +155,8 @@ pub(crate) fn with_cached<K: Copy + PartialEq + 'static, R>(
 
 /// Rows of x the verify-width matmul kernels take (quantized and dense): a verify of depth 7 alone, or
 /// of depth 3 for each of 8 batched streams. Past 8 rows x goes in 8-row slabs, each computed as its rows
-/// alone, so a row's bits stay those of M = 1; the quantized kernel takes every slab in one block (each weight
-/// tile loaded and unpacked once), the dense one a block per slab unless `TANDEM_DMM_SLABS=1`.
+/// alone, so a row's bits stay those of M = 1; both kernels take every slab in one block (each weight tile
+/// loaded, and unpacked, once for all rows).
 pub const VERIFY_ROWS: i32 = 32;
 
 /// A matmul kernel's probe of its slabs: `kernel` over x of 19 rows (three slabs) and over its last 3 rows

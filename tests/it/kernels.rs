@@ -287,6 +287,22 @@ fn dmm_selection_rules() {
     }
 }
 
+/// The dense kernel's slab rule, like the quantized one's: past 8 rows one block takes every 8-row slab (each
+/// weight chunk loaded once for all rows), one chunk a round past two slabs; up to 8 rows, one slab launched as
+/// before.
+#[test]
+fn dmm_slab_rule_takes_every_slab_past_8_rows() {
+    use tandem::kernels::dense_matmul as dmm;
+    for u in [1, 2] {
+        for m in 1..=tandem::kernels::VERIFY_ROWS {
+            let (slabs, chunks) = dmm::slab_shape(m, u);
+            assert_eq!(slabs, (m + 7) / 8, "{m} rows, {u} chunks a round");
+            let expected = if slabs > 2 { 1 } else { u };
+            assert_eq!(chunks, expected, "{m} rows ({slabs} slabs) load {chunks} chunks a round, not {expected}");
+        }
+    }
+}
+
 /// The dense kernel against an fp32 reference (x and w upcast) and against MLX's matmul, bf16 and f16,
 /// M = 1..32, on edge shapes (partial tiles, K of one chunk, N below one block) and the 27B projection
 /// shapes: within half an ulp of the output dtype of the reference, and each row's bits the same whatever M
