@@ -26,6 +26,11 @@
 #            ROUNDS rounds, default 2)
 #   dslabs   the dense matmul past 8 rows, all slabs in one block (the default since session 22) against a block per
 #            slab (TANDEM_KERNELS=-dmm_slabs; A/B, bf16 streams; ROUNDS rounds, default 2)
+#   abstreams  this build against itself under AB_ENV, or another build (AB_BIN, a file in .devcarry/ xz-compressed
+#            like tandem.xz) under AB_ENV, alternated for ROUNDS rounds (default 2): FORMATS (default q4), 512-token prompts, 256 generated
+#            a stream, MTP depth 3, oracle 0.8, 1 / 2 / 4 / 8 streams
+#   mtptrace issue 16: where one stream's MTP cycle goes, 4-bit, depth 3, oracle 0.8, 256 generated (the `mtp: cycle`
+#            trace lines: the cycle, its drafts' build and launch, the verify's wait and read, means past the first quarter)
 #   cycles   issue 22: where a batched MTP cycle's time goes, 4-bit slice, depth 3, oracle 0.8, 2 / 4 / 8 streams
 #            (the `batched cycle (ms)` debug lines of generate::batch, averaged per stream count)
 #   early    model::launch (a forward's layers started while the rest is built) A/B, FORMATS (default bf16):
@@ -245,6 +250,41 @@ for phase in $PHASES; do
       ENVS=TANDEM_KERNELS=-dmm_slabs bench s27-bf16-noslabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
     done
     ARGS="--prompt-tokens 512 --gen-tokens 512"
+    ;;
+  abstreams)
+    env_setup
+    OTHER=$B
+    if [ -n "${AB_BIN:-}" ]; then
+      OTHER=/tmp/keep/$AB_BIN.bin
+      [ -x $OTHER ] || { xz -dc "/tmp/keep/$AB_BIN" > $OTHER && chmod +x $OTHER; }
+    fi
+    ARGS="--prompt-tokens 512 --gen-tokens 256"
+    for round in $(seq 1 ${ROUNDS:-2}); do
+      for f in ${FORMATS:-q4}; do
+        model_for $f
+        ENVS= bench s27-$f-a-streams-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
+        ENVS=${AB_ENV:-} BIN=$OTHER bench s27-$f-b-streams-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
+      done
+    done
+    ARGS="--prompt-tokens 512 --gen-tokens 512"
+    ;;
+  mtptrace)
+    env_setup
+    RUST_LOG=tandem::generate::mtp=trace $B bench --model $M-4bit --prompt-tokens 512 --gen-tokens 256 \
+      --depths 0,3 --oracle-acceptance 0.8 --json > "$OUT/mtptrace.json" 2> "$OUT/mtptrace.log"
+    python3 benches/gpu/summarize_bench.py "$OUT/mtptrace.json" | sed "s|^|mtptrace |" | tee -a "$S"
+    python3 - "$OUT/mtptrace.log" <<'PY' | tee -a "$S"
+import re, sys
+rows = []
+for line in open(sys.argv[1]):
+    line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+    if "mtp: cycle k=" in line:
+        rows.append({k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line)})
+rows = rows[len(rows) // 4:]
+if rows:
+    keys = ["ms", "draft_ms", "verify_ms", "accepted"]
+    print(f"one stream: {len(rows)} cycles, means " + ", ".join(f"{k} {sum(r[k] for r in rows) / len(rows):.3f}" for k in keys))
+PY
     ;;
   cycles)
     env_setup

@@ -5,7 +5,9 @@
 //! an MTP verify (whose drafts and decisions need the previous cycle's values) and a batched step cannot.
 //! Inside [`early`], a forward starts (`async_eval`) its stream every [`EVERY`] layers as it goes, so the
 //! device computes the first layers while the host builds the next. The same operations run in the same
-//! order: the values are the same bits. Elsewhere (counting a graph's operations, tests that inspect
+//! order: the values are the same bits. An MTP cycle's drafts are started the same way, one head pass
+//! at a time ([`now`]): the device runs the first pass while the host builds the next, where it sat idle
+//! until every draft was built. Elsewhere (counting a graph's operations, tests that inspect
 //! graphs) forwards stay lazy. `TANDEM_NO_EARLY_LAUNCH=1` keeps them lazy everywhere (benchmarks' A/B).
 
 use std::cell::Cell;
@@ -13,8 +15,15 @@ use std::sync::OnceLock;
 
 use mlx::Array;
 
-/// Layers built between two launches.
+/// Layers built between two launches (`TANDEM_LAUNCH_EVERY=n` sets another count, for benchmarks' A/B).
 pub const EVERY: usize = 4;
+
+fn every() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("TANDEM_LAUNCH_EVERY").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(EVERY)
+    })
+}
 
 thread_local! {
     static EARLY: Cell<bool> = const { Cell::new(false) };
@@ -46,10 +55,18 @@ pub fn start(arrays: &[&Array]) -> mlx::Result<()> {
     mlx::device::async_eval(arrays)
 }
 
+/// Starts computing `arrays` where [`early`] is on (a head pass's draft while the next pass is built).
+pub(crate) fn now(arrays: &[&Array]) -> mlx::Result<()> {
+    if EARLY.with(Cell::get) {
+        mlx::device::async_eval(arrays)?;
+    }
+    Ok(())
+}
+
 /// After layer `layer` (0-based) of `layers`: starts computing `arrays` where [`early`] is on and a
 /// launch is due (never after the last layer: the caller evaluates the whole forward then).
 pub(crate) fn after_layer(layer: usize, layers: usize, arrays: &[&Array]) -> mlx::Result<()> {
-    if (layer + 1) % EVERY == 0 && layer + 1 < layers && EARLY.with(Cell::get) {
+    if (layer + 1) % every() == 0 && layer + 1 < layers && EARLY.with(Cell::get) {
         mlx::device::async_eval(arrays)?;
     }
     Ok(())

@@ -184,7 +184,8 @@ impl<'m> MtpDecoder<'m> {
                 (a.drafted, Some(a.built), t0)
             }
             None => {
-                let drafted = self.draft(k)?;
+                // Each head pass starts as it is built; the last with the drafts.
+                let drafted = launch::early(|| self.draft(k))?;
                 launch::start(&[&drafted.drafts, &drafted.head])?;
                 (drafted, None, Instant::now())
             }
