@@ -172,7 +172,7 @@ fn cycle_step(group: &mut [&mut Sequence<'_>], k: usize) -> Result<()> {
     let t0 = Instant::now();
     let model = group[0].model;
     let since: Vec<Instant> = mtp_decoders(group)?.iter().map(|m| m.since(t0)).collect();
-    let drafted = launching(|| draft(group, k))?;
+    let drafted = draft(group, k)?;
     if !split_traced() {
         launch::start(&drafted.iter().flat_map(|d| [&d.drafts, &d.head]).collect::<Vec<_>>())?;
     }

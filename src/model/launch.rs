@@ -5,9 +5,7 @@
 //! an MTP verify (whose drafts and decisions need the previous cycle's values) and a batched step cannot.
 //! Inside [`early`], a forward starts (`async_eval`) its stream every [`EVERY`] layers as it goes, so the
 //! device computes the first layers while the host builds the next. The same operations run in the same
-//! order: the values are the same bits. An MTP cycle's drafts are started the same way, one head pass
-//! at a time ([`now`]): the device runs the first pass while the host builds the next, where it sat idle
-//! until every draft was built. Elsewhere (counting a graph's operations, tests that inspect
+//! order: the values are the same bits. Elsewhere (counting a graph's operations, tests that inspect
 //! graphs) forwards stay lazy. `TANDEM_NO_EARLY_LAUNCH=1` keeps them lazy everywhere (benchmarks' A/B).
 
 use std::cell::Cell;
@@ -15,8 +13,10 @@ use std::sync::OnceLock;
 
 use mlx::Array;
 
-/// Layers built between two launches (`TANDEM_LAUNCH_EVERY=n` sets another count, for benchmarks' A/B).
-pub const EVERY: usize = 4;
+/// Layers built between two launches (`TANDEM_LAUNCH_EVERY=n` sets another count, for benchmarks' A/B). Two,
+/// not four: 4-bit 27B slice on an H100, MTP depth 3 at 1 / 2 / 4 / 8 streams +4 to +9 %, batched plain steps
+/// +6 to +9 % (docs/PERF.md, session 22).
+pub const EVERY: usize = 2;
 
 fn every() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
@@ -53,14 +53,6 @@ pub fn start(arrays: &[&Array]) -> mlx::Result<()> {
         return Ok(());
     }
     mlx::device::async_eval(arrays)
-}
-
-/// Starts computing `arrays` where [`early`] is on (a head pass's draft while the next pass is built).
-pub(crate) fn now(arrays: &[&Array]) -> mlx::Result<()> {
-    if EARLY.with(Cell::get) {
-        mlx::device::async_eval(arrays)?;
-    }
-    Ok(())
 }
 
 /// After layer `layer` (0-based) of `layers`: starts computing `arrays` where [`early`] is on and a

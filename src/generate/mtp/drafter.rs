@@ -12,7 +12,6 @@ use mlx::{concatenate, Array};
 
 use crate::cache::KvCache;
 use crate::generate::error::Result;
-use crate::model::launch;
 use crate::model::layers::queries_per_varying_pass;
 use crate::model::Qwen35;
 
@@ -131,7 +130,6 @@ impl Drafter {
         for j in 0..k {
             let d = model.logits(&hm)?.argmax(-1, false)?; // [1, 1]
             if j + 1 < k {
-                launch::now(&[&d])?;
                 hm = model.mtp_forward(&hm, &d, &mut self.cache)?;
             }
             drafts.push(d);
@@ -174,7 +172,6 @@ impl Drafter {
             for j in 0..k {
                 let d = model.logits(&hm)?.argmax(-1, false)?; // [B, 1]
                 if j + 1 < k {
-                    launch::now(&[&d])?;
                     hm = model.mtp_forward_batch(&hm, &d, &mut caches)?;
                 }
                 drafts.push(d);

@@ -184,8 +184,7 @@ impl<'m> MtpDecoder<'m> {
                 (a.drafted, Some(a.built), t0)
             }
             None => {
-                // Each head pass starts as it is built; the last with the drafts.
-                let drafted = launch::early(|| self.draft(k))?;
+                let drafted = self.draft(k)?;
                 launch::start(&[&drafted.drafts, &drafted.head])?;
                 (drafted, None, Instant::now())
             }
