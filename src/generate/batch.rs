@@ -7,7 +7,8 @@
 //! share one forward of one token each; sequences drafting draft together (their heads run as one,
 //! each row against its own head cache: [`draft`]) and share one verify forward of `k + 1` tokens
 //! each, `k` the smallest depth their controllers chose, and each keeps its own accepted prefix (its
-//! own [`Verify`] transaction). A sequence that cannot share a forward this step (a
+//! own [`Verify`] transaction). While some MTP sequences are parked, those that would draft step
+//! plainly with them (one forward, not two). A sequence that cannot share a forward this step (a
 //! pipelined step still to be taken, token-by-token verify) steps alone.
 
 use std::time::Instant;
@@ -25,6 +26,8 @@ use crate::model::launch;
 enum Part {
     Alone,
     Plain,
+    /// An MTP decoder taking a plain step (its controller parked drafting, or too few tokens are left).
+    Parked,
     Cycle(usize),
 }
 
@@ -35,25 +38,37 @@ fn part(seq: &Sequence<'_>) -> Part {
     match &seq.decoder {
         Decoder::Plain(_) => Part::Plain,
         Decoder::Mtp(m) if m.verifies_exactly() => Part::Alone,
-        Decoder::Mtp(m) => m.cycle_depth(seq.remaining()).map_or(Part::Plain, Part::Cycle),
+        Decoder::Mtp(m) => m.cycle_depth(seq.remaining()).map_or(Part::Parked, Part::Cycle),
     }
 }
 
 /// Steps every sequence once (none may be done); each one's new tokens wait for
 /// [`Sequence::report`]. An error fails the step for all of them.
 pub fn step_batch(seqs: &mut [&mut Sequence<'_>]) -> Result<()> {
-    let (mut plain, mut cycle, mut depth) = (Vec::new(), Vec::new(), usize::MAX);
+    let (mut plain, mut cycle, mut depth, mut parked) = (Vec::new(), Vec::new(), usize::MAX, 0);
     let batch = seqs.len();
     for seq in seqs.iter_mut() {
         seq.decoder.set_batch(batch);
         match part(seq) {
             Part::Alone => step_alone(seq)?,
             Part::Plain => plain.push(&mut **seq),
+            Part::Parked => {
+                parked += 1;
+                plain.push(&mut **seq);
+            }
             Part::Cycle(k) => {
                 depth = depth.min(k);
                 cycle.push(&mut **seq);
             }
         }
+    }
+    // Drafting sequences beside parked ones step plainly with them: one forward for the batch, where a
+    // step of both would take two (a plain one and a cycle), each sequence's controller judging its own
+    // drafting on times that include the other forward. Each controller then parks and probes in step with
+    // its neighbours (tandem-tiny on the CPU, 2 adaptive MTP streams: docs/PERF.md, session 22). A plain
+    // decoder (MTP off for its request) is not parked and does not hold drafting back.
+    if parked > 0 && !cycle.is_empty() {
+        plain.append(&mut cycle);
     }
     // The verify's rows must stay where matmul rows are bit-identical to a plain step's (the
     // verify-width kernels on CUDA): fewer drafts each, or a plain step for all, rather than drafts

@@ -229,6 +229,30 @@ fn a_mixed_batch_of_plain_mtp_and_adaptive_sequences_matches_alone() {
     }
 }
 
+/// A drafting sequence beside a parked one steps plainly with it (one forward for the batch, not a plain one
+/// and a cycle): a fixed-depth MTP sequence takes plain steps while an adaptive newcomer measures plain decoding
+/// at the new batch size (its controller starts parked), and both still decode as they do alone.
+#[test]
+fn drafting_beside_a_parked_neighbour_steps_plainly_with_it_and_decodes_as_alone() {
+    let m = tiny();
+    let prompts = vec![probe_tokens(15, 20), probe_tokens(11, 250)];
+    let mut adaptive = opts(24, true);
+    adaptive.mtp.adaptive = true;
+    let o = vec![opts(40, true), adaptive];
+    let outs = batched(&m, &prompts, &o, &[0, 4], &[None; 2]);
+    let parked = |out: &Output| out.stats.spec.as_ref().map_or(0, |s| s.parked_cycles);
+    for (i, out) in outs.iter().enumerate() {
+        same(out, &alone(&m, &prompts[i], &o[i]), &format!("sequence {i}"));
+    }
+    let single = alone(&m, &prompts[0], &o[0]);
+    assert!(
+        parked(&outs[0]) >= parked(&single) + 2,
+        "the fixed-depth sequence drafted beside its parked neighbour: {} plain steps batched, {} alone",
+        parked(&outs[0]),
+        parked(&single)
+    );
+}
+
 #[test]
 fn greedy_sequences_without_logprobs_share_one_argmax_and_decode_as_alone() {
     // Without log-probabilities (the other tests record them), plain greedy steps take one argmax for the
