@@ -5,8 +5,8 @@
 //! gemv and its gemm tile sum in different orders), so an MTP verify's logits were not plain decoding's
 //! and bf16 MTP left the plain continuation (docs/PERF.md). The kernel computes each row of x the same way
 //! whatever M is and whatever the other rows hold, so a verify's logits are decoding's own, bit for bit; it
-//! is taken for all M in 1..=32, M = 1 included, for that reason, and reads each weight byte once for each 8 rows
-//! (past 8 rows, once for all of a call's slabs: [`slab_shape`]).
+//! is taken for all M in 1..=32, M = 1 included, for that reason, and reads each weight byte once a call (past 8
+//! rows, one block takes every 8-row slab of x: [`slab_shape`]).
 //!
 //! Tolerance: against an fp32 reference (x and w upcast) the relative Frobenius error of its output is at
 //! most half an ulp of the output dtype (2^-8 bf16, 2^-11 f16), what rounding the exact result costs.
