@@ -22,13 +22,13 @@
 #   streams  issue 22: the 4-bit and bf16 slices, 512-token prompts, 256 generated per stream: `tandem bench
 #            --streams 1,2,4,8` plain and at depth 3 with oracle acceptance 0.8 (drafts from the plain batch's
 #            tokens), then depth 3 adaptive at oracle 0.0 (ADAPTIVE=0 leaves that out)
-#   slabs    the quantized matmul past 8 rows, all slabs in one block against a block per slab (A/B, 4-bit streams;
+#   slabs    the quantized matmul past 8 rows, all slabs in one block against a block per slab (abstreams, 4-bit;
 #            ROUNDS rounds, default 2)
 #   dslabs   the dense matmul past 8 rows, all slabs in one block (the default since session 22) against a block per
-#            slab (TANDEM_KERNELS=-dmm_slabs; A/B, bf16 streams; ROUNDS rounds, default 2)
+#            slab (TANDEM_KERNELS=-dmm_slabs; abstreams, bf16)
 #   abstreams  this build against itself under AB_ENV, or another build (AB_BIN, a file in .devcarry/ xz-compressed
-#            like tandem.xz) under AB_ENV, alternated for ROUNDS rounds (default 2): FORMATS (default q4), 512-token prompts, 256 generated
-#            a stream, MTP depth 3, oracle 0.8, 1 / 2 / 4 / 8 streams
+#            like tandem.xz) under AB_ENV, alternated for ROUNDS rounds (default 2): FORMATS (default q4), 512-token
+#            prompts, 256 generated a stream, MTP depth 3, oracle 0.8, 1 / 2 / 4 / 8 streams
 #   mtptrace issue 16: where one stream's MTP cycle goes, 4-bit, depth 3, oracle 0.8, 256 generated (the `mtp: cycle`
 #            trace lines: the cycle, its drafts' build and launch, the verify's wait and read, means past the first quarter)
 #   cycles   issue 22: where a batched MTP cycle's time goes, 4-bit slice, depth 3, oracle 0.8, 2 / 4 / 8 streams
@@ -87,6 +87,23 @@ bench() {  # tag, then tandem bench arguments; extra environment in ENVS, anothe
 }
 mlx_lm() {  # tag
   python3 benches/vs_mlx_lm.py "$MODEL" $ARGS --mlx-lm-only 2>&1 | tail -1 | sed "s|^|$1 |" | tee -a "$S"
+}
+ab_streams() {  # abstreams: this build (tags ...-a-...) against OTHER under AB_ENV (tags ...-b-...)
+  env_setup
+  local other=$B f round
+  if [ -n "${AB_BIN:-}" ]; then
+    other=/tmp/keep/$AB_BIN.bin
+    [ -x "$other" ] || { xz -dc "/tmp/keep/$AB_BIN" > "$other" && chmod +x "$other"; }
+  fi
+  ARGS="--prompt-tokens 512 --gen-tokens 256"
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    for f in ${FORMATS:-q4}; do
+      model_for $f
+      ENVS= bench s27-$f-a-streams-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
+      ENVS=${AB_ENV:-} BIN=$other bench s27-$f-b-streams-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
+    done
+  done
+  ARGS="--prompt-tokens 512 --gen-tokens 512"
 }
 for phase in $PHASES; do
   echo "== $phase $(date +%T)"
@@ -227,46 +244,15 @@ for phase in $PHASES; do
     ;;
   slabs)
     # The quantized matmul past 8 rows: every 8-row slab in one block (the default since session 21) against a
-    # block per slab (TANDEM_KERNELS=-qmm_slabs), alternated for ROUNDS rounds (default 2): 4-bit, MTP depth 3,
-    # oracle 0.8, 1 / 2 / 4 / 8 streams.
-    env_setup
-    MODEL=$M-4bit
-    ARGS="--prompt-tokens 512 --gen-tokens 256"
-    for round in $(seq 1 ${ROUNDS:-2}); do
-      ENVS= bench s27-q4-slabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
-      ENVS=TANDEM_KERNELS=-qmm_slabs bench s27-q4-noslabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
-    done
-    ARGS="--prompt-tokens 512 --gen-tokens 512"
+    # block per slab: abstreams on the 4-bit slice under TANDEM_KERNELS=-qmm_slabs.
+    FORMATS=q4 AB_BIN= AB_ENV=TANDEM_KERNELS=-qmm_slabs ab_streams
     ;;
   dslabs)
-    # The dense matmul past 8 rows: every 8-row slab in one block (the default since session 22) against a block
-    # per slab (TANDEM_KERNELS=-dmm_slabs), alternated for ROUNDS rounds (default 2): bf16, MTP depth 3, oracle 0.8,
-    # 1 / 2 / 4 / 8 streams.
-    env_setup
-    MODEL=$M
-    ARGS="--prompt-tokens 512 --gen-tokens 256"
-    for round in $(seq 1 ${ROUNDS:-2}); do
-      ENVS= bench s27-bf16-slabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
-      ENVS=TANDEM_KERNELS=-dmm_slabs bench s27-bf16-noslabs-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
-    done
-    ARGS="--prompt-tokens 512 --gen-tokens 512"
+    # The dense matmul past 8 rows, the same way: abstreams on the bf16 slice under TANDEM_KERNELS=-dmm_slabs.
+    FORMATS=bf16 AB_BIN= AB_ENV=TANDEM_KERNELS=-dmm_slabs ab_streams
     ;;
   abstreams)
-    env_setup
-    OTHER=$B
-    if [ -n "${AB_BIN:-}" ]; then
-      OTHER=/tmp/keep/$AB_BIN.bin
-      [ -x $OTHER ] || { xz -dc "/tmp/keep/$AB_BIN" > $OTHER && chmod +x $OTHER; }
-    fi
-    ARGS="--prompt-tokens 512 --gen-tokens 256"
-    for round in $(seq 1 ${ROUNDS:-2}); do
-      for f in ${FORMATS:-q4}; do
-        model_for $f
-        ENVS= bench s27-$f-a-streams-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
-        ENVS=${AB_ENV:-} BIN=$OTHER bench s27-$f-b-streams-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
-      done
-    done
-    ARGS="--prompt-tokens 512 --gen-tokens 512"
+    ab_streams
     ;;
   mtptrace)
     env_setup
