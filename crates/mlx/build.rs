@@ -23,12 +23,28 @@ fn main() {
     build
         .file("cxx/bridge.cc")
         .include(&include)
+        // bridge.cc includes kernels/cpu/*.h from the repository root.
+        .include(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
         .std("c++20")
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")
         // from_dtype's switch must name every MLX type (see bridge.cc).
         .flag_if_supported("-Werror=switch");
     build.compile("mlx-bridge");
+
+    // Host kernels (the repository's kernels/cpu/, plain C++ linked into the bridge): always optimised, since
+    // an unoptimised build of a hot loop would be slower than the MLX op it replaces, debug builds included.
+    let kernels = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/cpu");
+    let mut host = cc::Build::new();
+    host.cpp(true).std("c++20").include(&include).opt_level(3).debug(false).flag_if_supported("-Wno-unused-parameter");
+    for entry in std::fs::read_dir(&kernels).expect("kernels/cpu").flatten() {
+        let path = entry.path();
+        println!("cargo:rerun-if-changed={}", path.display());
+        if path.extension().is_some_and(|e| e == "cc") {
+            host.file(path);
+        }
+    }
+    host.compile("tandem-host-kernels");
 
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=mlx");

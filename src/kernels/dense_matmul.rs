@@ -59,12 +59,36 @@ pub fn slab_shape(m: i32, u: i32) -> (i32, i32) {
     (slabs, if slabs > 2 { 1 } else { u })
 }
 
-/// `x @ w^T`: the CUDA kernel where [`selected`], MLX's matmul otherwise.
+/// `x @ w^T`: the CUDA kernel where [`selected`], the host kernel where [`cpu_selected`], MLX's matmul
+/// otherwise.
 pub fn dense_matmul(x: &Array, w: &Array) -> Result<Array> {
     if selected(x, w) {
         return cuda(x, w);
     }
+    if cpu_selected(x, w) {
+        return mlx::host::dense_matmul(x, w);
+    }
     fallback(x, w)
+}
+
+/// The host kernel's name for `TANDEM_KERNELS=-cpu_matmul`.
+pub const CPU_NAME: &str = "cpu_matmul";
+
+/// Whether a call takes the host kernel (kernels/cpu/dense_matmul.cc, `mlx::host::dense_matmul`): MLX
+/// computing on the CPU, x and w both f32, bf16 or f16 with w `[N, K]`, kernels not switched off. On the
+/// CPU MLX's matmul runs at ~2 GFLOP/s (a gemm of its own in bf16 and f16, reference BLAS for f32 in the Linux wheels); the kernel runs a decoding
+/// step's products several times faster, and a row's bits never depend on the other rows (kernels/README.md,
+/// "CPU: dense matmul").
+pub fn cpu_selected(x: &Array, w: &Array) -> bool {
+    let dt = x.dtype();
+    super::policy() != super::Policy::Off
+        && !super::disabled(CPU_NAME)
+        && mlx::device::default_device() == mlx::device::Device::Cpu
+        && matches!(dt, Dtype::F32 | Dtype::BF16 | Dtype::F16)
+        && w.dtype() == dt
+        && w.ndim() == 2
+        && x.ndim() >= 1
+        && x.dim(-1) == w.dim(1)
 }
 
 /// The MLX op the kernel replaces.

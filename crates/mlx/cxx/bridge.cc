@@ -7,7 +7,9 @@
 #include <string>
 #include <unordered_set>
 
+#include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "kernels/cpu/dense_matmul.h"
 
 #include "mlx-bridge/src/ffi.rs.h"
 
@@ -310,6 +312,81 @@ ArrayPtr conv2d(const Array& x, const Array& w, rust::Slice<const int32_t> strid
 ArrayPtr conv3d(const Array& x, const Array& w, rust::Slice<const int32_t> stride, rust::Slice<const int32_t> padding, int32_t groups) {
   if (stride.size() != 3 || padding.size() != 3) throw std::invalid_argument("conv3d: stride and padding need 3 values");
   return wrap(mx::conv3d(x, w, {stride[0], stride[1], stride[2]}, {padding[0], padding[1], padding[2]}, {1, 1, 1}, groups));
+}
+
+// --- host kernels (kernels/cpu/) ---
+namespace {
+
+// The elements of `a` in row-major order, for an input MLX has left strided (a slice, a transpose).
+std::vector<uint8_t> packed(const Array& a) {
+  const size_t es = a.itemsize();
+  std::vector<uint8_t> buf(a.size() * es);
+  const auto* base = a.data<uint8_t>();
+  const int nd = a.ndim();
+  std::vector<int64_t> idx(nd, 0);
+  for (size_t t = 0; t < a.size(); ++t) {
+    int64_t off = 0;
+    for (int d = 0; d < nd; ++d) off += idx[d] * a.strides()[d];
+    std::memcpy(&buf[t * es], base + off * static_cast<int64_t>(es), es);
+    for (int d = nd - 1; d >= 0 && ++idx[d] == a.shape(d); --d) idx[d] = 0;
+  }
+  return buf;
+}
+
+// y = x @ w^T by tandem_kernels::dense_matmul_nt, as an MLX primitive on the CPU stream: it joins the lazy
+// graph like any op, and runs on MLX's CPU scheduler thread in graph order.
+class DenseMatmulNT : public mx::UnaryPrimitive {
+ public:
+  explicit DenseMatmulNT(mx::Stream s) : mx::UnaryPrimitive(s) {}
+  const char* name() const override { return "TandemDenseMatmulNT"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+  void eval_gpu(const std::vector<Array>&, Array&) override {
+    throw std::runtime_error("TandemDenseMatmulNT runs on the CPU only");
+  }
+  void eval_cpu(const std::vector<Array>& in, Array& out) override {
+    const Array& x = in[0];
+    const Array& w = in[1];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(x);
+    enc.set_input_array(w);
+    enc.set_output_array(out);
+    const int64_t k = w.shape(1), n = w.shape(0), m = k == 0 ? 0 : static_cast<int64_t>(x.size()) / k;
+    const auto e = x.dtype() == mx::float32 ? tandem_kernels::Elem::F32
+                   : x.dtype() == mx::bfloat16 ? tandem_kernels::Elem::BF16
+                                               : tandem_kernels::Elem::F16;
+    if (k == 0) {
+      std::memset(out.data<uint8_t>(), 0, out.nbytes());
+      return;
+    }
+    // The input buffers outlive the task (MLX's CPU eval holds them until it has run); strided inputs are
+    // packed inside the task, once their data exist.
+    enc.dispatch([e, m, n, k, x = Array::unsafe_weak_copy(x), w = Array::unsafe_weak_copy(w),
+                  o = out.data<void>()]() {
+      std::vector<uint8_t> xp, wp;
+      const void* xd = x.data<void>();
+      const void* wd = w.data<void>();
+      if (!x.flags().row_contiguous) xd = (xp = packed(x)).data();
+      if (!w.flags().row_contiguous) wd = (wp = packed(w)).data();
+      tandem_kernels::dense_matmul_nt(e, xd, wd, o, m, n, k);
+    });
+  }
+};
+
+} // namespace
+
+ArrayPtr host_dense_matmul(const Array& x, const Array& w) {
+  const auto dt = x.dtype();
+  if ((dt != mx::float32 && dt != mx::bfloat16 && dt != mx::float16) || w.dtype() != dt) {
+    throw std::invalid_argument("host dense matmul: x and w must both be f32, bf16 or f16");
+  }
+  if (w.ndim() != 2 || x.ndim() < 1 || x.shape(-1) != w.shape(1)) {
+    throw std::invalid_argument("host dense matmul: x [..., K] and w [N, K] needed");
+  }
+  auto shape = x.shape();
+  shape.back() = w.shape(0);
+  auto s = mx::default_stream(mx::Device::cpu);
+  return wrap(Array(std::move(shape), dt, std::make_shared<DenseMatmulNT>(s), {x, w}));
 }
 
 // --- quantization ---

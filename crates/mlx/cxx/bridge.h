@@ -139,6 +139,9 @@ ArrayPtr conv1d(const Array& x, const Array& w, int32_t stride, int32_t padding,
 ArrayPtr conv2d(const Array& x, const Array& w, rust::Slice<const int32_t> stride, rust::Slice<const int32_t> padding, int32_t groups);
 ArrayPtr conv3d(const Array& x, const Array& w, rust::Slice<const int32_t> stride, rust::Slice<const int32_t> padding, int32_t groups);
 
+// --- host kernels (kernels/cpu/) ---
+ArrayPtr host_dense_matmul(const Array& x, const Array& w);
+
 // --- quantization ---
 std::unique_ptr<ArrayVec> quantize(const Array& w, int32_t group_size, int32_t bits, rust::Str mode);
 ArrayPtr dequantize(const Array& w, const Array& scales, const Array& biases, bool has_biases, int32_t group_size, int32_t bits, rust::Str mode);

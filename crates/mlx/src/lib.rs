@@ -12,6 +12,7 @@ mod dtype;
 mod error;
 pub mod fast;
 mod ffi;
+pub mod host;
 pub mod kernel;
 pub mod ops;
 pub mod quantized;

@@ -3,5 +3,6 @@
 
 mod compile;
 mod distributed;
+mod host;
 mod ops;
 mod reference;
