@@ -36,7 +36,15 @@ fn main() {
     // an unoptimised build of a hot loop would be slower than the MLX op it replaces, debug builds included.
     let kernels = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/cpu");
     let mut host = cc::Build::new();
-    host.cpp(true).std("c++20").include(&include).opt_level(3).debug(false).flag_if_supported("-Wno-unused-parameter");
+    host.cpp(true)
+        .std("c++20")
+        .include(&include)
+        .opt_level(3)
+        .debug(false)
+        // No fused multiply-adds the compiler chooses itself: it fuses some products and not others, and
+        // a row's bits would then depend on which code path (one row of x or two) computed it.
+        .flag("-ffp-contract=off")
+        .flag_if_supported("-Wno-unused-parameter");
     for entry in std::fs::read_dir(&kernels).expect("kernels/cpu").flatten() {
         let path = entry.path();
         println!("cargo:rerun-if-changed={}", path.display());

@@ -1,8 +1,9 @@
-// y = x @ w^T on the CPU (dense_matmul.h). Plain C++ the compiler vectorizes: each output keeps eight
-// fp32 partial sums (lane l takes elements l, l + 8, ...), added in one fixed tree, then the K tail; four
-// weight rows share each pass over a row of x. Which rows share a pass depends on N only, so a row's bits
-// never depend on M. On x86-64 Linux the hot loop is also built for x86-64-v3 (AVX2, FMA) and picked at
-// load time (target_clones); arm64's NEON is its baseline.
+// y = x @ w^T on the CPU (dense_matmul.h). Each output keeps eight fp32 partial sums (lane l takes
+// elements l, l + 8, ...; GCC/Clang vector extensions), added in one fixed tree, then the K tail. Four
+// weight rows share each pass over two rows of x. No fused multiply-adds (-ffp-contract=off in the
+// build), so every code path gives an output the same bits, on every machine: which rows share a pass
+// never changes a row's result, and a row's bits never depend on M. On x86-64 Linux the hot loop is also
+// built for x86-64-v3 (AVX2) and picked at load time (target_clones); arm64's NEON is its baseline.
 #include "dense_matmul.h"
 
 #include <algorithm>
@@ -60,57 +61,129 @@ TANDEM_INLINE float load(const uint16_t* p, int64_t i) {
   return bf16_to_f32(p[i]);
 }
 
-// dots[r] = xr . w[r] for RR consecutive weight rows of k elements (f32, or bf16 bits).
+// Eight fp32 lanes (GCC/Clang vector extensions: AVX on x86-64-v3, two SSE or NEON registers elsewhere).
+typedef float f8 __attribute__((vector_size(32)));
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+TANDEM_INLINE f8 load8(const float* p) {
+  f8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+TANDEM_INLINE f8 load8(const uint16_t* p) {
+  u16x8 h;
+  std::memcpy(&h, p, sizeof h);
+  const u32x8 u = __builtin_convertvector(h, u32x8) << 16;
+  f8 v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+// The eight lanes in one fixed tree, then the K tail: an output's last steps.
+template <class W>
+TANDEM_INLINE float finish(f8 a, const float* xr, const W* wr, int64_t kv, int64_t k) {
+  float s = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+  for (int64_t c = kv; c < k; ++c) s += xr[c] * load(wr, c);
+  return s;
+}
+
+// out[r] = xr . w[r] for RR consecutive weight rows of k elements (f32, or bf16 bits): lane l sums the
+// products of elements l, l + 8, ... in order.
 template <int RR, class W>
 TANDEM_INLINE void dots(const float* xr, const W* w, int64_t k, float* out) {
-  float acc[RR][kLanes] = {};
+  f8 acc[RR] = {};
   const int64_t kv = k - k % kLanes;
   for (int64_t c = 0; c < kv; c += kLanes) {
+    const f8 xv = load8(xr + c);
+    for (int r = 0; r < RR; ++r) acc[r] += xv * load8(w + r * k + c);
+  }
+  for (int r = 0; r < RR; ++r) out[r] = finish(acc[r], xr, w + r * k, kv, k);
+}
+
+// dots() for two rows of x at once: each weight vector loaded serves two products. Each output's
+// arithmetic is dots()'s own (no fused multiply-add: the build passes -ffp-contract=off), so a row's bits
+// do not change with its partner.
+template <int RR, class W>
+TANDEM_INLINE void dots2(const float* x0, const float* x1, const W* w, int64_t k, float* out0, float* out1) {
+  f8 a0[RR] = {}, a1[RR] = {};
+  const int64_t kv = k - k % kLanes;
+  for (int64_t c = 0; c < kv; c += kLanes) {
+    const f8 xv0 = load8(x0 + c), xv1 = load8(x1 + c);
     for (int r = 0; r < RR; ++r) {
-      for (int l = 0; l < kLanes; ++l) acc[r][l] += xr[c + l] * load(w + r * k, c + l);
+      const f8 wv = load8(w + r * k + c);
+      a0[r] += xv0 * wv;
+      a1[r] += xv1 * wv;
     }
   }
   for (int r = 0; r < RR; ++r) {
-    const float* a = acc[r];
-    float s = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-    for (int64_t c = kv; c < k; ++c) s += xr[c] * load(w + r * k, c);
-    out[r] = s;
+    out0[r] = finish(a0[r], x0, w + r * k, kv, k);
+    out1[r] = finish(a1[r], x1, w + r * k, kv, k);
   }
 }
 
-// y (m x n, f32) = xf (m x k, f32) @ w^T for weight rows [j0, j1), w pointing at row j0. Rows of x go in blocks so a block
-// stays in cache while every group of weight rows passes over it.
+template <int RR, class W>
+TANDEM_INLINE void pass(const float* xf, const W* wj, float* y, int64_t i0, int64_t i1, int64_t n, int64_t k,
+                        int64_t j) {
+  float d0[RR], d1[RR];
+  int64_t i = i0;
+  for (; i + 1 < i1; i += 2) {
+    dots2<RR>(xf + i * k, xf + (i + 1) * k, wj, k, d0, d1);
+    for (int r = 0; r < RR; ++r) {
+      y[i * n + j + r] = d0[r];
+      y[(i + 1) * n + j + r] = d1[r];
+    }
+  }
+  if (i < i1) {
+    dots<RR>(xf + i * k, wj, k, d0);
+    for (int r = 0; r < RR; ++r) y[i * n + j + r] = d0[r];
+  }
+}
+
+template <class W>
+TANDEM_INLINE void group(const float* xf, const W* wj, float* y, int64_t i0, int64_t i1, int64_t n, int64_t k,
+                         int64_t j, int64_t rr) {
+  switch (rr) {
+    case 4: pass<4>(xf, wj, y, i0, i1, n, k, j); break;
+    case 3: pass<3>(xf, wj, y, i0, i1, n, k, j); break;
+    case 2: pass<2>(xf, wj, y, i0, i1, n, k, j); break;
+    default: pass<1>(xf, wj, y, i0, i1, n, k, j); break;
+  }
+}
+
+// y (m x n, f32) = xf (m x k, f32) @ w^T for weight rows [j0, j1), w pointing at row j0. Rows of x go in
+// blocks that stay in cache while every group of weight rows passes over them. For two rows or more, a
+// bf16 group is widened to f32 once (in `wf`, 4 * k floats) rather than once per row: the same values, so
+// the same bits, at a fraction of the conversions.
 template <class W>
 TANDEM_INLINE void rows(const float* xf, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
-                        int64_t j1) {
+                        int64_t j1, float* wf) {
   constexpr int64_t kBlock = 16;
   for (int64_t i0 = 0; i0 < m; i0 += kBlock) {
     const int64_t i1 = std::min(m, i0 + kBlock);
     for (int64_t j = j0; j < j1; j += kRows) {
       const W* wj = w + (j - j0) * k;
-      float d[kRows];
-      for (int64_t i = i0; i < i1; ++i) {
-        const float* xr = xf + i * k;
-        switch (std::min<int64_t>(kRows, j1 - j)) {
-          case 4: dots<4>(xr, wj, k, d); break;
-          case 3: dots<3>(xr, wj, k, d); break;
-          case 2: dots<2>(xr, wj, k, d); break;
-          default: dots<1>(xr, wj, k, d); break;
+      const int64_t rr = std::min<int64_t>(kRows, j1 - j);
+      if constexpr (sizeof(W) == 2) {
+        if (i1 - i0 > 1) {
+          for (int64_t t = 0; t < rr * k; ++t) wf[t] = load(wj, t);
+          group(xf, static_cast<const float*>(wf), y, i0, i1, n, k, j, rr);
+          continue;
         }
-        for (int r = 0; r < kRows && j + r < j1; ++r) y[i * n + j + r] = d[r];
       }
+      group(xf, wj, y, i0, i1, n, k, j, rr);
     }
   }
 }
 
 TANDEM_CLONES void rows_f32(const float* xf, const float* w, float* y, int64_t m, int64_t n, int64_t k,
                             int64_t j0, int64_t j1) {
-  rows(xf, w, y, m, n, k, j0, j1);
+  rows(xf, w, y, m, n, k, j0, j1, nullptr);
 }
 
 TANDEM_CLONES void rows_bf16(const float* xf, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
-                             int64_t j0, int64_t j1) {
-  rows(xf, w, y, m, n, k, j0, j1);
+                             int64_t j0, int64_t j1, float* wf) {
+  rows(xf, w, y, m, n, k, j0, j1, wf);
 }
 
 } // namespace
@@ -132,7 +205,11 @@ void dense_matmul_nt(Elem e, const void* x, const void* w, void* out, int64_t m,
   }
   switch (e) {
     case Elem::F32: rows_f32(xf, static_cast<const float*>(w), y, m, n, k, 0, n); break;
-    case Elem::BF16: rows_bf16(xf, static_cast<const uint16_t*>(w), y, m, n, k, 0, n); break;
+    case Elem::BF16: {
+      std::vector<float> wf(m > 1 ? kRows * k : 0);
+      rows_bf16(xf, static_cast<const uint16_t*>(w), y, m, n, k, 0, n, wf.data());
+      break;
+    }
     case Elem::F16: {
       // f16 has no cheap vector conversion everywhere: a group of weight rows at a time goes to f32 first.
       const auto* wh = static_cast<const uint16_t*>(w);

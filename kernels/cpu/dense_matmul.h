@@ -12,7 +12,8 @@ namespace tandem_kernels {
 enum class Elem : uint8_t { F32, BF16, F16 };
 
 // x: m rows of k elements, w: n rows of k elements, out: m rows of n elements, all row-major and of one
-// element type. Single-threaded; no allocation past a scratch of m * k floats (and 4 * k for f16).
+// element type. Single-threaded; its scratch: x and the products in f32 (m * k and m * n floats, for bf16
+// and f16), a group of weight rows in f32 (4 * k floats for bf16, 64 * k for f16).
 void dense_matmul_nt(Elem e, const void* x, const void* w, void* out, int64_t m, int64_t n, int64_t k);
 
 } // namespace tandem_kernels

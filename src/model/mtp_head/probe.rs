@@ -38,7 +38,7 @@ pub const PROBE_TEXT: &str = include_str!("../../../assets/probe/mtp-probe.txt")
 /// At most this many tokens of the text are probed.
 pub const MAX_TOKENS: usize = 256;
 /// Then this many tokens of the body's own greedy continuation.
-pub const CONTINUATION: usize = 64;
+pub const CONTINUATION: usize = 128;
 /// Below this, the body does not read the text well enough to judge a head.
 pub const MIN_BODY_AGREEMENT: f64 = 0.1;
 /// A head below this acceptance does not run (where the body can judge).
