@@ -44,7 +44,10 @@ fn main() {
         // No fused multiply-adds the compiler chooses itself: it fuses some products and not others, and
         // a row's bits would then depend on which code path (one row of x or two) computed it.
         .flag("-ffp-contract=off")
-        .flag_if_supported("-Wno-unused-parameter");
+        .flag_if_supported("-Wno-unused-parameter")
+        // GCC notes that 32-byte vector values change the ABI without AVX; they never cross a call boundary
+        // (every function passing them is inlined) or leave this library.
+        .flag_if_supported("-Wno-psabi");
     for entry in std::fs::read_dir(&kernels).expect("kernels/cpu").flatten() {
         let path = entry.path();
         println!("cargo:rerun-if-changed={}", path.display());

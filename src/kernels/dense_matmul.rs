@@ -89,6 +89,30 @@ pub fn cpu_selected(x: &Array, w: &Array) -> bool {
         && w.ndim() == 2
         && x.ndim() >= 1
         && x.dim(-1) == w.dim(1)
+        && cpu_probe_passed(dt)
+}
+
+/// The host kernel's probe verdict for `dtype`, once per process: the kernel is C++ built for the machine
+/// it runs on (arm64 NEON on a Mac, where no test of this repository runs), so it proves itself there
+/// before it is taken.
+fn cpu_probe_passed(dtype: Dtype) -> bool {
+    static PROBES: [OnceLock<bool>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let tolerance = if dtype == Dtype::F32 { 1e-5 } else { tolerance(dtype) };
+    *PROBES[super::dtype_slot(dtype)]
+        .get_or_init(|| probe_verdict(&format!("host dense matmul ({dtype:?})"), cpu_probe(dtype), tolerance))
+}
+
+/// Relative Frobenius error of the host kernel against an fp32 reference on x of 19 rows (K of 264: a tail
+/// past the eight lanes; N of 42: a tail past the four-row groups), infinite where its last 3 rows alone do
+/// not give the same bits.
+pub fn cpu_probe(dtype: Dtype) -> Result<f32> {
+    let keys = random::split(&random::key(0x686d_6d00)?, 2)?;
+    let w = random::normal(&[42, 264], Dtype::F32, &keys[0])?.multiply(&Array::f32(0.02))?.as_dtype(dtype)?;
+    let x19 = random::normal(&[19, 264], Dtype::F32, &keys[1])?.as_dtype(dtype)?;
+    let Some(y19) = super::last_slab_alone(&x19, |x| mlx::host::dense_matmul(x, &w))? else {
+        return Ok(f32::INFINITY);
+    };
+    relative_error(&y19, &reference(&x19, &w)?)
 }
 
 /// The MLX op the kernel replaces.

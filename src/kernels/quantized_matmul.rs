@@ -1,10 +1,12 @@
 //! `y = x @ dequantize(w)^T` for affine-quantized weights: at verify widths (M = 1..32 rows of x) on CUDA,
-//! the kernel in kernels/cuda/quantized_matmul.cu{,h}; on the CPU with bf16 or f16 x, MLX's op computed in
-//! fp32 ([`cpu_f32`]); everywhere else, MLX's `quantized_matmul` ([`fallback`]).
+//! the kernel in kernels/cuda/quantized_matmul.cu{,h}; on the CPU, the host kernel in
+//! kernels/cpu/quantized_matmul.cc ([`host_selected`]: 2, 4 and 8 bits), else MLX's op computed in fp32
+//! ([`cpu_f32`]: other bit widths, bf16 or f16 x); everywhere else, MLX's `quantized_matmul` ([`fallback`]).
 //!
-//! The CPU path exists because MLX 0.32.4's CPU `quantized_matmul` accumulates in the input's dtype when
+//! The CPU paths exist because MLX 0.32.4's CPU `quantized_matmul` accumulates in the input's dtype when
 //! that is bf16: eight times slower than the same op in fp32 and, at K = 1024, up to 8% off the exact
 //! result where fp32 accumulation rounded once is within half an ulp (kernels/README.md has the figures).
+//! The host kernel is the fp32 path again, several times faster, and its rows' bits never depend on M.
 //!
 //! MLX's CUDA op costs almost linearly in M (an MTP verify of 4 tokens paid ~3.5 plain steps of it on the
 //! H200); the kernel reads the weights once for all M rows, so M = 8 costs what M = 1 does. It computes
@@ -96,16 +98,84 @@ pub fn tolerance(dtype: Dtype) -> f32 {
     }
 }
 
-/// `x @ dequantize(q)^T` (`q.matmul(x, true)`): the CUDA kernel where [`selected`], the fp32 CPU path where
-/// [`cpu_selected`], MLX's op otherwise.
+/// `x @ dequantize(q)^T` (`q.matmul(x, true)`): the CUDA kernel where [`selected`], the host kernel where
+/// [`host_selected`], the fp32 CPU path where [`cpu_selected`], MLX's op otherwise.
 pub fn quantized_matmul(x: &Array, q: &Quantized) -> Result<Array> {
     if selected(x, q) {
         return cuda(x, q);
+    }
+    if host_selected(x, q) {
+        return host(x, q);
     }
     if cpu_selected(x, q) {
         return cpu_f32(x, q);
     }
     fallback(x, q)
+}
+
+/// The host kernel's name for `TANDEM_KERNELS=-cpu_qmm`.
+pub const HOST_NAME: &str = "cpu_qmm";
+
+/// Whether a call takes the host kernel (kernels/cpu/quantized_matmul.cc): MLX computing on the CPU, x f32,
+/// bf16 or f16, affine weights of 2, 4 or 8 bits in groups of a multiple of 8 with float scales and biases of
+/// one dtype, shapes that agree, kernels not switched off, and its probe passed for x's dtype.
+pub fn host_selected(x: &Array, q: &Quantized) -> bool {
+    let float = |d: Dtype| matches!(d, Dtype::F32 | Dtype::BF16 | Dtype::F16);
+    let Some(biases) = &q.biases else { return false };
+    if super::policy() == super::Policy::Off
+        || super::disabled(HOST_NAME)
+        || default_device() != Device::Cpu
+        || q.mode != QuantMode::Affine
+        || !matches!(q.bits, 2 | 4 | 8)
+        || q.group_size <= 0
+        || q.group_size % 8 != 0
+        || !float(x.dtype())
+        || !float(q.scales.dtype())
+        || biases.dtype() != q.scales.dtype()
+        || q.weight.dtype() != Dtype::U32
+        || q.weight.ndim() != 2
+        || x.ndim() == 0
+    {
+        return false;
+    }
+    let (k, n) = (x.dim(-1), q.weight.dim(0));
+    let groups = [n, k / q.group_size];
+    k % q.group_size == 0
+        && q.weight.dim(1) as i64 * 32 == k as i64 * q.bits as i64
+        && q.scales.shape() == groups
+        && biases.shape() == groups
+        && host_probe_passed(x.dtype())
+}
+
+/// The host kernel: `mlx::host::quantized_matmul` on the quantized weight's parts.
+pub fn host(x: &Array, q: &Quantized) -> Result<Array> {
+    let biases = q.biases.as_ref().ok_or_else(|| mlx::Error::Invalid("host quantized matmul: no biases".into()))?;
+    mlx::host::quantized_matmul(x, &q.weight, &q.scales, biases, q.group_size, q.bits)
+}
+
+/// The host kernel's probe verdict for x of `dtype`, once per process: like the dense one's, it is C++ built
+/// for the machine it runs on, so it proves itself there before it is taken.
+fn host_probe_passed(dtype: Dtype) -> bool {
+    static PROBES: [OnceLock<bool>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let tolerance = if dtype == Dtype::F32 { 1e-5 } else { tolerance(dtype) };
+    *PROBES[super::dtype_slot(dtype)]
+        .get_or_init(|| probe_verdict(&format!("host quantized matmul ({dtype:?})"), host_probe(dtype), tolerance))
+}
+
+/// The larger relative Frobenius error of the host kernel against an fp32 reference, at 2, 4 and 8 bits, on x
+/// of 19 rows (K of 256 in groups of 64; N of 42: a tail past the four-row groups), infinite where its last 3
+/// rows alone do not give the same bits.
+pub fn host_probe(dtype: Dtype) -> Result<f32> {
+    let keys = random::split(&random::key(0x716d_6d00)?, 2)?;
+    let w = random::normal(&[42, 256], Dtype::F32, &keys[0])?.multiply(&Array::f32(0.02))?.as_dtype(dtype)?;
+    let x19 = random::normal(&[19, 256], Dtype::F32, &keys[1])?.as_dtype(dtype)?;
+    let mut worst = 0.0f32;
+    for bits in [2, 4, 8] {
+        let q = quantize(&w, GROUP_SIZE, bits, QuantMode::Affine)?;
+        let Some(y19) = super::last_slab_alone(&x19, |x| host(x, &q))? else { return Ok(f32::INFINITY) };
+        worst = worst.max(relative_error(&y19, &reference(&x19, &q)?)?);
+    }
+    Ok(worst)
 }
 
 /// Whether a call takes [`cpu_f32`]: MLX computing on the CPU, x in bf16 or f16, affine weights (whose

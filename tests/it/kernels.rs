@@ -82,10 +82,16 @@ fn qmm_selection_rules() {
     assert!(!qmm::applicable(&inputs(1, 64, Dtype::BF16, 2), &small_k), "K below the tested range");
 
     if backend() != Backend::Cuda {
-        // Off CUDA no CUDA kernel; on the CPU the hook is MLX's op computed in fp32, bit for bit.
+        // Off CUDA no CUDA kernel; on the CPU the host kernel (qmm_host_kernel_is_selected_and_within_half_an_ulp).
         assert!(!qmm::selected(&x, &q4));
         let y = qmm::quantized_matmul(&x, &q4).unwrap();
-        let want = if qmm::cpu_selected(&x, &q4) { qmm::cpu_f32(&x, &q4) } else { qmm::fallback(&x, &q4) };
+        let want = if qmm::host_selected(&x, &q4) {
+            qmm::host(&x, &q4)
+        } else if qmm::cpu_selected(&x, &q4) {
+            qmm::cpu_f32(&x, &q4)
+        } else {
+            qmm::fallback(&x, &q4)
+        };
         assert_eq!(y.shape(), vec![1, 4, 8]);
         assert_eq!(y.dtype(), Dtype::BF16);
         assert_eq!(y.to_bytes().unwrap(), want.unwrap().to_bytes().unwrap());
@@ -94,6 +100,48 @@ fn qmm_selection_rules() {
     assert!(!qmm::cpu_selected(&x32, &q4), "f32 x keeps MLX's op");
     let mx = Quantized { mode: QuantMode::Mxfp4, ..q4.clone() };
     assert!(!qmm::cpu_selected(&x, &mx), "only affine weights");
+    assert!(!qmm::host_selected(&x, &mx), "the host kernel: only affine weights");
+    assert!(!qmm::host_selected(&x, &q3), "the host kernel: no 3 bits");
+    assert!(!qmm::host_selected(&x, &Quantized { biases: None, ..q4.clone() }), "the host kernel: biases needed");
+    assert!(!qmm::host_selected(&x, &f16_scales), "the host kernel: scales and biases of one dtype");
+    assert!(!qmm::host_selected(&inputs(1, 256, Dtype::BF16, 2), &q4), "the host kernel: K of x and w differ");
+}
+
+/// The host quantized matmul (kernels/cpu/) on MLX's CPU device: selected for every float dtype at 2, 4 and 8
+/// bits and any M, within half an ulp of the fp32 reference, each row's bits the same for every M, and the
+/// model's quantized path goes to it.
+#[test]
+fn qmm_host_kernel_is_selected_and_within_half_an_ulp() {
+    if mlx::device::default_device() != mlx::device::Device::Cpu {
+        println!("qmm_host_kernel_is_selected_and_within_half_an_ulp: SKIPPED: MLX computes on the GPU here");
+        return;
+    }
+    for dtype in [Dtype::BF16, Dtype::F16, Dtype::F32] {
+        let tolerance = if dtype == Dtype::F32 { 1e-5 } else { half_ulp(dtype) as f32 };
+        let probe = qmm::host_probe(dtype).unwrap();
+        assert!(probe <= tolerance, "{dtype:?}: probe error {probe:.2e}");
+        for bits in [2, 4, 8] {
+            for (i, &(n, k, group)) in
+                [(384, 256, 64), (40, 1024, 64), (4096, 256, 32), (24, 128, 128)].iter().enumerate()
+            {
+                let w = dense_weights(n, k, dtype, 70 + i as u64);
+                let q = quantize(&w, group, bits, QuantMode::Affine).unwrap();
+                let x32 = inputs(32, k, dtype, 80 + i as u64);
+                let case = format!("{dtype:?} {bits}-bit N={n} K={k} group {group}");
+                assert!(qmm::host_selected(&x32, &q), "{case}: not selected");
+                let y32 = qmm::quantized_matmul(&x32, &q).unwrap();
+                assert_eq!(y32.dtype(), dtype);
+                let reference = qmm::reference(&x32, &q).unwrap();
+                let e = qmm::relative_error(&y32, &reference).unwrap();
+                let e_mlx = qmm::relative_error(&qmm::fallback(&x32, &q).unwrap(), &reference).unwrap();
+                assert!(e <= tolerance, "{case}: error {e:.2e} against fp32 (MLX's op: {e_mlx:.2e})");
+                rows_alone_as_in_32(&x32, &y32, |x| qmm::quantized_matmul(x, &q).unwrap(), &case);
+                let y3 = qmm::quantized_matmul(&x32.reshape(&[4, 8, k]).unwrap(), &q).unwrap();
+                assert_eq!(y3.to_bytes().unwrap(), y32.to_bytes().unwrap(), "{case}: [4, 8, K] differs from [32, K]");
+                println!("qmm host {case}: error {e:.2e} against fp32, MLX's op {e_mlx:.2e}");
+            }
+        }
+    }
 }
 
 /// Past 8 rows one block takes every 8-row slab (so each weight tile is unpacked once for all rows); up to 8 it
@@ -283,7 +331,44 @@ fn dmm_selection_rules() {
         let y = dmm::dense_matmul(&x, &w).unwrap();
         assert_eq!(y.shape(), vec![1, 4, 8]);
         assert_eq!(y.dtype(), Dtype::BF16);
-        assert_eq!(y.to_bytes().unwrap(), dmm::fallback(&x, &w).unwrap().to_bytes().unwrap());
+        // On the CPU the host kernel (dmm_cpu_kernel_is_selected_and_within_half_an_ulp), elsewhere MLX's op.
+        let want = if dmm::cpu_selected(&x, &w) { mlx::host::dense_matmul(&x, &w) } else { dmm::fallback(&x, &w) };
+        assert_eq!(y.to_bytes().unwrap(), want.unwrap().to_bytes().unwrap());
+    }
+}
+
+/// The host dense matmul (kernels/cpu/) on MLX's CPU device: selected for every float dtype and any M, within
+/// half an ulp of the fp32 reference where MLX's own op is too, each row's bits the same for every M, and the
+/// model's dense path goes to it.
+#[test]
+fn dmm_cpu_kernel_is_selected_and_within_half_an_ulp() {
+    use tandem::kernels::dense_matmul as dmm;
+    if mlx::device::default_device() != mlx::device::Device::Cpu {
+        println!("dmm_cpu_kernel_is_selected_and_within_half_an_ulp: SKIPPED: MLX computes on the GPU here");
+        return;
+    }
+    for dtype in [Dtype::BF16, Dtype::F16, Dtype::F32] {
+        let probe = dmm::cpu_probe(dtype).unwrap();
+        let tolerance = if dtype == Dtype::F32 { 1e-5 } else { half_ulp(dtype) as f32 };
+        assert!(probe <= tolerance, "{dtype:?}: probe error {probe:.2e}");
+        for (i, &(n, k)) in [(4096, 256), (40, 1024), (37, 100)].iter().enumerate() {
+            let w = dense_weights(n, k, dtype, 50 + i as u64);
+            let x32 = inputs(32, k, dtype, 60 + i as u64);
+            assert!(dmm::cpu_selected(&x32, &w), "{dtype:?} N={n} K={k}: not selected");
+            let y32 = dmm::dense_matmul(&x32, &w).unwrap();
+            let reference = dmm::reference(&x32, &w).unwrap();
+            let case = format!("{dtype:?} N={n} K={k}");
+            let e = tandem::kernels::quantized_matmul::relative_error(&y32, &reference).unwrap();
+            let e_mlx =
+                tandem::kernels::quantized_matmul::relative_error(&dmm::fallback(&x32, &w).unwrap(), &reference)
+                    .unwrap();
+            assert!(e <= tolerance, "{case}: error {e:.2e} against fp32 (MLX's op: {e_mlx:.2e})");
+            rows_alone_as_in_32(&x32, &y32, |x| dmm::dense_matmul(x, &w).unwrap(), &case);
+            // Three axes, as the model's [B, T, K] hidden states arrive.
+            let y3 = dmm::dense_matmul(&x32.reshape(&[4, 8, k]).unwrap(), &w).unwrap();
+            assert_eq!(y3.to_bytes().unwrap(), y32.to_bytes().unwrap(), "{case}: [4, 8, K] differs from [32, K]");
+            println!("dmm cpu {case}: error {e:.2e} against fp32, MLX's op {e_mlx:.2e}");
+        }
     }
 }
 

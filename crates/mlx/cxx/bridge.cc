@@ -10,6 +10,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 #include "kernels/cpu/dense_matmul.h"
+#include "kernels/cpu/quantized_matmul.h"
 
 #include "mlx-bridge/src/ffi.rs.h"
 
@@ -333,6 +334,14 @@ std::vector<uint8_t> packed(const Array& a) {
   return buf;
 }
 
+tandem_kernels::Elem elem(mx::Dtype d) {
+  return d == mx::float32 ? tandem_kernels::Elem::F32
+         : d == mx::bfloat16 ? tandem_kernels::Elem::BF16
+                             : tandem_kernels::Elem::F16;
+}
+
+bool is_float(mx::Dtype d) { return d == mx::float32 || d == mx::bfloat16 || d == mx::float16; }
+
 // y = x @ w^T by tandem_kernels::dense_matmul_nt, as an MLX primitive on the CPU stream: it joins the lazy
 // graph like any op, and runs on MLX's CPU scheduler thread in graph order.
 class DenseMatmulNT : public mx::UnaryPrimitive {
@@ -352,9 +361,7 @@ class DenseMatmulNT : public mx::UnaryPrimitive {
     enc.set_input_array(w);
     enc.set_output_array(out);
     const int64_t k = w.shape(1), n = w.shape(0), m = k == 0 ? 0 : static_cast<int64_t>(x.size()) / k;
-    const auto e = x.dtype() == mx::float32 ? tandem_kernels::Elem::F32
-                   : x.dtype() == mx::bfloat16 ? tandem_kernels::Elem::BF16
-                                               : tandem_kernels::Elem::F16;
+    const auto e = elem(x.dtype());
     if (k == 0) {
       std::memset(out.data<uint8_t>(), 0, out.nbytes());
       return;
@@ -373,7 +380,75 @@ class DenseMatmulNT : public mx::UnaryPrimitive {
   }
 };
 
+// y = x @ dequantize(wq, scales, biases)^T by tandem_kernels::quantized_matmul_nt, as DenseMatmulNT is.
+class QuantizedMatmulNT : public mx::UnaryPrimitive {
+ public:
+  QuantizedMatmulNT(mx::Stream s, int group, int bits) : mx::UnaryPrimitive(s), group_(group), bits_(bits) {}
+  const char* name() const override { return "TandemQuantizedMatmulNT"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const QuantizedMatmulNT&>(other);
+    return o.group_ == group_ && o.bits_ == bits_;
+  }
+  void eval_gpu(const std::vector<Array>&, Array&) override {
+    throw std::runtime_error("TandemQuantizedMatmulNT runs on the CPU only");
+  }
+  void eval_cpu(const std::vector<Array>& in, Array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : in) enc.set_input_array(a);
+    enc.set_output_array(out);
+    const int64_t n = in[1].shape(0), k = in[0].shape(-1), m = k == 0 ? 0 : static_cast<int64_t>(in[0].size()) / k;
+    if (k == 0) {
+      std::memset(out.data<uint8_t>(), 0, out.nbytes());
+      return;
+    }
+    enc.dispatch([m, n, k, g = group_, b = bits_, x = Array::unsafe_weak_copy(in[0]),
+                  w = Array::unsafe_weak_copy(in[1]), s = Array::unsafe_weak_copy(in[2]),
+                  z = Array::unsafe_weak_copy(in[3]), o = out.data<void>()]() {
+      std::vector<uint8_t> packs[4];
+      auto data = [&](const Array& a, int i) -> const void* {
+        return a.flags().row_contiguous ? a.data<void>() : (packs[i] = packed(a)).data();
+      };
+      const void* xd = data(x, 0);
+      const auto* wd = static_cast<const uint32_t*>(data(w, 1));
+      tandem_kernels::quantized_matmul_nt(elem(x.dtype()), xd, wd, elem(s.dtype()), data(s, 2), data(z, 3), o, m, n,
+                                          k, g, b);
+    });
+  }
+
+ private:
+  int group_, bits_;
+};
+
 } // namespace
+
+ArrayPtr host_quantized_matmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
+                               int32_t group_size, int32_t bits) {
+  if (!is_float(x.dtype()) || !is_float(scales.dtype()) || biases.dtype() != scales.dtype()) {
+    throw std::invalid_argument("host quantized matmul: x, scales and biases must be f32, bf16 or f16");
+  }
+  if (bits != 2 && bits != 4 && bits != 8) {
+    throw std::invalid_argument("host quantized matmul: " + std::to_string(bits) + " bits (2, 4 or 8 only)");
+  }
+  if (w.dtype() != mx::uint32 || w.ndim() != 2 || x.ndim() < 1) {
+    throw std::invalid_argument("host quantized matmul: x [..., K] and uint32 w [N, K * bits / 32] needed");
+  }
+  const int k = x.shape(-1), n = w.shape(0);
+  if (group_size <= 0 || group_size % 8 != 0 || k % group_size != 0 ||
+      static_cast<int64_t>(w.shape(1)) * 32 != static_cast<int64_t>(k) * bits) {
+    throw std::invalid_argument("host quantized matmul: K " + std::to_string(k) + ", group " +
+                                std::to_string(group_size) + ", w of " + std::to_string(w.shape(1)) + " words a row");
+  }
+  const mx::Shape sb = {n, k / group_size};
+  if (scales.shape() != sb || biases.shape() != sb) {
+    throw std::invalid_argument("host quantized matmul: scales and biases must be [N, K / group]");
+  }
+  auto shape = x.shape();
+  shape.back() = n;
+  auto s = mx::default_stream(mx::Device::cpu);
+  return wrap(Array(std::move(shape), x.dtype(), std::make_shared<QuantizedMatmulNT>(s, group_size, bits),
+                    {x, w, scales, biases}));
+}
 
 ArrayPtr host_dense_matmul(const Array& x, const Array& w) {
   const auto dt = x.dtype();

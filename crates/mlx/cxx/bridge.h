@@ -141,6 +141,7 @@ ArrayPtr conv3d(const Array& x, const Array& w, rust::Slice<const int32_t> strid
 
 // --- host kernels (kernels/cpu/) ---
 ArrayPtr host_dense_matmul(const Array& x, const Array& w);
+ArrayPtr host_quantized_matmul(const Array& x, const Array& w, const Array& scales, const Array& biases, int32_t group_size, int32_t bits);
 
 // --- quantization ---
 std::unique_ptr<ArrayVec> quantize(const Array& w, int32_t group_size, int32_t bits, rust::Str mode);

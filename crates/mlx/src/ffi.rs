@@ -197,6 +197,14 @@ pub(crate) mod ffi {
         fn matmul(a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
         fn addmm(c: &Array, a: &Array, b: &Array, alpha: f32, beta: f32) -> Result<UniquePtr<Array>>;
         fn host_dense_matmul(x: &Array, w: &Array) -> Result<UniquePtr<Array>>;
+        fn host_quantized_matmul(
+            x: &Array,
+            w: &Array,
+            scales: &Array,
+            biases: &Array,
+            group_size: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<Array>>;
         fn conv1d(
             x: &Array,
             w: &Array,

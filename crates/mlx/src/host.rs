@@ -11,3 +11,18 @@ use crate::{Array, Result};
 pub fn dense_matmul(x: &Array, w: &Array) -> Result<Array> {
     Array::wrap(ffi::host_dense_matmul(x.raw(), w.raw()))
 }
+
+/// `x @ dequantize(w, scales, biases)^T` for MLX's affine layout (`mlx::quantized::quantize`): w `[N, K * bits
+/// / 32]` uint32 words of 2, 4 or 8 bits, scales and biases `[N, K / group_size]` (f32, bf16 or f16), x
+/// `[..., K]` (f32, bf16 or f16, also the output's dtype). Each weight row dequantized to fp32, then the dense
+/// kernel's fixed-order dot products (kernels/cpu/quantized_matmul.h).
+pub fn quantized_matmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    Array::wrap(ffi::host_quantized_matmul(x.raw(), w.raw(), scales.raw(), biases.raw(), group_size, bits))
+}

@@ -1,7 +1,8 @@
 //! The host kernels (`mlx::host`, kernels/cpu/) against products computed here in f64 from the same
 //! elements, and against themselves: a row's bits must not depend on the other rows.
 
-use mlx::{host, random, Array, Dtype};
+use mlx::quantized::{dequantize, quantize};
+use mlx::{host, random, Array, Dtype, QuantMode, Quantized};
 
 /// Rows `[m, k]` and `[n, k]` of normal numbers in `dtype`, from `seed`.
 fn operands(m: i32, n: i32, k: i32, dtype: Dtype, seed: u64) -> (Array, Array) {
@@ -104,4 +105,82 @@ fn host_dense_matmul_names_bad_operands() {
     assert!(e.to_string().contains("[N, K]"), "{e}");
     let i = Array::from_slice(&[1i32, 2], &[1, 2]).unwrap();
     assert!(host::dense_matmul(&i, &i).is_err());
+}
+
+/// `w [n, k]` quantized (MLX's affine layout, scales and biases in `dtype`), and the weights it stands for in
+/// f32: dequantized from the scales and biases upcast, as the kernel reads them.
+fn quantized(n: i32, k: i32, bits: i32, group: i32, dtype: Dtype, seed: u64) -> (Quantized, Array) {
+    let w = random::normal(&[n, k], Dtype::F32, &random::key(seed).unwrap()).unwrap();
+    let w = w.multiply(&Array::f32(0.05)).unwrap().as_dtype(dtype).unwrap();
+    let q = quantize(&w, group, bits, QuantMode::Affine).unwrap();
+    let f32 = |a: &Array| a.as_dtype(Dtype::F32).unwrap();
+    let biases = f32(q.biases.as_ref().unwrap());
+    let dense = dequantize(&q.weight, &f32(&q.scales), Some(&biases), group, bits, QuantMode::Affine).unwrap();
+    (q, dense)
+}
+
+fn host_qmm(x: &Array, q: &Quantized) -> mlx::Result<Array> {
+    host::quantized_matmul(x, &q.weight, &q.scales, q.biases.as_ref().unwrap(), q.group_size, q.bits)
+}
+
+#[test]
+fn host_quantized_matmul_matches_the_exact_product_of_the_dequantized_weights() {
+    for dtype in [Dtype::F32, Dtype::BF16, Dtype::F16] {
+        for bits in [2, 4, 8] {
+            for &(m, n, k, group) in &[(1, 40, 256, 64), (4, 37, 128, 32), (19, 9, 512, 128), (3, 5, 64, 64)] {
+                let (q, dense) = quantized(n, k, bits, group, dtype, 11 + bits as u64);
+                let (x, _) = operands(m, 1, k, dtype, 5 + m as u64);
+                let y = host_qmm(&x, &q).unwrap();
+                assert_eq!(y.shape(), [m, n]);
+                assert_eq!(y.dtype(), dtype);
+                // One more rounding than the dense bound: the kernel's s * q + b may differ from MLX's by one.
+                let what = format!("{dtype:?} {bits} bits m {m} n {n} k {k} group {group}");
+                assert_close(&y, &exact(&x, &dense), k + 2, dtype, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn host_quantized_matmul_gives_a_row_the_same_bits_whatever_its_neighbours() {
+    for bits in [2, 4, 8] {
+        let (q, _) = quantized(70, 256, bits, 64, Dtype::BF16, 4);
+        let (x, _) = operands(24, 1, 256, Dtype::BF16, 8);
+        let all = host_qmm(&x, &q).unwrap().as_dtype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
+        for (lo, hi) in [(0, 1), (5, 9), (23, 24), (16, 24)] {
+            let part = host_qmm(&x.slice_axis(0, lo, hi).unwrap(), &q).unwrap();
+            let part = part.as_dtype(Dtype::F32).unwrap().to_vec::<f32>().unwrap();
+            assert_eq!(part, all[lo as usize * 70..hi as usize * 70], "{bits} bits rows {lo}..{hi}");
+        }
+    }
+}
+
+#[test]
+fn host_quantized_matmul_reads_batched_and_strided_x() {
+    let (q, dense) = quantized(24, 128, 4, 64, Dtype::BF16, 2);
+    let (tall, _) = operands(12, 1, 128, Dtype::BF16, 3);
+    let every_other =
+        tall.reshape(&[2, 3, 2, 128]).unwrap().slice_axis(2, 0, 1).unwrap().reshape(&[2, 3, 128]).unwrap();
+    let y = host_qmm(&every_other, &q).unwrap();
+    assert_eq!(y.shape(), [2, 3, 24]);
+    let flat = every_other.reshape(&[6, 128]).unwrap();
+    assert_close(&y, &exact(&flat, &dense), 130, Dtype::BF16, "strided batched x");
+}
+
+#[test]
+fn host_quantized_matmul_names_bad_operands() {
+    let (q, _) = quantized(8, 128, 4, 64, Dtype::BF16, 1);
+    let (x, _) = operands(2, 1, 128, Dtype::BF16, 1);
+    let b = q.biases.as_ref().unwrap();
+    let err = |r: mlx::Result<Array>| r.expect_err("bad operands").to_string();
+    let e = err(host::quantized_matmul(&x, &q.weight, &q.scales, b, 64, 3));
+    assert!(e.contains("3 bits"), "{e}");
+    let e = err(host::quantized_matmul(&x.slice_axis(1, 0, 64).unwrap(), &q.weight, &q.scales, b, 64, 4));
+    assert!(e.contains("K 64"), "{e}");
+    let e = err(host::quantized_matmul(&x, &q.weight, &q.scales, b, 32, 4));
+    assert!(e.contains("[N, K / group]"), "{e}");
+    let e = err(host::quantized_matmul(&x, &q.weight, &q.scales, &b.as_dtype(Dtype::F32).unwrap(), 64, 4));
+    assert!(e.contains("f32, bf16 or f16"), "{e}");
+    let e = err(host::quantized_matmul(&x, &q.scales, &q.scales, b, 64, 4));
+    assert!(e.contains("uint32 w"), "{e}");
 }

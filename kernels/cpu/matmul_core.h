@@ -1,0 +1,176 @@
+// The matmul kernels' common core (dense_matmul.cc, quantized_matmul.cc): fp32 dot products in eight
+// lanes (lane l sums elements l, l + 8, ... in order; GCC/Clang vector extensions), one fixed tree over the
+// lanes, then the K tail; four weight rows share each pass over two rows of x. No fused multiply-adds
+// (-ffp-contract=off in the build), so every code path gives an output the same bits, on every machine:
+// which rows share a pass never changes a row's result, and a row's bits never depend on M.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "dense_matmul.h"
+#include "mlx/types/half_types.h"
+
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define TANDEM_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define TANDEM_CLONES
+#endif
+#define TANDEM_INLINE inline __attribute__((always_inline))
+
+namespace tandem_kernels::core {
+
+constexpr int kLanes = 8;
+constexpr int kRows = 4;
+
+TANDEM_INLINE float bf16_to_f32(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even, as MLX's bfloat16 does; a NaN stays a NaN.
+TANDEM_INLINE uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+inline float f16_to_f32(uint16_t b) {
+  mlx::core::float16_t h;
+  std::memcpy(&h, &b, 2);
+  return static_cast<float>(h);
+}
+
+inline uint16_t f32_to_f16(float f) {
+  mlx::core::float16_t h(f);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+
+TANDEM_INLINE float load(const float* p, int64_t i) {
+  return p[i];
+}
+TANDEM_INLINE float load(const uint16_t* p, int64_t i) {
+  return bf16_to_f32(p[i]);
+}
+
+// Eight fp32 lanes (GCC/Clang vector extensions: AVX on x86-64-v3, two SSE or NEON registers elsewhere).
+typedef float f8 __attribute__((vector_size(32)));
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+TANDEM_INLINE f8 load8(const float* p) {
+  f8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+TANDEM_INLINE f8 load8(const uint16_t* p) {
+  u16x8 h;
+  std::memcpy(&h, p, sizeof h);
+  const u32x8 u = __builtin_convertvector(h, u32x8) << 16;
+  f8 v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+// The eight lanes in one fixed tree, then the K tail: an output's last steps.
+template <class W>
+TANDEM_INLINE float finish(f8 a, const float* xr, const W* wr, int64_t kv, int64_t k) {
+  float s = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+  for (int64_t c = kv; c < k; ++c) s += xr[c] * load(wr, c);
+  return s;
+}
+
+// out[r] = xr . w[r] for RR consecutive weight rows of k elements (f32, or bf16 bits): lane l sums the
+// products of elements l, l + 8, ... in order.
+template <int RR, class W>
+TANDEM_INLINE void dots(const float* xr, const W* w, int64_t k, float* out) {
+  f8 acc[RR] = {};
+  const int64_t kv = k - k % kLanes;
+  for (int64_t c = 0; c < kv; c += kLanes) {
+    const f8 xv = load8(xr + c);
+    for (int r = 0; r < RR; ++r) acc[r] += xv * load8(w + r * k + c);
+  }
+  for (int r = 0; r < RR; ++r) out[r] = finish(acc[r], xr, w + r * k, kv, k);
+}
+
+// dots() for two rows of x at once: each weight vector loaded serves two products. Each output's
+// arithmetic is dots()'s own (no fused multiply-add: the build passes -ffp-contract=off), so a row's bits
+// do not change with its partner.
+template <int RR, class W>
+TANDEM_INLINE void dots2(const float* x0, const float* x1, const W* w, int64_t k, float* out0, float* out1) {
+  f8 a0[RR] = {}, a1[RR] = {};
+  const int64_t kv = k - k % kLanes;
+  for (int64_t c = 0; c < kv; c += kLanes) {
+    const f8 xv0 = load8(x0 + c), xv1 = load8(x1 + c);
+    for (int r = 0; r < RR; ++r) {
+      const f8 wv = load8(w + r * k + c);
+      a0[r] += xv0 * wv;
+      a1[r] += xv1 * wv;
+    }
+  }
+  for (int r = 0; r < RR; ++r) {
+    out0[r] = finish(a0[r], x0, w + r * k, kv, k);
+    out1[r] = finish(a1[r], x1, w + r * k, kv, k);
+  }
+}
+
+template <int RR, class W>
+TANDEM_INLINE void pass(const float* xf, const W* wj, float* y, int64_t i0, int64_t i1, int64_t n, int64_t k,
+                        int64_t j) {
+  float d0[RR], d1[RR];
+  int64_t i = i0;
+  for (; i + 1 < i1; i += 2) {
+    dots2<RR>(xf + i * k, xf + (i + 1) * k, wj, k, d0, d1);
+    for (int r = 0; r < RR; ++r) {
+      y[i * n + j + r] = d0[r];
+      y[(i + 1) * n + j + r] = d1[r];
+    }
+  }
+  if (i < i1) {
+    dots<RR>(xf + i * k, wj, k, d0);
+    for (int r = 0; r < RR; ++r) y[i * n + j + r] = d0[r];
+  }
+}
+
+template <class W>
+TANDEM_INLINE void group_pass(const float* xf, const W* wj, float* y, int64_t i0, int64_t i1, int64_t n, int64_t k,
+                         int64_t j, int64_t rr) {
+  switch (rr) {
+    case 4: pass<4>(xf, wj, y, i0, i1, n, k, j); break;
+    case 3: pass<3>(xf, wj, y, i0, i1, n, k, j); break;
+    case 2: pass<2>(xf, wj, y, i0, i1, n, k, j); break;
+    default: pass<1>(xf, wj, y, i0, i1, n, k, j); break;
+  }
+}
+
+// x (m x k, any Elem) in f32.
+inline std::vector<float> widen_rows(Elem e, const void* x, int64_t count) {
+  std::vector<float> xs(count);
+  if (e == Elem::F32) {
+    std::memcpy(xs.data(), x, count * sizeof(float));
+    return xs;
+  }
+  const auto* xb = static_cast<const uint16_t*>(x);
+  for (int64_t i = 0; i < count; ++i) xs[i] = e == Elem::BF16 ? bf16_to_f32(xb[i]) : f16_to_f32(xb[i]);
+  return xs;
+}
+
+// y (f32) rounded once into out (Elem).
+inline void store_rows(Elem e, const float* y, void* out, int64_t count) {
+  if (e == Elem::F32) {
+    std::memcpy(out, y, count * sizeof(float));
+    return;
+  }
+  auto* o = static_cast<uint16_t*>(out);
+  for (int64_t t = 0; t < count; ++t) o[t] = e == Elem::BF16 ? f32_to_bf16(y[t]) : f32_to_f16(y[t]);
+}
+
+} // namespace tandem_kernels::core
