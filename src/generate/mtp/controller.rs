@@ -27,8 +27,11 @@ pub struct Controller {
     reached: Vec<VecDeque<bool>>,
     parked_left: usize,
     cycles_since_probe: usize,
-    /// Cycles at the current depth since it was chosen; judged again after `JUDGE_AFTER`.
+    /// Cycles at the current depth since it was chosen or last judged; judged again after
+    /// `JUDGE_AFTER`, or after `JUDGE_EARLY` when none of their drafts was accepted.
     cycles_at_depth: usize,
+    /// Drafts accepted in those cycles.
+    accepted_at_depth: usize,
     /// The next parking's length: doubles each time a probe loses again, so a model whose drafts do
     /// not pay spends ever less time probing; back to `PARK` once drafting wins.
     next_park: usize,
@@ -86,6 +89,12 @@ impl Controller {
     const REPROBE_EVERY: usize = 64;
     /// Cycles measured at a depth before judging it.
     const JUDGE_AFTER: usize = 4;
+    /// Cycles after which a depth none of whose drafts was accepted is judged at once (one cycle
+    /// when probing after a loss): a cycle that yields one token costs more than a plain step, and
+    /// four such cycles before every park cost ~5% of a 256-token run on the GPU (docs/PERF.md,
+    /// session 23). A model that drafts well is caught out rarely (both first drafts wrong at 80%
+    /// acceptance: 4%), and its next probe wins back.
+    const JUDGE_EARLY: usize = 2;
     /// Drafting is parked only when the best depth costs this much more per token than plain
     /// decoding, and the depth changes only for a gain this large: within it the choices are a
     /// wash, and measurement noise should not decide.
@@ -109,6 +118,7 @@ impl Controller {
             parked_left: if adaptive { Self::PROBE } else { 0 },
             cycles_since_probe: 0,
             cycles_at_depth: 0,
+            accepted_at_depth: 0,
             next_park: Self::PARK,
             reason: None,
         }
@@ -189,10 +199,13 @@ impl Controller {
         }
         self.cycles_since_probe += 1;
         self.cycles_at_depth += 1;
+        self.accepted_at_depth += accepted;
         if !self.adaptive {
             return;
         }
-        if self.cycles_at_depth >= Self::JUDGE_AFTER {
+        let early = if self.next_park > Self::PARK { 1 } else { Self::JUDGE_EARLY };
+        let nothing_accepted = self.accepted_at_depth == 0 && self.cycles_at_depth >= early;
+        if self.cycles_at_depth >= Self::JUDGE_AFTER || nothing_accepted {
             if let Some(plain) = self.now().plain.ms_per_token() {
                 self.judge(plain);
                 if self.parked() {
@@ -212,8 +225,13 @@ impl Controller {
     fn set_depth(&mut self, depth: usize) {
         if depth != self.depth {
             self.depth = depth;
-            self.cycles_at_depth = 0;
+            self.restart_judging();
         }
+    }
+
+    fn restart_judging(&mut self) {
+        self.cycles_at_depth = 0;
+        self.accepted_at_depth = 0;
     }
 
     /// Picks the depth with the lowest expected cost per token, or parks when plain decoding beats it.
@@ -236,7 +254,7 @@ impl Controller {
             for w in &mut self.now_mut().cycles {
                 w.items.clear();
             }
-            self.cycles_at_depth = 0;
+            self.restart_judging();
             return;
         }
         self.next_park = Self::PARK;
@@ -245,7 +263,7 @@ impl Controller {
         if best_ms * (1.0 + Self::MARGIN) < current {
             self.set_depth(best);
         } else {
-            self.cycles_at_depth = 0;
+            self.restart_judging();
         }
     }
 
