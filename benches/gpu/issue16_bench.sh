@@ -29,6 +29,8 @@
 #   abstreams  this build against itself under AB_ENV, or another build (AB_BIN, a file in .devcarry/ xz-compressed
 #            like tandem.xz) under AB_ENV, alternated for ROUNDS rounds (default 2): FORMATS (default q4), 512-token
 #            prompts, 256 generated a stream, MTP depth 3, oracle 0.8, 1 / 2 / 4 / 8 streams
+#            (AB_STREAMS: other stream counts; AB_RUN: other bench arguments, AB_TAG: their name in the results)
+#   abzero   abstreams for the adaptive controller where no draft lands: oracle 0.0, depth 3 adaptive
 #   mtptrace issue 16: where one stream's MTP cycle goes, 4-bit, depth 3, oracle 0.8, 256 generated (the `mtp: cycle`
 #            trace lines: the cycle, its drafts' build and launch, the verify's wait and read, means past the first quarter)
 #   cycles   issue 22: where a batched MTP cycle's time goes, 4-bit slice, depth 3, oracle 0.8, 2 / 4 / 8 streams
@@ -99,8 +101,10 @@ ab_streams() {  # abstreams: this build (tags ...-a-...) against OTHER under AB_
   for round in $(seq 1 "${ROUNDS:-2}"); do
     for f in ${FORMATS:-q4}; do
       model_for $f
-      ENVS= bench s27-$f-a-streams-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
-      ENVS=${AB_ENV:-} BIN=$other bench s27-$f-b-streams-r$round --streams 1,2,4,8 --depths 3 --oracle-acceptance 0.8
+      # shellcheck disable=SC2086
+      ENVS= bench s27-$f-a-${AB_TAG:-streams}-r$round --streams ${AB_STREAMS:-1,2,4,8} ${AB_RUN:---depths 3 --oracle-acceptance 0.8}
+      # shellcheck disable=SC2086
+      ENVS=${AB_ENV:-} BIN=$other bench s27-$f-b-${AB_TAG:-streams}-r$round --streams ${AB_STREAMS:-1,2,4,8} ${AB_RUN:---depths 3 --oracle-acceptance 0.8}
     done
   done
   ARGS="--prompt-tokens 512 --gen-tokens 512"
@@ -253,6 +257,11 @@ for phase in $PHASES; do
     ;;
   abstreams)
     ab_streams
+    ;;
+  abzero)
+    # The adaptive controller where no draft lands: abstreams at oracle acceptance 0.0, depth 3 adaptive (each run
+    # measures plain decoding at every stream count first, so each build's ratio is against its own plain steps).
+    AB_TAG=zero AB_RUN="--depths 3 --oracle-acceptance 0.0 --adaptive" ab_streams
     ;;
   mtptrace)
     env_setup
