@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use mlx::kernel::{Kernel, KernelBackend, Launch};
 use mlx::{random, Array, Dtype};
 
-use super::quantized_matmul::{relative_error, tolerance};
+use super::quantized_matmul::{host_tolerance, relative_error, tolerance};
 use super::{probe_verdict, with_cached, KernelCache};
 
 type Result<T> = std::result::Result<T, mlx::Error>;
@@ -97,9 +97,9 @@ pub fn cpu_selected(x: &Array, w: &Array) -> bool {
 /// before it is taken.
 fn cpu_probe_passed(dtype: Dtype) -> bool {
     static PROBES: [OnceLock<bool>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-    let tolerance = if dtype == Dtype::F32 { 1e-5 } else { tolerance(dtype) };
-    *PROBES[super::dtype_slot(dtype)]
-        .get_or_init(|| probe_verdict(&format!("host dense matmul ({dtype:?})"), cpu_probe(dtype), tolerance))
+    *PROBES[super::dtype_slot(dtype)].get_or_init(|| {
+        probe_verdict(&format!("host dense matmul ({dtype:?})"), cpu_probe(dtype), host_tolerance(dtype))
+    })
 }
 
 /// Relative Frobenius error of the host kernel against an fp32 reference on x of 19 rows (K of 264: a tail

@@ -98,6 +98,16 @@ pub fn tolerance(dtype: Dtype) -> f32 {
     }
 }
 
+/// The host kernels' tolerance against an fp32 reference: [`tolerance`], and for f32 outputs 1e-5 (an fp32
+/// sum in another order than the reference's).
+pub fn host_tolerance(dtype: Dtype) -> f32 {
+    if dtype == Dtype::F32 {
+        1e-5
+    } else {
+        tolerance(dtype)
+    }
+}
+
 /// `x @ dequantize(q)^T` (`q.matmul(x, true)`): the CUDA kernel where [`selected`], the host kernel where
 /// [`host_selected`], the fp32 CPU path where [`cpu_selected`], MLX's op otherwise.
 pub fn quantized_matmul(x: &Array, q: &Quantized) -> Result<Array> {
@@ -157,9 +167,9 @@ pub fn host(x: &Array, q: &Quantized) -> Result<Array> {
 /// for the machine it runs on, so it proves itself there before it is taken.
 fn host_probe_passed(dtype: Dtype) -> bool {
     static PROBES: [OnceLock<bool>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-    let tolerance = if dtype == Dtype::F32 { 1e-5 } else { tolerance(dtype) };
-    *PROBES[super::dtype_slot(dtype)]
-        .get_or_init(|| probe_verdict(&format!("host quantized matmul ({dtype:?})"), host_probe(dtype), tolerance))
+    *PROBES[super::dtype_slot(dtype)].get_or_init(|| {
+        probe_verdict(&format!("host quantized matmul ({dtype:?})"), host_probe(dtype), host_tolerance(dtype))
+    })
 }
 
 /// The larger relative Frobenius error of the host kernel against an fp32 reference, at 2, 4 and 8 bits, on x
