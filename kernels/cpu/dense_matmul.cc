@@ -49,10 +49,9 @@ TANDEM_CLONES void rows_bf16(const float* xf, const uint16_t* w, float* y, int64
 void dense_matmul_nt(Elem e, const void* x, const void* w, void* out, int64_t m, int64_t n, int64_t k) {
   if (m <= 0 || n <= 0) return;
   // x in f32, once for every weight row; the products in f32 before one rounding to the output dtype.
-  const std::vector<float> xs = widen_rows(e, x, m * k);
-  const float* xf = xs.data();
-  std::vector<float> ys(m * n);
-  float* y = ys.data();
+  std::vector<float> xs, ys;
+  const float* xf = widen_rows(e, x, m * k, xs);
+  float* y = f32_results(e, out, m * n, ys);
   switch (e) {
     case Elem::F32: rows_f32(xf, static_cast<const float*>(w), y, m, n, k, 0, n); break;
     case Elem::BF16: {

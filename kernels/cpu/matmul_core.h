@@ -151,24 +151,25 @@ TANDEM_INLINE void group_pass(const float* xf, const W* wj, float* y, int64_t i0
   }
 }
 
-// x (m x k, any Elem) in f32.
-inline std::vector<float> widen_rows(Elem e, const void* x, int64_t count) {
-  std::vector<float> xs(count);
-  if (e == Elem::F32) {
-    std::memcpy(xs.data(), x, count * sizeof(float));
-    return xs;
-  }
+// x (count elements of e) as f32: x itself when it is f32, else widened into buf.
+inline const float* widen_rows(Elem e, const void* x, int64_t count, std::vector<float>& buf) {
+  if (e == Elem::F32) return static_cast<const float*>(x);
+  buf.resize(count);
   const auto* xb = static_cast<const uint16_t*>(x);
-  for (int64_t i = 0; i < count; ++i) xs[i] = e == Elem::BF16 ? bf16_to_f32(xb[i]) : f16_to_f32(xb[i]);
-  return xs;
+  for (int64_t i = 0; i < count; ++i) buf[i] = e == Elem::BF16 ? bf16_to_f32(xb[i]) : f16_to_f32(xb[i]);
+  return buf.data();
 }
 
-// y (f32) rounded once into out (Elem).
+// Where the f32 results go: out itself when it is f32, else buf, which store_rows then rounds into out.
+inline float* f32_results(Elem e, void* out, int64_t count, std::vector<float>& buf) {
+  if (e == Elem::F32) return static_cast<float*>(out);
+  buf.resize(count);
+  return buf.data();
+}
+
+// The f32 results y rounded once into out (nothing to do when out is f32: y is out).
 inline void store_rows(Elem e, const float* y, void* out, int64_t count) {
-  if (e == Elem::F32) {
-    std::memcpy(out, y, count * sizeof(float));
-    return;
-  }
+  if (e == Elem::F32) return;
   auto* o = static_cast<uint16_t*>(out);
   for (int64_t t = 0; t < count; ++t) o[t] = e == Elem::BF16 ? f32_to_bf16(y[t]) : f32_to_f16(y[t]);
 }

@@ -87,10 +87,11 @@ TANDEM_CLONES void rows_q(const float* xf, const uint32_t* wq, Elem es, const vo
 void quantized_matmul_nt(Elem ex, const void* x, const uint32_t* wq, Elem es, const void* scales,
                          const void* biases, void* out, int64_t m, int64_t n, int64_t k, int64_t group, int bits) {
   if (m <= 0 || n <= 0) return;
-  const std::vector<float> xs = widen_rows(ex, x, m * k);
-  std::vector<float> ys(m * n), wf(kRows * k);
-  rows_q(xs.data(), wq, es, scales, biases, ys.data(), m, n, k, group, bits, wf.data());
-  store_rows(ex, ys.data(), out, m * n);
+  std::vector<float> xs, ys, wf(kRows * k);
+  const float* xf = widen_rows(ex, x, m * k, xs);
+  float* y = f32_results(ex, out, m * n, ys);
+  rows_q(xf, wq, es, scales, biases, y, m, n, k, group, bits, wf.data());
+  store_rows(ex, y, out, m * n);
 }
 
 } // namespace tandem_kernels

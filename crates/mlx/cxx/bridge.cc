@@ -334,6 +334,13 @@ std::vector<uint8_t> packed(const Array& a) {
   return buf;
 }
 
+// The data of `a` in row-major order: its own buffer, or `a` packed into `buf`.
+const void* row_major(const Array& a, std::vector<uint8_t>& buf) {
+  if (a.flags().row_contiguous) return a.data<void>();
+  buf = packed(a);
+  return buf.data();
+}
+
 tandem_kernels::Elem elem(mx::Dtype d) {
   return d == mx::float32 ? tandem_kernels::Elem::F32
          : d == mx::bfloat16 ? tandem_kernels::Elem::BF16
@@ -371,11 +378,7 @@ class DenseMatmulNT : public mx::UnaryPrimitive {
     enc.dispatch([e, m, n, k, x = Array::unsafe_weak_copy(x), w = Array::unsafe_weak_copy(w),
                   o = out.data<void>()]() {
       std::vector<uint8_t> xp, wp;
-      const void* xd = x.data<void>();
-      const void* wd = w.data<void>();
-      if (!x.flags().row_contiguous) xd = (xp = packed(x)).data();
-      if (!w.flags().row_contiguous) wd = (wp = packed(w)).data();
-      tandem_kernels::dense_matmul_nt(e, xd, wd, o, m, n, k);
+      tandem_kernels::dense_matmul_nt(e, row_major(x, xp), row_major(w, wp), o, m, n, k);
     });
   }
 };
@@ -405,14 +408,10 @@ class QuantizedMatmulNT : public mx::UnaryPrimitive {
     enc.dispatch([m, n, k, g = group_, b = bits_, x = Array::unsafe_weak_copy(in[0]),
                   w = Array::unsafe_weak_copy(in[1]), s = Array::unsafe_weak_copy(in[2]),
                   z = Array::unsafe_weak_copy(in[3]), o = out.data<void>()]() {
-      std::vector<uint8_t> packs[4];
-      auto data = [&](const Array& a, int i) -> const void* {
-        return a.flags().row_contiguous ? a.data<void>() : (packs[i] = packed(a)).data();
-      };
-      const void* xd = data(x, 0);
-      const auto* wd = static_cast<const uint32_t*>(data(w, 1));
-      tandem_kernels::quantized_matmul_nt(elem(x.dtype()), xd, wd, elem(s.dtype()), data(s, 2), data(z, 3), o, m, n,
-                                          k, g, b);
+      std::vector<uint8_t> xp, wp, sp, zp;
+      const auto* wd = static_cast<const uint32_t*>(row_major(w, wp));
+      tandem_kernels::quantized_matmul_nt(elem(x.dtype()), row_major(x, xp), wd, elem(s.dtype()), row_major(s, sp),
+                                          row_major(z, zp), o, m, n, k, g, b);
     });
   }
 
