@@ -1,4 +1,4 @@
-// y = x @ w^T on the CPU for dense f32, bf16 or f16 operands (kernels/README.md, "CPU: dense matmul").
+// y = x @ w^T on the CPU for dense f32, bf16 or f16 operands (kernels/README.md, "Dense matmul on the CPU").
 // Replaces MLX's CPU matmul (its own bf16/f16 gemm, reference BLAS for f32 in the Linux wheels), which
 // runs a 1 x 256 by 4096 x 256 product at ~2 GFLOP/s. Each output is one fp32 dot product in a fixed
 // order, rounded once to the output dtype: a row of x gets the same bits whatever M is and whatever

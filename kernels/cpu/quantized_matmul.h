@@ -1,5 +1,5 @@
-// y = x @ dequantize(w)^T on the CPU for MLX's affine quantized weights (kernels/README.md, "CPU: quantized
-// matmul"): 2, 4 or 8 bits packed in uint32 words (element e in bits [e * bits % 32, ...) of word
+// y = x @ dequantize(w)^T on the CPU for MLX's affine quantized weights (kernels/README.md, "Quantized
+// matmul on the CPU"): 2, 4 or 8 bits packed in uint32 words (element e in bits [e * bits % 32, ...) of word
 // e * bits / 32), a scale and a bias per group of `group` elements along K. Replaces MLX's CPU
 // `quantized_matmul` (~1 GFLOP/s, and in bf16 an accumulation in bf16). Each weight row is dequantized to
 // fp32 (scale * q + bias) and goes through the dense kernel's dot products: each output one fp32 dot

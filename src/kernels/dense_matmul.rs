@@ -76,9 +76,9 @@ pub const CPU_NAME: &str = "cpu_matmul";
 
 /// Whether a call takes the host kernel (kernels/cpu/dense_matmul.cc, `mlx::host::dense_matmul`): MLX
 /// computing on the CPU, x and w both f32, bf16 or f16 with w `[N, K]`, kernels not switched off. On the
-/// CPU MLX's matmul runs at ~2 GFLOP/s (a gemm of its own in bf16 and f16, reference BLAS for f32 in the Linux wheels); the kernel runs a decoding
-/// step's products several times faster, and a row's bits never depend on the other rows (kernels/README.md,
-/// "CPU: dense matmul").
+/// CPU MLX's matmul runs at ~2 GFLOP/s (a gemm of its own in bf16 and f16, reference BLAS for f32 in the Linux
+/// wheels); the kernel runs a decoding step's products several times faster, and a row's bits never depend on the other rows (kernels/README.md,
+/// "Dense matmul on the CPU").
 pub fn cpu_selected(x: &Array, w: &Array) -> bool {
     let dt = x.dtype();
     super::policy() != super::Policy::Off
