@@ -110,7 +110,7 @@ pub struct Recording {
     /// The recurrent state after the whole pass.
     pub final_state: Array,
     /// The state after each of the pass's tokens, `[T, B, Hv, Dv, Dk]`, where the recurrence computed
-    /// them (the CUDA kernel, `kernels::gated_delta`): a rollback then slices instead of re-running.
+    /// them (the CUDA and host kernels, `kernels::gated_delta`): a rollback then slices instead of re-running.
     pub steps: Option<Array>,
 }
 
@@ -138,9 +138,16 @@ impl Recording {
         let k = keep as i32;
         let [q, kk, v, decay, beta] = &self.inputs;
         let at = |a: &Array| a.slice_axis(1, 0, k);
-        let (_, state) =
-            mlx::fast::gated_delta_update(&at(q)?, &at(kk)?, &at(v)?, &at(decay)?, &at(beta)?, Some(&self.initial))?;
-        Ok(state)
+        // The forward's own selection (kernels::gated_delta), so the prefix gets a decode step's bits.
+        let update = crate::kernels::gated_delta::gated_delta_update(
+            &at(q)?,
+            &at(kk)?,
+            &at(v)?,
+            &at(decay)?,
+            &at(beta)?,
+            &self.initial,
+        )?;
+        Ok(update.state)
     }
 
     /// Row `i` of a batched pass's recording: what that sequence's pass alone would have recorded.

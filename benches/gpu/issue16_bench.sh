@@ -144,8 +144,8 @@ for phase in $PHASES; do
         grep -E "parity|selected|SKIPPED|test result|panicked|FAILED|depth|compute capability|probe" "$OUT/rust_kernels.txt" | tee -a "$S"
         continue
       fi
-      (/tmp/itbin/deps/it kernels:: --test-threads 1 --nocapture 2>&1; \
-       TANDEM_KERNELS=off /tmp/itbin/deps/it kernels::gated_delta_cuda_selected --nocapture 2>&1; \
+      (/tmp/itbin/deps/it kernels:: gated_delta_kernel:: --test-threads 1 --nocapture 2>&1; \
+       TANDEM_KERNELS=off /tmp/itbin/deps/it gated_delta_kernel::gated_delta_cuda_selected --nocapture 2>&1; \
        TANDEM_KERNELS=-dense_matmul /tmp/itbin/deps/it kernels::dmm_cuda_selected --nocapture 2>&1) \
         > "$OUT/rust_kernels.txt"
       grep -E "parity|selected|SKIPPED|test result|panicked|FAILED|depth|compute capability|dmm" "$OUT/rust_kernels.txt" | tee -a "$S"

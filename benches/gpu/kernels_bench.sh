@@ -25,5 +25,5 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 PYTHONUNBUFFERED=1 python3 benches/gpu/qmm_kernel.py --out "$OUT" "$@" 2>&1 | tee "$OUT/qmm_kernel.txt"
 if [ -e .devcarry/it.xz ]; then
   xz -dc .devcarry/it.xz > /tmp/it && chmod +x /tmp/it
-  /tmp/it kernels:: --nocapture --test-threads=1 2>&1 | tee "$OUT/rust_kernels.txt"
+  /tmp/it kernels:: gated_delta_kernel:: --nocapture --test-threads=1 2>&1 | tee "$OUT/rust_kernels.txt"
 fi

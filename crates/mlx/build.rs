@@ -7,6 +7,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=MLX_DIR");
     println!("cargo:rerun-if-changed=cxx/bridge.h");
     println!("cargo:rerun-if-changed=cxx/bridge.cc");
+    println!("cargo:rerun-if-changed=cxx/host_kernels.cc");
     println!("cargo:rerun-if-changed=src/ffi.rs");
 
     let mlx = find_mlx().unwrap_or_else(|| {
@@ -22,8 +23,9 @@ fn main() {
     let mut build = cxx_build::bridge("src/ffi.rs");
     build
         .file("cxx/bridge.cc")
+        .file("cxx/host_kernels.cc")
         .include(&include)
-        // bridge.cc includes kernels/cpu/*.h from the repository root.
+        // host_kernels.cc includes kernels/cpu/*.h from the repository root.
         .include(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
         .std("c++20")
         .flag_if_supported("-Wno-unused-parameter")

@@ -1,6 +1,7 @@
 //! The gated-delta recurrence of a Gated DeltaNet layer over a few tokens (a decode step, an MTP verify of
-//! depth + 1 tokens): on CUDA the kernel in kernels/cuda/gated_delta.cu{,h}, which also returns the state
-//! after every token, so a verify's rollback to an accepted prefix is a slice; everywhere else MLX's
+//! depth + 1 tokens): on CUDA the kernel in kernels/cuda/gated_delta.cu{,h}, on MLX's CPU backend the host
+//! kernel in kernels/cpu/gated_delta.{h,cc} ([`host`], any number of tokens); both also return the state
+//! after every token, so a verify's rollback to an accepted prefix is a slice. Elsewhere MLX's
 //! `fast::gated_delta_update` ([`fallback`]), after which a rollback re-runs it over the kept prefix
 //! (`cache::Recording`).
 //!
@@ -50,12 +51,83 @@ pub struct Update {
 }
 
 /// The recurrence over `q, k [B, T, Hk, Dk]`, `v [B, T, Hv, Dv]`, `g, beta [B, T, Hv]` from `state
-/// [B, Hv, Dv, Dk]`: the kernel where [`selected`], MLX's op otherwise.
+/// [B, Hv, Dv, Dk]`: the CUDA kernel where [`selected`], the host kernel where [`host_selected`], MLX's op
+/// otherwise.
 pub fn gated_delta_update(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> Result<Update> {
     if selected(q, k, v, g, beta, state) {
         return cuda(q, k, v, g, beta, state);
     }
+    if host_selected(q, k, v, g, beta, state) {
+        return host(q, k, v, g, beta, state);
+    }
     fallback(q, k, v, g, beta, state)
+}
+
+/// The host kernel's name for `TANDEM_KERNELS=-cpu_gated_delta`.
+pub const HOST_NAME: &str = "cpu_gated_delta";
+
+/// Whether a call takes the host kernel (kernels/cpu/gated_delta.cc, `mlx::host::gated_delta`): MLX
+/// computing on the CPU, f32 inputs of consistent shapes with at least one token, kernels not switched
+/// off, and its probe passed on this machine. MLX 0.32.4 has no CPU kernel for the recurrence: its op
+/// is a loop of operations, about seven a token and layer, which made a two-stream MTP verify of
+/// tandem-tiny 1,834 operations against a batched plain step's 737 (docs/PERF.md).
+pub fn host_selected(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> bool {
+    super::policy() != super::Policy::Off
+        && !super::disabled(HOST_NAME)
+        && mlx::device::default_device() == mlx::device::Device::Cpu
+        && host_applicable(q, k, v, g, beta, state)
+        && host_probe_passed()
+}
+
+/// The shapes the host kernel computes: all f32; q, k `[B, T, Hk, Dk]` with T >= 1; v `[B, T, Hv, Dv]`
+/// with Hv a multiple of Hk; one gate and one beta per head and token; the state `[B, Hv, Dv, Dk]`.
+pub fn host_applicable(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> bool {
+    let all_f32 = [q, k, v, g, beta, state].iter().all(|a| a.dtype() == Dtype::F32);
+    if !all_f32 || q.ndim() != 4 || v.ndim() != 4 || g.ndim() != 3 || state.ndim() != 4 {
+        return false;
+    }
+    let (b, t, hk, dk) = (q.dim(0), q.dim(1), q.dim(2), q.dim(3));
+    let (hv, dv) = (v.dim(2), v.dim(3));
+    k.shape() == q.shape()
+        && v.shape() == [b, t, hv, dv]
+        && g.shape() == [b, t, hv]
+        && beta.shape() == [b, t, hv]
+        && state.shape() == [b, hv, dv, dk]
+        && t >= 1
+        && hk >= 1
+        && hv % hk == 0
+}
+
+/// Runs the host kernel: every token's state up to [`MAX_TOKENS`] tokens (a decode step, a verify: a
+/// rollback is then a slice), the last state only past it (prefill). The parity tests call this.
+pub fn host(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> Result<Update> {
+    let t = q.dim(1);
+    let all_steps = t <= MAX_TOKENS;
+    let (y, states) = mlx::host::gated_delta(q, k, v, g, beta, state, all_steps)?;
+    let last = if all_steps { t - 1 } else { 0 };
+    let state = states.slice_axis(0, last, last + 1)?.squeeze(&[0])?;
+    Ok(Update { y, state, steps: all_steps.then_some(states) })
+}
+
+/// The host kernel's probe verdict, once per process: it is C++ built for the machine it runs on (arm64
+/// NEON on a Mac, where no test of this repository runs), so it proves itself there before it is taken.
+fn host_probe_passed() -> bool {
+    static PROBE: OnceLock<bool> = OnceLock::new();
+    *PROBE.get_or_init(|| probe_verdict("host gated_delta kernel", host_probe(), TOLERANCE))
+}
+
+/// [`probe`]'s comparison for the host kernel, and infinite where a verify's last token does not get
+/// the bits of a decode step from the state before it.
+pub fn host_probe() -> Result<f32> {
+    let (q, k, v, g, beta, state) = random_inputs(1, 3, 2, 6, 128, 128, 0x6764_6e01)?;
+    let kernel = host(&q, &k, &v, &g, &beta, &state)?;
+    let steps = kernel.steps.as_ref().ok_or_else(|| mlx::Error::Invalid("no steps".into()))?;
+    let at = |a: &Array| a.slice_axis(1, 2, 3);
+    let alone = host(&at(&q)?, &at(&k)?, &at(&v)?, &at(&g)?, &at(&beta)?, &step_state(steps, 2)?)?;
+    if alone.y.to_bytes()? != at(&kernel.y)?.to_bytes()? || alone.state.to_bytes()? != kernel.state.to_bytes()? {
+        return Ok(f32::INFINITY);
+    }
+    worst_against_fallback(&kernel, &q, &k, &v, &g, &beta, &state)
 }
 
 /// The MLX op the kernel replaces (no per-step states).
@@ -200,11 +272,25 @@ pub fn random_inputs(
 pub fn probe() -> Result<f32> {
     let (q, k, v, g, beta, state) = random_inputs(1, 3, 2, 6, 128, 128, 0x6764_6e00)?;
     let kernel = cuda(&q, &k, &v, &g, &beta, &state)?;
+    worst_against_fallback(&kernel, &q, &k, &v, &g, &beta, &state)
+}
+
+/// Worst relative error of a kernel's call over three tokens against the fallback: the outputs and the
+/// state after every token.
+fn worst_against_fallback(
+    kernel: &Update,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: &Array,
+) -> Result<f32> {
     let steps = kernel.steps.as_ref().ok_or_else(|| mlx::Error::Invalid("no steps".into()))?;
     let mut worst = 0.0f32;
     for keep in 1..=3 {
         let at = |a: &Array| a.slice_axis(1, 0, keep);
-        let r = fallback(&at(&q)?, &at(&k)?, &at(&v)?, &at(&g)?, &at(&beta)?, &state)?;
+        let r = fallback(&at(q)?, &at(k)?, &at(v)?, &at(g)?, &at(beta)?, state)?;
         worst = worst.max(relative_error(&step_state(steps, keep as usize)?, &r.state)?);
         if keep == 3 {
             worst = worst.max(relative_error(&kernel.y, &r.y)?);

@@ -12,6 +12,7 @@ mod engine_load;
 mod family;
 mod forward_reference;
 mod fuzz;
+mod gated_delta_kernel;
 mod hostile_folders;
 mod hub;
 mod inspect;

@@ -205,6 +205,15 @@ pub(crate) mod ffi {
             group_size: i32,
             bits: i32,
         ) -> Result<UniquePtr<Array>>;
+        fn host_gated_delta(
+            q: &Array,
+            k: &Array,
+            v: &Array,
+            g: &Array,
+            beta: &Array,
+            state: &Array,
+            all_steps: bool,
+        ) -> Result<UniquePtr<ArrayVec>>;
         fn conv1d(
             x: &Array,
             w: &Array,

@@ -26,3 +26,24 @@ pub fn quantized_matmul(
 ) -> Result<Array> {
     Array::wrap(ffi::host_quantized_matmul(x.raw(), w.raw(), scales.raw(), biases.raw(), group_size, bits))
 }
+
+/// The gated-delta recurrence (kernels/cpu/gated_delta.h) over q, k `[B, T, Hk, Dk]`, v `[B, T, Hv, Dv]`,
+/// g, beta `[B, T, Hv]` from `state [B, Hv, Dv, Dk]`, all f32: the outputs `[B, T, Hv, Dv]`, and the states
+/// after every token `[T, B, Hv, Dv, Dk]` (`all_steps`) or after the last `[1, B, Hv, Dv, Dk]`. A token's
+/// bits are the same whatever T is.
+pub fn gated_delta(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: &Array,
+    all_steps: bool,
+) -> Result<(Array, Array)> {
+    let parts = ffi::host_gated_delta(q.raw(), k.raw(), v.raw(), g.raw(), beta.raw(), state.raw(), all_steps)?;
+    let mut parts = crate::vec_from(parts)?.into_iter();
+    match (parts.next(), parts.next()) {
+        (Some(y), Some(states)) => Ok((y, states)),
+        _ => Err(crate::Error::Invalid("host gated delta returned fewer than two arrays".into())),
+    }
+}

@@ -184,3 +184,139 @@ fn host_quantized_matmul_names_bad_operands() {
     let e = err(host::quantized_matmul(&x, &q.scales, &q.scales, b, 64, 4));
     assert!(e.contains("uint32 w"), "{e}");
 }
+
+// --- gated delta ---
+
+/// Inputs of one recurrence `(q, k, v, g, beta, state)` in f32: q and k unit rows (q also scaled by
+/// 1/sqrt(Dk)), gates in (0.5, 1), betas in (0, 1), as a Gated DeltaNet layer feeds them.
+#[allow(clippy::type_complexity)]
+fn recurrence_inputs(b: i32, t: i32, hk: i32, hv: i32, dk: i32, dv: i32, seed: u64) -> [Array; 6] {
+    let keys = random::split(&random::key(seed).unwrap(), 6).unwrap();
+    let normal = |shape: &[i32], i: usize| random::normal(shape, Dtype::F32, &keys[i]).unwrap();
+    let unit = |a: Array| {
+        let norm = a.square().unwrap().sum(&[-1], true).unwrap().sqrt().unwrap();
+        a.divide(&norm).unwrap()
+    };
+    let q = unit(normal(&[b, t, hk, dk], 0)).multiply(&Array::f32(1.0 / (dk as f32).sqrt())).unwrap();
+    let k = unit(normal(&[b, t, hk, dk], 1));
+    let v = normal(&[b, t, hv, dv], 2);
+    let g =
+        normal(&[b, t, hv], 3).sigmoid().unwrap().multiply(&Array::f32(0.5)).unwrap().add(&Array::f32(0.5)).unwrap();
+    let beta = normal(&[b, t, hv], 4).sigmoid().unwrap();
+    let state = normal(&[b, hv, dv, dk], 5).multiply(&Array::f32(0.1)).unwrap();
+    [q, k, v, g, beta, state]
+}
+
+/// The recurrence in f64 from the f32 inputs: the outputs `[B, T, Hv, Dv]` and the state after every token
+/// `[T, B, Hv, Dv, Dk]`, flattened.
+fn recurrence_f64(inputs: &[Array; 6]) -> (Vec<f64>, Vec<f64>) {
+    let [q, k, v, g, beta, state] = inputs;
+    let (b, t, hk, dk) = (q.dim(0) as usize, q.dim(1) as usize, q.dim(2) as usize, q.dim(3) as usize);
+    let (hv, dv) = (v.dim(2) as usize, v.dim(3) as usize);
+    let f = |a: &Array| a.to_f32_vec().unwrap().into_iter().map(f64::from).collect::<Vec<_>>();
+    let (q, k, v, g, beta) = (f(q), f(k), f(v), f(g), f(beta));
+    let mut s = f(state);
+    let (mut y, mut states) = (vec![0.0; b * t * hv * dv], Vec::with_capacity(t * s.len()));
+    for step in 0..t {
+        for bi in 0..b {
+            for h in 0..hv {
+                let bt = bi * t + step;
+                let (kt, qt) = (&k[(bt * hk + h / (hv / hk)) * dk..][..dk], &q[(bt * hk + h / (hv / hk)) * dk..][..dk]);
+                for r in 0..dv {
+                    let row = &mut s[((bi * hv + h) * dv + r) * dk..][..dk];
+                    row.iter_mut().for_each(|x| *x *= g[bt * hv + h]);
+                    let kv: f64 = row.iter().zip(kt).map(|(a, b)| a * b).sum();
+                    let delta = (v[(bt * hv + h) * dv + r] - kv) * beta[bt * hv + h];
+                    row.iter_mut().zip(kt).for_each(|(x, kk)| *x += kk * delta);
+                    y[(bt * hv + h) * dv + r] = row.iter().zip(qt).map(|(a, b)| a * b).sum();
+                }
+            }
+        }
+        states.extend_from_slice(&s);
+    }
+    (y, states)
+}
+
+/// ‖got - want‖ / ‖want‖.
+fn relative(got: &Array, want: &[f64]) -> f64 {
+    let got = got.to_f32_vec().unwrap();
+    assert_eq!(got.len(), want.len());
+    let num: f64 = got.iter().zip(want).map(|(g, w)| (*g as f64 - w).powi(2)).sum();
+    let den: f64 = want.iter().map(|w| w * w).sum();
+    (num / den).sqrt()
+}
+
+#[test]
+fn host_gated_delta_matches_the_recurrence_in_f64_and_mlx_op() {
+    // Dk with and without a tail past the eight lanes; key heads shared by 1 and 3 value heads; B of 1 and 2.
+    for &(b, t, hk, hv, dk, dv) in
+        &[(1, 1, 2, 2, 64, 32), (2, 4, 2, 6, 128, 64), (1, 9, 1, 3, 20, 5), (2, 12, 1, 1, 32, 8)]
+    {
+        let inputs = recurrence_inputs(b, t, hk, hv, dk, dv, 11 + t as u64);
+        let [q, k, v, g, beta, state] = &inputs;
+        let (y, states) = host::gated_delta(q, k, v, g, beta, state, true).unwrap();
+        assert_eq!(y.shape(), [b, t, hv, dv]);
+        assert_eq!(states.shape(), [t, b, hv, dv, dk]);
+        let (y64, states64) = recurrence_f64(&inputs);
+        let what = format!("B {b} T {t} Hk {hk} Hv {hv} Dk {dk} Dv {dv}");
+        assert!(relative(&y, &y64) < 1e-6, "{what}: outputs {}", relative(&y, &y64));
+        assert!(relative(&states, &states64) < 1e-6, "{what}: states {}", relative(&states, &states64));
+        // MLX's own op (a loop of operations on the CPU), summing in another order: within 1e-5.
+        let (my, mstate) = mlx::fast::gated_delta_update(q, k, v, g, beta, Some(state)).unwrap();
+        let last = states.slice_axis(0, t - 1, t).unwrap().squeeze(&[0]).unwrap();
+        let close = |a: &Array, b: &Array| {
+            let want: Vec<f64> = b.to_f32_vec().unwrap().into_iter().map(f64::from).collect();
+            relative(a, &want)
+        };
+        assert!(close(&y, &my) < 1e-5 && close(&last, &mstate) < 1e-5, "{what}: against MLX's op");
+        // Only the last state: the same bits as the last of all.
+        let (y1, final_only) = host::gated_delta(q, k, v, g, beta, state, false).unwrap();
+        assert_eq!(final_only.shape(), [1, b, hv, dv, dk]);
+        assert_eq!(final_only.squeeze(&[0]).unwrap().to_bytes().unwrap(), last.to_bytes().unwrap(), "{what}");
+        assert_eq!(y1.to_bytes().unwrap(), y.to_bytes().unwrap(), "{what}");
+    }
+}
+
+#[test]
+fn host_gated_delta_gives_a_token_the_same_bits_as_decoding_it_alone() {
+    // A verify of five tokens against five decode steps: every output and every step's state, bit for bit.
+    let inputs = recurrence_inputs(2, 5, 2, 4, 128, 16, 5);
+    let [q, k, v, g, beta, state] = &inputs;
+    let (y, states) = host::gated_delta(q, k, v, g, beta, state, true).unwrap();
+    let mut s = state.clone();
+    for t in 0..5 {
+        let at = |a: &Array| a.slice_axis(1, t, t + 1).unwrap();
+        let (yt, st) = host::gated_delta(&at(q), &at(k), &at(v), &at(g), &at(beta), &s, true).unwrap();
+        assert_eq!(yt.to_bytes().unwrap(), at(&y).to_bytes().unwrap(), "output of token {t}");
+        let want = states.slice_axis(0, t, t + 1).unwrap();
+        assert_eq!(st.to_bytes().unwrap(), want.to_bytes().unwrap(), "state after token {t}");
+        s = st.squeeze(&[0]).unwrap();
+    }
+}
+
+#[test]
+fn host_gated_delta_reads_strided_inputs() {
+    // q and k as transposed views, the state a slice of a wider batch: the same bits as packed copies.
+    let [q, k, v, g, beta, state] = recurrence_inputs(1, 3, 2, 2, 32, 8, 9);
+    let qt = q.transpose(&[0, 2, 1, 3]).unwrap().contiguous().unwrap().transpose(&[0, 2, 1, 3]).unwrap();
+    let wide = mlx::ops::concatenate(&[&state, &state.multiply(&Array::f32(2.0)).unwrap()], 0).unwrap();
+    let view = wide.slice_axis(0, 0, 1).unwrap();
+    let a = host::gated_delta(&qt, &k, &v, &g, &beta, &view, true).unwrap();
+    let b = host::gated_delta(&q, &k, &v, &g, &beta, &state, true).unwrap();
+    assert_eq!(a.0.to_bytes().unwrap(), b.0.to_bytes().unwrap());
+    assert_eq!(a.1.to_bytes().unwrap(), b.1.to_bytes().unwrap());
+}
+
+#[test]
+fn host_gated_delta_names_bad_operands() {
+    let [q, k, v, g, beta, state] = recurrence_inputs(1, 2, 2, 4, 32, 8, 3);
+    let err = |r: mlx::Result<(Array, Array)>| r.err().map(|e| e.to_string()).unwrap_or_default();
+    let half = q.as_dtype(Dtype::BF16).unwrap();
+    assert!(err(host::gated_delta(&half, &k, &v, &g, &beta, &state, true)).contains("must be f32"));
+    let bad_state = state.slice_axis(3, 0, 16).unwrap();
+    let msg = err(host::gated_delta(&q, &k, &v, &g, &beta, &bad_state, true));
+    assert!(msg.contains("state [1, 4, 8, 16]"), "{msg}");
+    // Value heads not a multiple of key heads.
+    let [q3, k3, ..] = recurrence_inputs(1, 2, 3, 4, 32, 8, 3);
+    assert!(err(host::gated_delta(&q3, &k3, &v, &g, &beta, &state, true)).contains("multiple of Hk"));
+}

@@ -1,0 +1,232 @@
+// The host kernels of the repository's kernels/cpu/ as MLX primitives of the bridge's own: MLX has no
+// custom-kernel API for its CPU backend, so each is a primitive that joins the lazy graph like any op and runs
+// on MLX's CPU stream (its scheduler thread), in graph order. Declared in bridge.h with the rest of the bridge.
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "mlx-bridge/cxx/bridge.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+#include "kernels/cpu/dense_matmul.h"
+#include "kernels/cpu/gated_delta.h"
+#include "kernels/cpu/quantized_matmul.h"
+
+namespace mx = mlx::core;
+
+namespace mlxb {
+namespace {
+
+ArrayPtr wrap(Array a) { return std::make_unique<Array>(std::move(a)); }
+
+// The elements of `a` in row-major order, for an input MLX has left strided (a slice, a transpose).
+std::vector<uint8_t> packed(const Array& a) {
+  const size_t es = a.itemsize();
+  std::vector<uint8_t> buf(a.size() * es);
+  const auto* base = a.data<uint8_t>();
+  const int nd = a.ndim();
+  std::vector<int64_t> idx(nd, 0);
+  for (size_t t = 0; t < a.size(); ++t) {
+    int64_t off = 0;
+    for (int d = 0; d < nd; ++d) off += idx[d] * a.strides()[d];
+    std::memcpy(&buf[t * es], base + off * static_cast<int64_t>(es), es);
+    for (int d = nd - 1; d >= 0 && ++idx[d] == a.shape(d); --d) idx[d] = 0;
+  }
+  return buf;
+}
+
+// The data of `a` in row-major order: its own buffer, or `a` packed into `buf`.
+const void* row_major(const Array& a, std::vector<uint8_t>& buf) {
+  if (a.flags().row_contiguous) return a.data<void>();
+  buf = packed(a);
+  return buf.data();
+}
+
+tandem_kernels::Elem elem(mx::Dtype d) {
+  return d == mx::float32 ? tandem_kernels::Elem::F32
+         : d == mx::bfloat16 ? tandem_kernels::Elem::BF16
+                             : tandem_kernels::Elem::F16;
+}
+
+bool is_float(mx::Dtype d) { return d == mx::float32 || d == mx::bfloat16 || d == mx::float16; }
+
+// y = x @ w^T by tandem_kernels::dense_matmul_nt, as an MLX primitive on the CPU stream: it joins the lazy
+// graph like any op, and runs on MLX's CPU scheduler thread in graph order.
+class DenseMatmulNT : public mx::UnaryPrimitive {
+ public:
+  explicit DenseMatmulNT(mx::Stream s) : mx::UnaryPrimitive(s) {}
+  const char* name() const override { return "TandemDenseMatmulNT"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+  void eval_gpu(const std::vector<Array>&, Array&) override {
+    throw std::runtime_error("TandemDenseMatmulNT runs on the CPU only");
+  }
+  void eval_cpu(const std::vector<Array>& in, Array& out) override {
+    const Array& x = in[0];
+    const Array& w = in[1];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(x);
+    enc.set_input_array(w);
+    enc.set_output_array(out);
+    const int64_t k = w.shape(1), n = w.shape(0), m = k == 0 ? 0 : static_cast<int64_t>(x.size()) / k;
+    const auto e = elem(x.dtype());
+    if (k == 0) {
+      std::memset(out.data<uint8_t>(), 0, out.nbytes());
+      return;
+    }
+    // The input buffers outlive the task (MLX's CPU eval holds them until it has run); strided inputs are
+    // packed inside the task, once their data exist.
+    enc.dispatch([e, m, n, k, x = Array::unsafe_weak_copy(x), w = Array::unsafe_weak_copy(w),
+                  o = out.data<void>()]() {
+      std::vector<uint8_t> xp, wp;
+      tandem_kernels::dense_matmul_nt(e, row_major(x, xp), row_major(w, wp), o, m, n, k);
+    });
+  }
+};
+
+// y = x @ dequantize(wq, scales, biases)^T by tandem_kernels::quantized_matmul_nt, as DenseMatmulNT is.
+class QuantizedMatmulNT : public mx::UnaryPrimitive {
+ public:
+  QuantizedMatmulNT(mx::Stream s, int group, int bits) : mx::UnaryPrimitive(s), group_(group), bits_(bits) {}
+  const char* name() const override { return "TandemQuantizedMatmulNT"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const QuantizedMatmulNT&>(other);
+    return o.group_ == group_ && o.bits_ == bits_;
+  }
+  void eval_gpu(const std::vector<Array>&, Array&) override {
+    throw std::runtime_error("TandemQuantizedMatmulNT runs on the CPU only");
+  }
+  void eval_cpu(const std::vector<Array>& in, Array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : in) enc.set_input_array(a);
+    enc.set_output_array(out);
+    const int64_t n = in[1].shape(0), k = in[0].shape(-1), m = k == 0 ? 0 : static_cast<int64_t>(in[0].size()) / k;
+    if (k == 0) {
+      std::memset(out.data<uint8_t>(), 0, out.nbytes());
+      return;
+    }
+    enc.dispatch([m, n, k, g = group_, b = bits_, x = Array::unsafe_weak_copy(in[0]),
+                  w = Array::unsafe_weak_copy(in[1]), s = Array::unsafe_weak_copy(in[2]),
+                  z = Array::unsafe_weak_copy(in[3]), o = out.data<void>()]() {
+      std::vector<uint8_t> xp, wp, sp, zp;
+      const auto* wd = static_cast<const uint32_t*>(row_major(w, wp));
+      tandem_kernels::quantized_matmul_nt(elem(x.dtype()), row_major(x, xp), wd, elem(s.dtype()), row_major(s, sp),
+                                          row_major(z, zp), o, m, n, k, g, b);
+    });
+  }
+
+ private:
+  int group_, bits_;
+};
+
+// tandem_kernels::gated_delta as a primitive of two outputs: y, and the state after every token (or after
+// the last only: `all_steps` false, for prefill lengths).
+class GatedDeltaSteps : public mx::Primitive {
+ public:
+  GatedDeltaSteps(mx::Stream s, bool all_steps) : mx::Primitive(s), all_steps_(all_steps) {}
+  const char* name() const override { return "TandemGatedDeltaSteps"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return static_cast<const GatedDeltaSteps&>(other).all_steps_ == all_steps_;
+  }
+  void eval_gpu(const std::vector<Array>&, std::vector<Array>&) override {
+    throw std::runtime_error("TandemGatedDeltaSteps runs on the CPU only");
+  }
+  void eval_cpu(const std::vector<Array>& in, std::vector<Array>& out) override {
+    for (auto& o : out) o.set_data(mx::allocator::malloc(o.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : in) enc.set_input_array(a);
+    for (auto& o : out) enc.set_output_array(o);
+    const int64_t b = in[0].shape(0), t = in[0].shape(1), hk = in[0].shape(2), dk = in[0].shape(3);
+    const int64_t hv = in[2].shape(2), dv = in[2].shape(3);
+    enc.dispatch([b, t, hk, hv, dk, dv, all = all_steps_, q = Array::unsafe_weak_copy(in[0]),
+                  k = Array::unsafe_weak_copy(in[1]), v = Array::unsafe_weak_copy(in[2]),
+                  g = Array::unsafe_weak_copy(in[3]), beta = Array::unsafe_weak_copy(in[4]),
+                  s = Array::unsafe_weak_copy(in[5]), y = out[0].data<float>(), st = out[1].data<float>()]() {
+      std::vector<uint8_t> p[6];
+      const auto f = [](const void* d) { return static_cast<const float*>(d); };
+      tandem_kernels::gated_delta(f(row_major(q, p[0])), f(row_major(k, p[1])), f(row_major(v, p[2])),
+                                  f(row_major(g, p[3])), f(row_major(beta, p[4])), f(row_major(s, p[5])), y, st, b,
+                                  t, hk, hv, dk, dv, all);
+    });
+  }
+
+ private:
+  bool all_steps_;
+};
+
+} // namespace
+
+ArrayPtr host_quantized_matmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
+                               int32_t group_size, int32_t bits) {
+  if (!is_float(x.dtype()) || !is_float(scales.dtype()) || biases.dtype() != scales.dtype()) {
+    throw std::invalid_argument("host quantized matmul: x, scales and biases must be f32, bf16 or f16");
+  }
+  if (bits != 2 && bits != 4 && bits != 8) {
+    throw std::invalid_argument("host quantized matmul: " + std::to_string(bits) + " bits (2, 4 or 8 only)");
+  }
+  if (w.dtype() != mx::uint32 || w.ndim() != 2 || x.ndim() < 1) {
+    throw std::invalid_argument("host quantized matmul: x [..., K] and uint32 w [N, K * bits / 32] needed");
+  }
+  const int k = x.shape(-1), n = w.shape(0);
+  if (group_size <= 0 || group_size % 8 != 0 || k % group_size != 0 ||
+      static_cast<int64_t>(w.shape(1)) * 32 != static_cast<int64_t>(k) * bits) {
+    throw std::invalid_argument("host quantized matmul: K " + std::to_string(k) + ", group " +
+                                std::to_string(group_size) + ", w of " + std::to_string(w.shape(1)) + " words a row");
+  }
+  const mx::Shape sb = {n, k / group_size};
+  if (scales.shape() != sb || biases.shape() != sb) {
+    throw std::invalid_argument("host quantized matmul: scales and biases must be [N, K / group]");
+  }
+  auto shape = x.shape();
+  shape.back() = n;
+  auto s = mx::default_stream(mx::Device::cpu);
+  return wrap(Array(std::move(shape), x.dtype(), std::make_shared<QuantizedMatmulNT>(s, group_size, bits),
+                    {x, w, scales, biases}));
+}
+
+ArrayPtr host_dense_matmul(const Array& x, const Array& w) {
+  const auto dt = x.dtype();
+  if ((dt != mx::float32 && dt != mx::bfloat16 && dt != mx::float16) || w.dtype() != dt) {
+    throw std::invalid_argument("host dense matmul: x and w must both be f32, bf16 or f16");
+  }
+  if (w.ndim() != 2 || x.ndim() < 1 || x.shape(-1) != w.shape(1)) {
+    throw std::invalid_argument("host dense matmul: x [..., K] and w [N, K] needed");
+  }
+  auto shape = x.shape();
+  shape.back() = w.shape(0);
+  auto s = mx::default_stream(mx::Device::cpu);
+  return wrap(Array(std::move(shape), dt, std::make_shared<DenseMatmulNT>(s), {x, w}));
+}
+
+std::unique_ptr<ArrayVec> host_gated_delta(const Array& q, const Array& k, const Array& v, const Array& g,
+                                           const Array& beta, const Array& state, bool all_steps) {
+  for (const Array* a : {&q, &k, &v, &g, &beta, &state}) {
+    if (a->dtype() != mx::float32) throw std::invalid_argument("host gated delta: q, k, v, g, beta and state must be f32");
+  }
+  const auto shape = [](const Array& a) {
+    std::string s = "[";
+    for (size_t d = 0; d < a.ndim(); ++d) s += (d ? ", " : "") + std::to_string(a.shape(d));
+    return s + "]";
+  };
+  const bool ranks = q.ndim() == 4 && v.ndim() == 4 && g.ndim() == 3 && state.ndim() == 4;
+  const int b = ranks ? q.shape(0) : 0, t = ranks ? q.shape(1) : 0, hk = ranks ? q.shape(2) : 0;
+  const int dk = ranks ? q.shape(3) : 0, hv = ranks ? v.shape(2) : 0, dv = ranks ? v.shape(3) : 0;
+  const bool ok = ranks && k.shape() == q.shape() && v.shape() == mx::Shape{b, t, hv, dv} &&
+                  g.shape() == mx::Shape{b, t, hv} && beta.shape() == g.shape() &&
+                  state.shape() == mx::Shape{b, hv, dv, dk} && hk > 0 && hv % hk == 0 && (t > 0 || !all_steps);
+  if (!ok) {
+    throw std::invalid_argument("host gated delta: q, k [B, T, Hk, Dk], v [B, T, Hv, Dv], g, beta [B, T, Hv], state "
+                                "[B, Hv, Dv, Dk] with Hv a multiple of Hk needed; got q " + shape(q) + ", k " +
+                                shape(k) + ", v " + shape(v) + ", g " + shape(g) + ", beta " + shape(beta) +
+                                ", state " + shape(state));
+  }
+  auto s = mx::default_stream(mx::Device::cpu);
+  auto outs = Array::make_arrays({{b, t, hv, dv}, {all_steps ? t : 1, b, hv, dv, dk}}, {mx::float32, mx::float32},
+                                 std::make_shared<GatedDeltaSteps>(s, all_steps), {q, k, v, g, beta, state});
+  auto out = std::make_unique<ArrayVec>();
+  out->items = std::move(outs);
+  return out;
+}
+
+}  // namespace mlxb
