@@ -1,6 +1,7 @@
 //! Causal attention of a few queries over a KV cache (a decode step, an MTP verify, the MTP head's
 //! catch-up): on CUDA the kernels in kernels/cuda/attention*.cu{,h}, reading the cache's buffers where they
-//! lie; elsewhere the caller's MLX path (`model::layers::causal_attention`).
+//! lie; on MLX's CPU backend the host kernel in kernels/cpu/attention.{h,cc} ([`host`], any number of
+//! queries); elsewhere the caller's MLX path (`model::layers::causal_attention`).
 //!
 //! MLX 0.32.4's CUDA backend has no one-query attention kernel for head_dim 256 (Qwen3.5's): each call ran
 //! its op-by-op fallback (about ten operations, with matmuls meeting a new key length every step), and an
@@ -64,6 +65,63 @@ pub fn selected(q: &Array, keys: &Array, values: &Array, len: i32) -> bool {
         && applicable(q, keys, values, len)
         && TESTED_HEAD_DIMS.contains(&q.dim(3))
         && probe_passed(q.dtype())
+}
+
+/// The host kernel's name for `TANDEM_KERNELS=-cpu_attention`.
+pub const HOST_NAME: &str = "cpu_attention";
+
+/// Whether a call takes the host kernel (kernels/cpu/attention.cc, `mlx::host::attention`): MLX computing on
+/// the CPU, [`host_applicable`], kernels not switched off, and its probe passed for q's dtype. MLX 0.32.4's
+/// CPU attention is op by op over a bf16 gemm of its own (~2 GFLOP/s): at a 2,048-token context it was over
+/// 60 % of tandem-tiny's decoding time, and MTP ran at a third of plain decoding's speed (docs/PERF.md).
+pub fn host_selected(q: &Array, keys: &Array, values: &Array, len: i32) -> bool {
+    super::policy() != super::Policy::Off
+        && !super::disabled(HOST_NAME)
+        && mlx::device::default_device() == mlx::device::Device::Cpu
+        && host_applicable(q, keys, values, len)
+        && host_probe_passed(q.dtype())
+}
+
+/// The shapes the host kernel computes: q `[1, Hq, T, D]` and the cache's buffers `[1, Hkv, CAP, D]`, all of
+/// one dtype (bf16, f16 or f32), Hq a multiple of Hkv and `1 <= T <= len <= CAP` (any number of queries:
+/// decode, verify, prefill chunks).
+pub fn host_applicable(q: &Array, keys: &Array, values: &Array, len: i32) -> bool {
+    let dt = q.dtype();
+    matches!(dt, Dtype::BF16 | Dtype::F16 | Dtype::F32)
+        && keys.dtype() == dt
+        && values.dtype() == dt
+        && q.ndim() == 4
+        && keys.ndim() == 4
+        && keys.shape() == values.shape()
+        && q.dim(0) == 1
+        && keys.dim(0) == 1
+        && keys.dim(3) == q.dim(3)
+        && keys.dim(1) >= 1
+        && q.dim(1) % keys.dim(1) == 0
+        && q.dim(2) >= 1
+        && q.dim(2) <= len
+        && len <= keys.dim(2)
+}
+
+/// Runs the host kernel: the T queries of `q` over the first `len` positions of the buffers.
+pub fn host(q: &Array, keys: &Array, values: &Array, len: i32, scale: f32) -> Result<Array> {
+    mlx::host::attention(q, keys, values, len, scale)
+}
+
+/// The host kernel's probe verdict for `dtype`, once per process: C++ built for the machine it runs on
+/// (arm64 NEON on a Mac, where no test of this repository runs) proves itself there before it is taken.
+fn host_probe_passed(dtype: Dtype) -> bool {
+    static PROBES: [OnceLock<bool>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    *PROBES[super::dtype_slot(dtype)].get_or_init(|| {
+        probe_verdict(&format!("host attention kernel ({dtype:?})"), host_probe(dtype), tolerance_for(dtype))
+    })
+}
+
+/// [`probe`]'s problem through the host kernel: relative error against [`reference`].
+pub fn host_probe(dtype: Dtype) -> Result<f32> {
+    let [q, k, v] = random_inputs(6, 2, 3, 128, 192, dtype, 0x6174_746e)?;
+    let scale = 1.0 / (128f32).sqrt();
+    relative_error(&host(&q, &k, &v, 130, scale)?, &reference(&q, &k, &v, 130, scale)?)
 }
 
 /// The shapes the kernel computes: q `[1, Hq, T, D]`, the cache's buffers `[1, Hkv, CAP, D]` of q's dtype

@@ -141,3 +141,67 @@ fn attention_source_emulated_on_cpu() {
         assert_eq!(out.matches("every query identical alone").count(), 4, "{out}");
     }
 }
+
+/// The host kernel's rule: one sequence's queries over its cache buffers in one float dtype, Hq a multiple of
+/// Hkv, any number of queries up to the valid keys (prefill chunks too), any head size; selected on MLX's CPU
+/// unless `-cpu_attention`.
+#[test]
+fn attention_host_selection_rules() {
+    use tandem::kernels::{disabled, policy, Policy};
+    let [q, k, v] = attn::random_inputs(6, 2, 4, 80, 64, Dtype::BF16, 2).unwrap();
+    assert!(attn::host_applicable(&q, &k, &v, 40), "head size 80");
+    assert!(attn::host_applicable(&q, &k, &v, 4) && !attn::host_applicable(&q, &k, &v, 3), "T <= len");
+    assert!(!attn::host_applicable(&q, &k, &v, 65), "more keys than the buffers hold");
+    assert!(!attn::host_applicable(&q, &k.as_dtype(Dtype::F32).unwrap(), &v, 40), "buffers of another dtype");
+    let [q40, ..] = attn::random_inputs(6, 2, 40, 80, 64, Dtype::BF16, 2).unwrap();
+    assert!(attn::host_applicable(&q40, &k, &v, 64), "a 40-query prefill chunk");
+    let [q5, ..] = attn::random_inputs(5, 2, 4, 80, 64, Dtype::BF16, 2).unwrap();
+    assert!(!attn::host_applicable(&q5, &k, &v, 40), "query heads not a multiple of key heads");
+    let two = mlx::concatenate(&[&q, &q], 0).unwrap();
+    assert!(!attn::host_applicable(&two, &k, &v, 40), "two sequences in one call");
+    if mlx::device::default_device() == mlx::device::Device::Cpu {
+        let on = policy() != Policy::Off && !disabled(attn::HOST_NAME);
+        assert_eq!(attn::host_selected(&q, &k, &v, 40), on);
+    }
+}
+
+/// On the CPU: the host kernel within its tolerance of the fp32 reference and of MLX's attention (the path
+/// it replaces) for bf16, f16 and f32, head sizes 64, 128 and 256, GQA 6:1 and 1:1, decode, verify and
+/// prefill widths and key lengths from 1 to 2,100; each query's bits those of a one-query call over its own
+/// prefix; its probe passes.
+#[test]
+fn attention_host_parity() {
+    if mlx::device::default_device() != mlx::device::Device::Cpu {
+        println!("attention_host_parity: SKIPPED: MLX computes on the GPU here");
+        return;
+    }
+    for dtype in [Dtype::BF16, Dtype::F16, Dtype::F32] {
+        let tol = attn::tolerance_for(dtype);
+        let err = attn::host_probe(dtype).unwrap();
+        assert!(err <= tol, "{dtype:?}: probe error {err:.2e}");
+        let mut worst = (0.0f32, 0.0f32);
+        for (hq, hkv, d) in [(12, 2, 64), (8, 8, 128), (6, 1, 256)] {
+            for (t, len) in [(1, 1), (1, 65), (4, 4), (4, 67), (3, 2100), (33, 40)] {
+                let [q, k, v] = attn::random_inputs(hq, hkv, t, d, len + 24, dtype, (t * 1000 + len) as u64).unwrap();
+                let scale = 1.0 / (d as f32).sqrt();
+                let case = format!("{dtype:?} Hq {hq} Hkv {hkv} D {d} T {t} len {len}");
+                let y = attn::host(&q, &k, &v, len, scale).unwrap();
+                assert_eq!((y.shape(), y.dtype()), (vec![1, hq, t, d], dtype), "{case}");
+                let reference = attn::reference(&q, &k, &v, len, scale).unwrap();
+                let (kv, vv) = (k.slice_axis(2, 0, len).unwrap(), v.slice_axis(2, 0, len).unwrap());
+                let mlx_path = causal_attention(&q, &kv, &vv, scale).unwrap();
+                let (e_ref, e_mlx, e_fb) = (rel(&y, &reference), rel(&mlx_path, &reference), rel(&y, &mlx_path));
+                worst = (worst.0.max(e_ref), worst.1.max(e_mlx));
+                assert!(e_ref <= tol, "{case}: {e_ref:.2e} from fp32 over {tol:.1e}");
+                assert!(e_fb <= e_ref + e_mlx + tol, "{case}: {e_fb:.2e} from MLX's attention");
+                for i in [0, t - 1] {
+                    let alone =
+                        attn::host(&q.slice_axis(2, i, i + 1).unwrap(), &k, &v, len - t + i + 1, scale).unwrap();
+                    let row = y.slice_axis(2, i, i + 1).unwrap();
+                    assert_eq!(row.to_bytes().unwrap(), alone.to_bytes().unwrap(), "{case}: query {i} differs alone");
+                }
+            }
+        }
+        println!("attention host parity {dtype:?}: kernel/fp32 {:.2e}, MLX/fp32 {:.2e} (worst)", worst.0, worst.1);
+    }
+}

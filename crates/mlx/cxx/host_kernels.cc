@@ -8,6 +8,7 @@
 #include "mlx-bridge/cxx/bridge.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/dense_matmul.h"
 #include "kernels/cpu/gated_delta.h"
 #include "kernels/cpu/quantized_matmul.h"
@@ -155,6 +156,38 @@ class GatedDeltaSteps : public mx::Primitive {
   bool all_steps_;
 };
 
+// tandem_kernels::attention as DenseMatmulNT is: T queries over the first `len` rows of a cache's buffers.
+class AttentionHost : public mx::UnaryPrimitive {
+ public:
+  AttentionHost(mx::Stream s, int len, float scale) : mx::UnaryPrimitive(s), len_(len), scale_(scale) {}
+  const char* name() const override { return "TandemAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const AttentionHost&>(other);
+    return o.len_ == len_ && o.scale_ == scale_;
+  }
+  void eval_gpu(const std::vector<Array>&, Array&) override {
+    throw std::runtime_error("TandemAttention runs on the CPU only");
+  }
+  void eval_cpu(const std::vector<Array>& in, Array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : in) enc.set_input_array(a);
+    enc.set_output_array(out);
+    const int64_t hq = in[0].shape(1), t = in[0].shape(2), d = in[0].shape(3);
+    const int64_t hkv = in[1].shape(1), cap = in[1].shape(2);
+    enc.dispatch([hq, t, d, hkv, cap, len = len_, scale = scale_, q = Array::unsafe_weak_copy(in[0]),
+                  k = Array::unsafe_weak_copy(in[1]), v = Array::unsafe_weak_copy(in[2]), o = out.data<void>()]() {
+      std::vector<uint8_t> qp, kp, vp;
+      tandem_kernels::attention(elem(q.dtype()), row_major(q, qp), row_major(k, kp), row_major(v, vp), o, hq, hkv, t,
+                                d, cap, len, scale);
+    });
+  }
+
+ private:
+  int len_;
+  float scale_;
+};
+
 } // namespace
 
 ArrayPtr host_quantized_matmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
@@ -197,6 +230,24 @@ ArrayPtr host_dense_matmul(const Array& x, const Array& w) {
   shape.back() = w.shape(0);
   auto s = mx::default_stream(mx::Device::cpu);
   return wrap(Array(std::move(shape), dt, std::make_shared<DenseMatmulNT>(s), {x, w}));
+}
+
+ArrayPtr host_attention(const Array& q, const Array& keys, const Array& values, int32_t len, float scale) {
+  const auto dt = q.dtype();
+  if (!is_float(dt) || keys.dtype() != dt || values.dtype() != dt) {
+    throw std::invalid_argument("host attention: q, keys and values must all be f32, bf16 or f16");
+  }
+  const bool ranks = q.ndim() == 4 && keys.ndim() == 4 && keys.shape() == values.shape();
+  if (!ranks || q.shape(0) != 1 || keys.shape(0) != 1 || keys.shape(3) != q.shape(3) || q.shape(1) % keys.shape(1) != 0) {
+    throw std::invalid_argument("host attention: q [1, Hq, T, D] and buffers [1, Hkv, CAP, D] with Hq a multiple of Hkv "
+                                "needed");
+  }
+  if (q.shape(2) < 1 || len < q.shape(2) || len > keys.shape(2)) {
+    throw std::invalid_argument("host attention: " + std::to_string(q.shape(2)) + " queries over " +
+                                std::to_string(len) + " keys of buffers holding " + std::to_string(keys.shape(2)));
+  }
+  auto s = mx::default_stream(mx::Device::cpu);
+  return wrap(Array(q.shape(), dt, std::make_shared<AttentionHost>(s, len, scale), {q, keys, values}));
 }
 
 std::unique_ptr<ArrayVec> host_gated_delta(const Array& q, const Array& k, const Array& v, const Array& g,

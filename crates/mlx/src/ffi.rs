@@ -205,6 +205,7 @@ pub(crate) mod ffi {
             group_size: i32,
             bits: i32,
         ) -> Result<UniquePtr<Array>>;
+        fn host_attention(q: &Array, keys: &Array, values: &Array, len: i32, scale: f32) -> Result<UniquePtr<Array>>;
         fn host_gated_delta(
             q: &Array,
             k: &Array,

@@ -47,3 +47,10 @@ pub fn gated_delta(
         _ => Err(crate::Error::Invalid("host gated delta returned fewer than two arrays".into())),
     }
 }
+
+/// Causal attention of q `[1, Hq, T, D]` over the first `len` rows of a KV cache's buffers `[1, Hkv, CAP, D]`
+/// (one float dtype for all, Hq a multiple of Hkv, `T <= len <= CAP`): query t sees keys `0..len - T + t + 1`;
+/// softmax and sums in fp32 (kernels/cpu/attention.h). A query's bits depend only on its row and its keys.
+pub fn attention(q: &Array, keys: &Array, values: &Array, len: i32, scale: f32) -> Result<Array> {
+    Array::wrap(ffi::host_attention(q.raw(), keys.raw(), values.raw(), len, scale))
+}

@@ -144,11 +144,14 @@ impl Attention {
     fn attend(&self, q: &Array, k: &Array, v: &Array, cache: &mut KvCache) -> Result<Array> {
         cache.append(k, v)?;
         let scale = 1.0 / (self.hd as f32).sqrt();
-        // On CUDA a kernel reads the cache's buffers where they lie (kernels::attention); elsewhere
-        // attention reads views of the valid positions.
+        // On CUDA and on MLX's CPU a kernel reads the cache's buffers where they lie (kernels::attention);
+        // elsewhere attention reads views of the valid positions.
         match cache.state() {
             Some((kb, vb)) if attention::selected(q, kb, vb, cache.offset) => {
                 attention::cuda(q, kb, vb, cache.offset, scale)
+            }
+            Some((kb, vb)) if attention::host_selected(q, kb, vb, cache.offset) => {
+                attention::host(q, kb, vb, cache.offset, scale)
             }
             _ => {
                 let (keys, values) =

@@ -320,3 +320,87 @@ fn host_gated_delta_names_bad_operands() {
     let [q3, k3, ..] = recurrence_inputs(1, 2, 3, 4, 32, 8, 3);
     assert!(err(host::gated_delta(&q3, &k3, &v, &g, &beta, &state, true)).contains("multiple of Hk"));
 }
+
+// --- attention ---
+
+/// Causal attention in f64 from the elements as stored: q `[1, Hq, T, D]` over the first `len` rows of
+/// buffers `[1, Hkv, CAP, D]`, query t seeing `len - T + t + 1` keys; flattened `[Hq, T, D]`.
+fn attention_f64(q: &Array, k: &Array, v: &Array, len: usize, scale: f64) -> Vec<f64> {
+    let (hq, t, d) = (q.dim(1) as usize, q.dim(2) as usize, q.dim(3) as usize);
+    let (hkv, cap) = (k.dim(1) as usize, k.dim(2) as usize);
+    let f = |a: &Array| a.to_f32_vec().unwrap().into_iter().map(f64::from).collect::<Vec<_>>();
+    let (q, k, v) = (f(q), f(k), f(v));
+    let mut out = vec![0.0; hq * t * d];
+    for h in 0..hq {
+        let g = h / (hq / hkv);
+        for i in 0..t {
+            let n = len - t + i + 1;
+            let qr = &q[(h * t + i) * d..][..d];
+            let s: Vec<f64> = (0..n)
+                .map(|j| qr.iter().zip(&k[(g * cap + j) * d..][..d]).map(|(a, b)| a * b).sum::<f64>() * scale)
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let sum: f64 = p.iter().sum();
+            for c in 0..d {
+                out[(h * t + i) * d + c] = (0..n).map(|j| p[j] * v[(g * cap + j) * d + c]).sum::<f64>() / sum;
+            }
+        }
+    }
+    out
+}
+
+fn attention_inputs(hq: i32, hkv: i32, t: i32, d: i32, cap: i32, dtype: Dtype, seed: u64) -> [Array; 3] {
+    let keys = random::split(&random::key(seed).unwrap(), 3).unwrap();
+    let n = |shape: &[i32], i: usize| random::normal(shape, Dtype::F32, &keys[i]).unwrap().as_dtype(dtype).unwrap();
+    [n(&[1, hq, t, d], 0), n(&[1, hkv, cap, d], 1), n(&[1, hkv, cap, d], 2)]
+}
+
+#[test]
+fn host_attention_matches_the_exact_attention_in_every_dtype() {
+    // D with and without a tail past the eight lanes; one and three query heads a key head; a decode step, a
+    // verify, a prefill chunk over the whole cache; buffers longer than the valid keys.
+    for dtype in [Dtype::F32, Dtype::BF16, Dtype::F16] {
+        let half_ulp = match dtype {
+            Dtype::BF16 => 2f64.powi(-8),
+            Dtype::F16 => 2f64.powi(-11),
+            _ => 1e-6,
+        };
+        for &(hq, hkv, t, d, cap, len) in
+            &[(2, 2, 1, 64, 40, 33), (6, 2, 4, 64, 300, 257), (3, 1, 5, 20, 9, 9), (4, 2, 3, 256, 64, 3)]
+        {
+            let [q, k, v] = attention_inputs(hq, hkv, t, d, cap, dtype, 21 + d as u64);
+            let scale = 1.0 / (d as f32).sqrt();
+            let o = host::attention(&q, &k, &v, len, scale).unwrap();
+            assert_eq!((o.shape(), o.dtype()), (vec![1, hq, t, d], dtype));
+            let want = attention_f64(&q, &k, &v, len as usize, scale as f64);
+            let e = relative(&o, &want);
+            assert!(e <= half_ulp, "{dtype:?} Hq {hq} Hkv {hkv} T {t} D {d} len {len}: error {e:.2e}");
+        }
+    }
+}
+
+#[test]
+fn host_attention_gives_a_query_the_bits_of_a_decode_step() {
+    // A verify of four queries over 70 keys: query t alone over the first 67 + t keys gives the same bits.
+    for dtype in [Dtype::F32, Dtype::BF16, Dtype::F16] {
+        let [q, k, v] = attention_inputs(4, 2, 4, 64, 128, dtype, 8);
+        let all = host::attention(&q, &k, &v, 70, 0.125).unwrap();
+        for t in 0..4 {
+            let alone = host::attention(&q.slice_axis(2, t, t + 1).unwrap(), &k, &v, 67 + t, 0.125).unwrap();
+            let want = all.slice_axis(2, t, t + 1).unwrap();
+            assert_eq!(alone.to_bytes().unwrap(), want.to_bytes().unwrap(), "{dtype:?} query {t}");
+        }
+    }
+}
+
+#[test]
+fn host_attention_names_bad_operands() {
+    let [q, k, v] = attention_inputs(4, 2, 3, 64, 16, Dtype::BF16, 4);
+    let err = |r: mlx::Result<Array>| r.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err(host::attention(&q, &k.as_dtype(Dtype::F32).unwrap(), &v, 8, 1.0)).contains("must all be"));
+    assert!(err(host::attention(&q, &k, &v, 2, 1.0)).contains("3 queries over 2 keys"));
+    assert!(err(host::attention(&q, &k, &v, 17, 1.0)).contains("holding 16"));
+    let [q3, ..] = attention_inputs(3, 2, 3, 64, 16, Dtype::BF16, 4);
+    assert!(err(host::attention(&q3, &k, &v, 8, 1.0)).contains("multiple of Hkv"));
+}

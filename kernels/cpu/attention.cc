@@ -1,0 +1,121 @@
+// Causal attention over a KV cache on the CPU (attention.h).
+#include "attention.h"
+
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "matmul_core.h"
+
+namespace tandem_kernels {
+namespace {
+
+using namespace core;
+
+// One query (qf: D floats, already f32) over keys and values rows kr, vr (stride d elements, of type W: f32
+// or bf16 bits) 0..n; writes the f32 result to out. `s` holds n scores, `acc` D floats.
+template <class W>
+TANDEM_INLINE void one_query(const float* qf, const W* kr, const W* vr, int64_t n, int64_t d, float scale, float* s,
+                             float* acc, float* out) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    float dot;
+    dots<1>(qf, kr + j * d, d, &dot);
+    s[j] = dot * scale;
+    m = std::max(m, s[j]);
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = std::exp(s[j] - m);
+    sum += s[j];
+  }
+  const int64_t dv = d - d % kLanes;
+  std::fill(acc, acc + d, 0.0f);
+  for (int64_t j = 0; j < n; ++j) {
+    const W* row = vr + j * d;
+    const float p = s[j];
+    const f8 pv = {p, p, p, p, p, p, p, p};
+    for (int64_t c = 0; c < dv; c += kLanes) {
+      f8 a = load8(acc + c);
+      a += pv * load8(row + c);
+      std::memcpy(acc + c, &a, sizeof a);
+    }
+    for (int64_t c = dv; c < d; ++c) acc[c] += p * load(row, c);
+  }
+  for (int64_t c = 0; c < d; ++c) out[c] = acc[c] / sum;
+}
+
+template <class W>
+TANDEM_INLINE void heads(Elem e, const float* qf, const W* k, const W* v, float* of, int64_t hq, int64_t hkv,
+                         int64_t t, int64_t d, int64_t cap, int64_t len, float scale, const void* k16,
+                         const void* v16) {
+  std::vector<float> s(len), acc(d), kw, vw;
+  const int64_t rep = hq / hkv;
+  for (int64_t g = 0; g < hkv; ++g) {
+    const W* kr = nullptr;
+    const W* vr = nullptr;
+    if constexpr (std::is_same_v<W, float>) {
+      if (e == Elem::F16) {
+        // f16 has no cheap vector conversion everywhere: this head's rows go to f32 once for all its queries.
+        const auto* kh = static_cast<const uint16_t*>(k16) + g * cap * d;
+        const auto* vh = static_cast<const uint16_t*>(v16) + g * cap * d;
+        kw.resize(len * d);
+        vw.resize(len * d);
+        for (int64_t i = 0; i < len * d; ++i) {
+          kw[i] = f16_to_f32(kh[i]);
+          vw[i] = f16_to_f32(vh[i]);
+        }
+        kr = kw.data();
+        vr = vw.data();
+      }
+    }
+    if (kr == nullptr) {
+      kr = k + g * cap * d;
+      vr = v + g * cap * d;
+    }
+    for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
+      for (int64_t i = 0; i < t; ++i) {
+        const int64_t row = (h * t + i) * d;
+        one_query(qf + row, kr, vr, len - t + i + 1, d, scale, s.data(), acc.data(), of + row);
+      }
+    }
+  }
+}
+
+TANDEM_CLONES void run_f32(Elem e, const float* qf, const float* k, const float* v, float* of, int64_t hq,
+                           int64_t hkv, int64_t t, int64_t d, int64_t cap, int64_t len, float scale,
+                           const void* k16, const void* v16) {
+  heads(e, qf, k, v, of, hq, hkv, t, d, cap, len, scale, k16, v16);
+}
+
+TANDEM_CLONES void run_bf16(const float* qf, const uint16_t* k, const uint16_t* v, float* of, int64_t hq,
+                            int64_t hkv, int64_t t, int64_t d, int64_t cap, int64_t len, float scale) {
+  heads(Elem::BF16, qf, k, v, of, hq, hkv, t, d, cap, len, scale, nullptr, nullptr);
+}
+
+} // namespace
+
+void attention(Elem e, const void* q, const void* k, const void* v, void* o, int64_t hq, int64_t hkv, int64_t t,
+               int64_t d, int64_t cap, int64_t len, float scale) {
+  if (hq <= 0 || hkv <= 0 || t <= 0 || d <= 0 || len < t || len > cap || hq % hkv != 0) return;
+  std::vector<float> qs, os;
+  const float* qf = widen_rows(e, q, hq * t * d, qs);
+  float* of = f32_results(e, o, hq * t * d, os);
+  switch (e) {
+    case Elem::BF16:
+      run_bf16(qf, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), of, hq, hkv, t, d, cap, len,
+               scale);
+      break;
+    case Elem::F32:
+      run_f32(e, qf, static_cast<const float*>(k), static_cast<const float*>(v), of, hq, hkv, t, d, cap, len, scale,
+              nullptr, nullptr);
+      break;
+    case Elem::F16:
+      // k and v are widened per head inside (run_f32 reads them through k16 / v16).
+      run_f32(e, qf, nullptr, nullptr, of, hq, hkv, t, d, cap, len, scale, k, v);
+      break;
+  }
+  store_rows(e, of, o, hq * t * d);
+}
+
+} // namespace tandem_kernels
