@@ -49,7 +49,8 @@ pub struct Starting<'m> {
     start: usize,
     cache: Vec<LayerCache>,
     prefill: Option<Prefilling>,
-    /// The MTP head's pairs, queued as prefill produces them (run only for a snapshot).
+    /// The MTP head's pairs, queued as prefill produces them and run after each chunk when MTP will
+    /// draft (else only for a snapshot).
     drafter: Drafter,
     /// The restored prefix's last hidden state, when nothing is left to prefill.
     restored_hidden: Option<Array>,
@@ -62,6 +63,12 @@ pub struct Starting<'m> {
 }
 
 impl<'m> Starting<'m> {
+    /// The MTP head's drafter as prefill leaves it: with MTP, every pair of the prompt fed so far has run
+    /// through the head after each chunk ([`Starting::advance`]); without, they wait (for a snapshot).
+    pub fn drafter(&self) -> &Drafter {
+        &self.drafter
+    }
+
     /// Prompt tokens still to prefill.
     pub fn left(&self) -> usize {
         self.prefill.as_ref().map_or(0, Prefilling::left)
@@ -92,6 +99,12 @@ impl<'m> Starting<'m> {
         if every > 0 && to % every == 0 && to < self.prompt.len() {
             let n = hidden_last(&self.prefill)?;
             self.snapshot_at(to, n)?;
+        }
+        // With MTP the head runs this chunk's pairs now (after any snapshot, which keeps the last one
+        // pending): a long prompt's head pass was one stall after the first token (a 2,048-token prompt:
+        // ~230 ms on the 2-core CPU, docs/PERF.md), and in a batch it held every stream's next cycle.
+        if self.opts.runs_mtp(self.model) {
+            self.drafter.run_pending(self.model)?;
         }
         self.busy += t.elapsed();
         Ok(())

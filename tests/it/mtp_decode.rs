@@ -362,3 +362,45 @@ fn cycles_built_ahead_give_the_tokens_and_acceptance_of_cycles_built_after() {
         }
     }
 }
+
+/// With MTP, prefill runs the head over each chunk's pairs as it goes (so the first draft has only the
+/// prompt's last pair to run, not a catch-up over the whole prompt), and the head's cache then holds
+/// what one pass over the whole prompt leaves, bit for bit on the CPU (where a row's results never
+/// depend on the pass's other rows). Without MTP the pairs wait (for a snapshot, if one is taken).
+#[test]
+fn prefill_runs_the_head_chunk_by_chunk() {
+    use tandem::generate::mtp::drafter::Drafter;
+    use tandem::generate::sequence::Sequence;
+    use tandem::generate::{prefill, GenerateOptions, Resume, SamplingParams};
+    let m =
+        model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32), ..Default::default() }).unwrap();
+    let prompt: Vec<u32> = (0..300).map(|i| 30 + (i * 37) % 300).collect();
+    let opts = |enabled: bool| GenerateOptions {
+        max_tokens: 8,
+        prefill_chunk: 64,
+        sampling: SamplingParams::greedy(),
+        mtp: MtpOptions { enabled, ..Default::default() },
+        ..Default::default()
+    };
+    for mtp in [true, false] {
+        let mut s = Sequence::begin(&m, &prompt, &[], opts(mtp), Resume::default()).unwrap();
+        while s.left() > 0 {
+            s.advance().unwrap();
+            let fed = prompt.len() - s.left();
+            let waiting = if mtp { 0 } else { fed.min(prompt.len() - 1) };
+            assert_eq!(s.drafter().pending(), waiting, "MTP {mtp}, after {fed} prompt tokens");
+        }
+        if !mtp {
+            continue;
+        }
+        let mut cache = m.make_cache();
+        let hidden = prefill(&m, &prompt, &mut cache, 512).unwrap();
+        let mut one_pass = Drafter::new(&m, &hidden, &prompt, 7);
+        assert!(one_pass.settle(&m, true).unwrap().is_some(), "the last pair waits for the first token");
+        let (k1, v1) = one_pass.cache().contents().unwrap().expect("head keys");
+        let (k2, v2) = s.drafter().cache().contents().unwrap().expect("head keys after prefill");
+        assert_eq!(k2.shape(), vec![1, k1.dim(1), prompt.len() as i32 - 1, k1.dim(3)]);
+        assert!(k1.to_bytes().unwrap() == k2.to_bytes().unwrap(), "head keys differ from one pass's");
+        assert!(v1.to_bytes().unwrap() == v2.to_bytes().unwrap(), "head values differ from one pass's");
+    }
+}

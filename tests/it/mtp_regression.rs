@@ -16,7 +16,7 @@ fn acceptance(dir: &std::path::Path) -> f64 {
     let m = model::load(dir, &LoadOptions::default()).unwrap();
     assert!(m.has_mtp(), "{}: {:?}", dir.display(), m.mtp_status);
     let opts = GenerateOptions {
-        max_tokens: 96,
+        max_tokens: 320,
         sampling: SamplingParams::greedy(),
         mtp: MtpOptions { enabled: true, depth: 1, adaptive: false, exact_verify: false, ..Default::default() },
         ..Default::default()
@@ -68,10 +68,12 @@ fn acceptance_agrees_across_bf16_quantized_and_reattached_heads() {
     eprintln!("depth-1 acceptance: {results:?}");
     // The head accepts ~83% of its own model's greedy tokens (assets/models/tandem-tiny/README.md);
     // 0.6 is a floor far from the failure (0%). bf16 in either layout, 8-bit and the re-attached head
-    // must agree within 0.1 ("a few points" over ~95 draft decisions; measured 0.98/0.98/0.92/0.98).
-    // 4-bit changes the model enough to move acceptance (measured 0.77): it only has the floor. 8-bit's
-    // greedy text moved with the f32 conv and gated norm of the linear-attention layers (issue 15):
-    // 0.84 since, over a different text, so it gets 0.15.
+    // must agree within 0.1. 4-bit changes the model enough to move acceptance: it only has the floor.
+    // Each model decodes its own greedy text, so acceptance also moves with the text: over 96 tokens 8-bit
+    // measured 0.92, then 0.84 once the linear-attention layers' conv and gated norm went to f32 (issue 15),
+    // then 0.76 with the CPU attention kernel (its text changed again), where a 512-token bench gives 8-bit
+    // and bf16 the same 0.84. Hence 320 tokens (~170 draft decisions; measured 0.85 / 0.90 / 0.78 / 0.80 /
+    // 0.90 in the order below) and 0.15 for 8-bit.
     for (name, a) in results {
         assert!(a > 0.6, "{name}: acceptance {a:.3} ({results:?})");
         let tolerance = if name == "8-bit" { 0.15 } else { 0.1 };

@@ -104,8 +104,23 @@ impl Drafter {
         self.pending_lazy = Some(ids);
     }
 
+    /// Runs every pending pair through the head and evaluates its cache: prefill calls it after each chunk
+    /// when MTP will draft, so the head's pass over a prompt is part of prefill (chunk by chunk, as the body's,
+    /// and between a running batch's steps) instead of one catch-up over the whole prompt at the first draft.
+    /// A no-op with nothing pending.
+    pub fn run_pending(&mut self, model: &Qwen35) -> Result<()> {
+        if self.pending() == 0 {
+            return Ok(());
+        }
+        self.settle(model, false)?;
+        if let Some((keys, values)) = self.cache.state() {
+            mlx::device::eval(&[keys, values])?;
+        }
+        Ok(())
+    }
+
     /// Pairs waiting to run through the head.
-    fn pending(&self) -> usize {
+    pub fn pending(&self) -> usize {
         self.pending_tokens.len() + self.pending_lazy.as_ref().map_or(0, |ids| ids.dim(1).max(0) as usize)
     }
 
