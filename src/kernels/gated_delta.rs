@@ -82,20 +82,33 @@ pub fn host_selected(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, s
 /// The shapes the host kernel computes: all f32; q, k `[B, T, Hk, Dk]` with T >= 1; v `[B, T, Hv, Dv]`
 /// with Hv a multiple of Hk; one gate and one beta per head and token; the state `[B, Hv, Dv, Dk]`.
 pub fn host_applicable(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> bool {
+    dims(q, k, v, g, beta, state).is_some_and(|d| d.t >= 1)
+}
+
+/// The sizes of one call whose inputs are all f32 and of consistent shapes (q, k `[B, T, Hk, Dk]`, v
+/// `[B, T, Hv, Dv]`, g and beta `[B, T, Hv]`, the state `[B, Hv, Dv, Dk]`, Hv a multiple of Hk), else None.
+fn dims(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> Option<Dims> {
     let all_f32 = [q, k, v, g, beta, state].iter().all(|a| a.dtype() == Dtype::F32);
     if !all_f32 || q.ndim() != 4 || v.ndim() != 4 || g.ndim() != 3 || state.ndim() != 4 {
-        return false;
+        return None;
     }
     let (b, t, hk, dk) = (q.dim(0), q.dim(1), q.dim(2), q.dim(3));
     let (hv, dv) = (v.dim(2), v.dim(3));
-    k.shape() == q.shape()
+    let ok = k.shape() == q.shape()
         && v.shape() == [b, t, hv, dv]
         && g.shape() == [b, t, hv]
         && beta.shape() == [b, t, hv]
         && state.shape() == [b, hv, dv, dk]
-        && t >= 1
         && hk >= 1
-        && hv % hk == 0
+        && hv % hk == 0;
+    ok.then_some(Dims { b, t, dk, dv })
+}
+
+struct Dims {
+    b: i32,
+    t: i32,
+    dk: i32,
+    dv: i32,
 }
 
 /// Runs the host kernel: every token's state up to [`MAX_TOKENS`] tokens (a decode step, a verify: a
@@ -150,25 +163,9 @@ pub fn selected(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state:
 /// multiple of 32 up to 256; v `[B, T, Hv, Dv]` with Hv a multiple of Hk; one gate and one beta per head
 /// and token; the state `[B, Hv, Dv, Dk]`.
 pub fn applicable(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> bool {
-    let all_f32 = [q, k, v, g, beta, state].iter().all(|a| a.dtype() == Dtype::F32);
-    if !all_f32 || q.ndim() != 4 || v.ndim() != 4 || g.ndim() != 3 || state.ndim() != 4 {
-        return false;
-    }
-    let (b, t, hk, dk) = (q.dim(0), q.dim(1), q.dim(2), q.dim(3));
-    let (hv, dv) = (v.dim(2), v.dim(3));
-    let shapes_ok = k.shape() == q.shape()
-        && v.shape() == [b, t, hv, dv]
-        && g.shape() == [b, t, hv]
-        && beta.shape() == [b, t, hv]
-        && state.shape() == [b, hv, dv, dk];
-    shapes_ok
-        && b >= 1
-        && (1..=MAX_TOKENS).contains(&t)
-        && hk >= 1
-        && hv % hk == 0
-        && dk % 32 == 0
-        && (32..=256).contains(&dk)
-        && (1..=256).contains(&dv)
+    dims(q, k, v, g, beta, state).is_some_and(|Dims { b, t, dk, dv }| {
+        b >= 1 && (1..=MAX_TOKENS).contains(&t) && dk % 32 == 0 && (32..=256).contains(&dk) && (1..=256).contains(&dv)
+    })
 }
 
 /// Runs the kernel (CUDA only; elsewhere MLX reports an error when the result is evaluated). Checks only
