@@ -102,10 +102,8 @@ impl<'m> Starting<'m> {
         }
         // With MTP the head runs this chunk's pairs now (after any snapshot, which keeps the last one
         // pending): a long prompt's head pass was one stall after the first token (a 2,048-token prompt:
-        // ~230 ms on the 2-core CPU, docs/PERF.md), and in a batch it held every stream's next cycle. Not on
-        // CUDA, where a head pass of a new length builds an attention graph of its own: there the pairs wait
-        // for the first draft's catch-up, in the short chunks that backend runs cheaply.
-        if self.opts.runs_mtp(self.model) && crate::model::layers::queries_per_varying_pass().is_none() {
+        // ~230 ms on the 2-core CPU, docs/PERF.md), and in a batch it held every stream's next cycle.
+        if self.opts.runs_mtp(self.model) && Drafter::runs_in_prefill(self.model) {
             self.drafter.run_pending(self.model)?;
         }
         self.busy += t.elapsed();

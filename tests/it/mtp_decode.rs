@@ -367,11 +367,11 @@ fn cycles_built_ahead_give_the_tokens_and_acceptance_of_cycles_built_after() {
 /// prompt's last pair to run, not a catch-up over the whole prompt), and the head's cache then holds
 /// what one pass over the whole prompt leaves, bit for bit on the CPU (where a row's results never
 /// depend on the pass's other rows). Without MTP the pairs wait (for a snapshot, if one is taken); on
-/// CUDA they wait too (the first draft's catch-up runs them in the chunks that backend takes cheaply).
+/// CUDA they wait too for head sizes up to 128 (`Drafter::runs_in_prefill`).
 #[test]
 fn prefill_runs_the_head_chunk_by_chunk() {
     if tandem::model::layers::queries_per_varying_pass().is_some() {
-        println!("prefill_runs_the_head_chunk_by_chunk: SKIPPED: on CUDA the prompt's pairs wait for the first draft");
+        println!("prefill_runs_the_head_chunk_by_chunk: SKIPPED: on CUDA tandem-tiny's pairs (head size 64) wait for the first draft");
         return;
     }
     use tandem::generate::mtp::drafter::Drafter;

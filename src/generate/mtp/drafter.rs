@@ -104,15 +104,30 @@ impl Drafter {
         self.pending_lazy = Some(ids);
     }
 
-    /// Runs every pending pair through the head and evaluates its cache: prefill calls it after each chunk
-    /// when MTP will draft, so the head's pass over a prompt is part of prefill (chunk by chunk, as the body's,
-    /// and between a running batch's steps) instead of one catch-up over the whole prompt at the first draft.
-    /// A no-op with nothing pending.
+    /// Whether prefill runs the head over each chunk's prompt pairs ([`Drafter::run_pending`]): where a pass
+    /// of any length is cheap (CPU, Metal), and on CUDA for head sizes over 128, whose attention MLX does not
+    /// send to cuDNN (no graph built per shape): the pass is then one layer of the body's own prefill chunk.
+    /// Elsewhere the pairs wait for the first draft's catch-up. `TANDEM_HEAD_PREFILL=0` makes them wait
+    /// everywhere, to measure what this earns.
+    pub fn runs_in_prefill(model: &Qwen35) -> bool {
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let off = *OFF.get_or_init(|| std::env::var_os("TANDEM_HEAD_PREFILL").is_some_and(|v| v == "0"));
+        !off && (queries_per_varying_pass().is_none() || model.config.text.head_dim > 128)
+    }
+
+    /// Runs every pending pair through the head in one pass and evaluates its cache: prefill calls it after
+    /// each chunk where [`Drafter::runs_in_prefill`], so the head's pass over a prompt is part of prefill
+    /// (chunk by chunk, as the body's, and between a running batch's steps) instead of one catch-up over the
+    /// whole prompt at the first draft. A no-op with nothing pending.
     pub fn run_pending(&mut self, model: &Qwen35) -> Result<()> {
         if self.pending() == 0 {
             return Ok(());
         }
-        self.settle(model, false)?;
+        // One pass, as the body's chunk was: the catch-up's short chunks are for lengths that vary.
+        let chunk = std::mem::replace(&mut self.chunk, usize::MAX);
+        let settled = self.settle(model, false);
+        self.chunk = chunk;
+        settled?;
         if let Some((keys, values)) = self.cache.state() {
             mlx::device::eval(&[keys, values])?;
         }
