@@ -1,10 +1,12 @@
-//! Custom GPU kernels, each beside the MLX op it replaces. The kernel sources live in the top-level
-//! `kernels/` folder (kernels/README.md lists them with their tolerances and figures) and are compiled by
-//! MLX's custom-kernel API on first use. A kernel is taken only on the backend and shapes its parity test
+//! Custom kernels, each beside the MLX op it replaces. The kernel sources live in the top-level `kernels/`
+//! folder (kernels/README.md lists them with their tolerances and figures): GPU kernels are compiled by
+//! MLX's custom-kernel API on first use, host kernels for MLX's CPU backend are built into `crates/mlx`
+//! (`mlx::host`). A kernel is taken only on the backend and shapes its parity test
 //! covers, on machine classes where that test passed, after a small parity probe on this machine; every
 //! other call goes to the MLX op. `TANDEM_KERNELS=off` turns them all off; `TANDEM_KERNELS=-gated_delta`
 //! (a comma-separated list: a policy, and names with a `-` before them) turns off the named kernels only
-//! (`gated_delta`, `dense_matmul`, `attention`, `conv`, `norm`; `qmm_narrow` launches the quantized matmul
+//! (`gated_delta`, `dense_matmul`, `attention`, `conv`, `norm`; on the CPU `cpu_matmul`, `cpu_qmm`,
+//! `cpu_gated_delta`, `cpu_attention`; `qmm_narrow` launches the quantized matmul
 //! in its one wide shape for every weight, `qmm_slabs` / `dmm_slabs` a matmul block per 8-row slab of x).
 //! `fused` holds the elementwise chains MLX's graph compiler fuses on every backend (`TANDEM_COMPILE=off`
 //! runs them op by op).
