@@ -119,9 +119,7 @@ fn host_probe_passed(dtype: Dtype) -> bool {
 
 /// [`probe`]'s problem through the host kernel: relative error against [`reference`].
 pub fn host_probe(dtype: Dtype) -> Result<f32> {
-    let [q, k, v] = random_inputs(6, 2, 3, 128, 192, dtype, 0x6174_746e)?;
-    let scale = 1.0 / (128f32).sqrt();
-    relative_error(&host(&q, &k, &v, 130, scale)?, &reference(&q, &k, &v, 130, scale)?)
+    probe_with(dtype, host)
 }
 
 /// The shapes the kernel computes: q `[1, Hq, T, D]`, the cache's buffers `[1, Hkv, CAP, D]` of q's dtype
@@ -296,7 +294,12 @@ fn probe_passed(dtype: Dtype) -> bool {
 
 /// Relative error of the kernel against [`reference`] on one small random problem.
 pub fn probe(dtype: Dtype) -> Result<f32> {
+    probe_with(dtype, cuda)
+}
+
+/// `kernel`'s relative error against [`reference`] on the probes' problem.
+fn probe_with(dtype: Dtype, kernel: fn(&Array, &Array, &Array, i32, f32) -> Result<Array>) -> Result<f32> {
     let [q, k, v] = random_inputs(6, 2, 3, 128, 192, dtype, 0x6174_746e)?;
     let scale = 1.0 / (128f32).sqrt();
-    relative_error(&cuda(&q, &k, &v, 130, scale)?, &reference(&q, &k, &v, 130, scale)?)
+    relative_error(&kernel(&q, &k, &v, 130, scale)?, &reference(&q, &k, &v, 130, scale)?)
 }

@@ -51,6 +51,25 @@ tandem_kernels::Elem elem(mx::Dtype d) {
 
 bool is_float(mx::Dtype d) { return d == mx::float32 || d == mx::bfloat16 || d == mx::float16; }
 
+// The CPU stream's encoder with `out` allocated and every input and output registered: MLX keeps them alive
+// until the task dispatched on it has run.
+mx::cpu::CommandEncoder& encoder_for(mx::Stream s, const std::vector<Array>& in, std::vector<Array*> out) {
+  auto& enc = mx::cpu::get_command_encoder(s);
+  for (const auto& a : in) enc.set_input_array(a);
+  for (Array* o : out) {
+    o->set_data(mx::allocator::malloc(o->nbytes()));
+    enc.set_output_array(*o);
+  }
+  return enc;
+}
+
+// `[d0, d1, ...]`, for error messages.
+std::string shape_text(const Array& a) {
+  std::string s = "[";
+  for (size_t d = 0; d < a.ndim(); ++d) s += (d ? ", " : "") + std::to_string(a.shape(d));
+  return s + "]";
+}
+
 // y = x @ w^T by tandem_kernels::dense_matmul_nt, as an MLX primitive on the CPU stream: it joins the lazy
 // graph like any op, and runs on MLX's CPU scheduler thread in graph order.
 class DenseMatmulNT : public mx::UnaryPrimitive {
@@ -64,11 +83,7 @@ class DenseMatmulNT : public mx::UnaryPrimitive {
   void eval_cpu(const std::vector<Array>& in, Array& out) override {
     const Array& x = in[0];
     const Array& w = in[1];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_input_array(w);
-    enc.set_output_array(out);
+    auto& enc = encoder_for(stream(), in, {&out});
     const int64_t k = w.shape(1), n = w.shape(0), m = k == 0 ? 0 : static_cast<int64_t>(x.size()) / k;
     const auto e = elem(x.dtype());
     if (k == 0) {
@@ -98,10 +113,7 @@ class QuantizedMatmulNT : public mx::UnaryPrimitive {
     throw std::runtime_error("TandemQuantizedMatmulNT runs on the CPU only");
   }
   void eval_cpu(const std::vector<Array>& in, Array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : in) enc.set_input_array(a);
-    enc.set_output_array(out);
+    auto& enc = encoder_for(stream(), in, {&out});
     const int64_t n = in[1].shape(0), k = in[0].shape(-1), m = k == 0 ? 0 : static_cast<int64_t>(in[0].size()) / k;
     if (k == 0) {
       std::memset(out.data<uint8_t>(), 0, out.nbytes());
@@ -134,10 +146,7 @@ class GatedDeltaSteps : public mx::Primitive {
     throw std::runtime_error("TandemGatedDeltaSteps runs on the CPU only");
   }
   void eval_cpu(const std::vector<Array>& in, std::vector<Array>& out) override {
-    for (auto& o : out) o.set_data(mx::allocator::malloc(o.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : in) enc.set_input_array(a);
-    for (auto& o : out) enc.set_output_array(o);
+    auto& enc = encoder_for(stream(), in, {&out[0], &out[1]});
     const int64_t b = in[0].shape(0), t = in[0].shape(1), hk = in[0].shape(2), dk = in[0].shape(3);
     const int64_t hv = in[2].shape(2), dv = in[2].shape(3);
     enc.dispatch([b, t, hk, hv, dk, dv, all = all_steps_, q = Array::unsafe_weak_copy(in[0]),
@@ -169,10 +178,7 @@ class AttentionHost : public mx::UnaryPrimitive {
     throw std::runtime_error("TandemAttention runs on the CPU only");
   }
   void eval_cpu(const std::vector<Array>& in, Array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : in) enc.set_input_array(a);
-    enc.set_output_array(out);
+    auto& enc = encoder_for(stream(), in, {&out});
     const int64_t hq = in[0].shape(1), t = in[0].shape(2), d = in[0].shape(3);
     const int64_t hkv = in[1].shape(1), cap = in[1].shape(2);
     enc.dispatch([hq, t, d, hkv, cap, len = len_, scale = scale_, q = Array::unsafe_weak_copy(in[0]),
@@ -220,7 +226,7 @@ ArrayPtr host_quantized_matmul(const Array& x, const Array& w, const Array& scal
 
 ArrayPtr host_dense_matmul(const Array& x, const Array& w) {
   const auto dt = x.dtype();
-  if ((dt != mx::float32 && dt != mx::bfloat16 && dt != mx::float16) || w.dtype() != dt) {
+  if (!is_float(dt) || w.dtype() != dt) {
     throw std::invalid_argument("host dense matmul: x and w must both be f32, bf16 or f16");
   }
   if (w.ndim() != 2 || x.ndim() < 1 || x.shape(-1) != w.shape(1)) {
@@ -240,7 +246,8 @@ ArrayPtr host_attention(const Array& q, const Array& keys, const Array& values, 
   const bool ranks = q.ndim() == 4 && keys.ndim() == 4 && keys.shape() == values.shape();
   if (!ranks || q.shape(0) != 1 || keys.shape(0) != 1 || keys.shape(3) != q.shape(3) || q.shape(1) % keys.shape(1) != 0) {
     throw std::invalid_argument("host attention: q [1, Hq, T, D] and buffers [1, Hkv, CAP, D] with Hq a multiple of Hkv "
-                                "needed");
+                                "needed; got q " + shape_text(q) + ", keys " + shape_text(keys) + ", values " +
+                                shape_text(values));
   }
   if (q.shape(2) < 1 || len < q.shape(2) || len > keys.shape(2)) {
     throw std::invalid_argument("host attention: " + std::to_string(q.shape(2)) + " queries over " +
@@ -255,11 +262,6 @@ std::unique_ptr<ArrayVec> host_gated_delta(const Array& q, const Array& k, const
   for (const Array* a : {&q, &k, &v, &g, &beta, &state}) {
     if (a->dtype() != mx::float32) throw std::invalid_argument("host gated delta: q, k, v, g, beta and state must be f32");
   }
-  const auto shape = [](const Array& a) {
-    std::string s = "[";
-    for (size_t d = 0; d < a.ndim(); ++d) s += (d ? ", " : "") + std::to_string(a.shape(d));
-    return s + "]";
-  };
   const bool ranks = q.ndim() == 4 && v.ndim() == 4 && g.ndim() == 3 && state.ndim() == 4;
   const int b = ranks ? q.shape(0) : 0, t = ranks ? q.shape(1) : 0, hk = ranks ? q.shape(2) : 0;
   const int dk = ranks ? q.shape(3) : 0, hv = ranks ? v.shape(2) : 0, dv = ranks ? v.shape(3) : 0;
@@ -268,9 +270,9 @@ std::unique_ptr<ArrayVec> host_gated_delta(const Array& q, const Array& k, const
                   state.shape() == mx::Shape{b, hv, dv, dk} && hk > 0 && hv % hk == 0 && (t > 0 || !all_steps);
   if (!ok) {
     throw std::invalid_argument("host gated delta: q, k [B, T, Hk, Dk], v [B, T, Hv, Dv], g, beta [B, T, Hv], state "
-                                "[B, Hv, Dv, Dk] with Hv a multiple of Hk needed; got q " + shape(q) + ", k " +
-                                shape(k) + ", v " + shape(v) + ", g " + shape(g) + ", beta " + shape(beta) +
-                                ", state " + shape(state));
+                                "[B, Hv, Dv, Dk] with Hv a multiple of Hk needed; got q " + shape_text(q) + ", k " +
+                                shape_text(k) + ", v " + shape_text(v) + ", g " + shape_text(g) + ", beta " +
+                                shape_text(beta) + ", state " + shape_text(state));
   }
   auto s = mx::default_stream(mx::Device::cpu);
   auto outs = Array::make_arrays({{b, t, hv, dv}, {all_steps ? t : 1, b, hv, dv, dk}}, {mx::float32, mx::float32},

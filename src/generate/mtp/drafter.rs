@@ -123,11 +123,9 @@ impl Drafter {
         if self.pending() == 0 {
             return Ok(());
         }
-        // One pass, as the body's chunk was: the catch-up's short chunks are for lengths that vary.
-        let chunk = std::mem::replace(&mut self.chunk, usize::MAX);
-        let settled = self.settle(model, false);
-        self.chunk = chunk;
-        settled?;
+        // One pass, as the body's chunk was: the catch-up's short chunks are for lengths that vary. Only the
+        // cache is evaluated: the head's output at the last pair is not needed.
+        self.flush_in(model, usize::MAX)?;
         if let Some((keys, values)) = self.cache.state() {
             mlx::device::eval(&[keys, values])?;
         }
@@ -239,7 +237,11 @@ impl Drafter {
     /// long park the pairs are many and their number differs each time: where such passes are costly
     /// (CUDA builds an attention graph per shape) they run in chunks of a length that stays cheap.
     fn flush(&mut self, model: &Qwen35) -> Result<Array> {
-        let chunk = self.chunk;
+        self.flush_in(model, self.chunk)
+    }
+
+    /// [`Drafter::flush`] with at most `chunk` pairs per head pass.
+    fn flush_in(&mut self, model: &Qwen35, chunk: usize) -> Result<Array> {
         let hidden = concatenate(&self.pending_hidden.iter().collect::<Vec<_>>(), 1)?;
         let ids: Vec<i32> = self.pending_tokens.iter().map(|&t| t as i32).collect();
         self.pending_hidden.clear();
