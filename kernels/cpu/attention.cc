@@ -12,44 +12,58 @@ namespace {
 
 using namespace core;
 
+// out[0 .. U * 8) = the sum over keys j < n of s[j] * vr[j * d + column], over sum: U vectors of columns held
+// in registers across all keys.
+template <int U, class W>
+TANDEM_INLINE void value_columns(const float* s, const W* vr, int64_t n, int64_t d, float sum, float* out) {
+  f8 acc[U];
+  zero<U>(acc);
+  for (int64_t j = 0; j < n; ++j) {
+    const f8 pv = {s[j], s[j], s[j], s[j], s[j], s[j], s[j], s[j]};
+    for (int u = 0; u < U; ++u) acc[u] += pv * load8(vr + j * d + u * kLanes);
+  }
+  for (int u = 0; u < U; ++u) {
+    for (int l = 0; l < kLanes; ++l) out[u * kLanes + l] = acc[u][l] / sum;
+  }
+}
+
 // One query (qf: D floats, already f32) over keys and values rows kr, vr (stride d elements, of type W: f32
-// or bf16 bits) 0..n; writes the f32 result to out. `s` holds n scores, `acc` D floats.
+// or bf16 bits) 0..n; writes the f32 result to out. `s` holds n scores. Scores go four keys a pass (each
+// key's dot product dots<1>'s own arithmetic, so the same bits), and the weighted sum of values runs over
+// 64 columns at a time held in registers across every key: each column sums its keys in order, as one
+// accumulator in memory did, without a store and a reload a key.
 template <class W>
 TANDEM_INLINE void one_query(const float* qf, const W* kr, const W* vr, int64_t n, int64_t d, float scale, float* s,
-                             float* acc, float* out) {
+                             float* out) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) dots<4>(qf, kr + j * d, d, s + j);
+  for (; j < n; ++j) dots<1>(qf, kr + j * d, d, s + j);
   float m = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
-    float dot;
-    dots<1>(qf, kr + j * d, d, &dot);
-    s[j] = dot * scale;
+  for (j = 0; j < n; ++j) {
+    s[j] *= scale;
     m = std::max(m, s[j]);
   }
   float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
+  for (j = 0; j < n; ++j) {
     s[j] = std::exp(s[j] - m);
     sum += s[j];
   }
   const int64_t dv = d - d % kLanes;
-  std::fill(acc, acc + d, 0.0f);
-  for (int64_t j = 0; j < n; ++j) {
-    const W* row = vr + j * d;
-    const float p = s[j];
-    const f8 pv = {p, p, p, p, p, p, p, p};
-    for (int64_t c = 0; c < dv; c += kLanes) {
-      f8 a = load8(acc + c);
-      a += pv * load8(row + c);
-      std::memcpy(acc + c, &a, sizeof a);
-    }
-    for (int64_t c = dv; c < d; ++c) acc[c] += p * load(row, c);
+  int64_t c0 = 0;
+  for (; c0 + 8 * kLanes <= dv; c0 += 8 * kLanes) value_columns<8>(s, vr + c0, n, d, sum, out + c0);
+  for (; c0 < dv; c0 += kLanes) value_columns<1>(s, vr + c0, n, d, sum, out + c0);
+  for (int64_t c = dv; c < d; ++c) {
+    float a = 0.0f;
+    for (j = 0; j < n; ++j) a += s[j] * load(vr + j * d, c);
+    out[c] = a / sum;
   }
-  for (int64_t c = 0; c < d; ++c) out[c] = acc[c] / sum;
 }
 
 template <class W>
 TANDEM_INLINE void heads(Elem e, const float* qf, const W* k, const W* v, float* of, int64_t hq, int64_t hkv,
                          int64_t t, int64_t d, int64_t cap, int64_t len, float scale, const void* k16,
                          const void* v16) {
-  std::vector<float> s(len), acc(d), kw, vw;
+  std::vector<float> s(len), kw, vw;
   const int64_t rep = hq / hkv;
   for (int64_t g = 0; g < hkv; ++g) {
     const W* kr = nullptr;
@@ -76,7 +90,7 @@ TANDEM_INLINE void heads(Elem e, const float* qf, const W* k, const W* v, float*
     for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
       for (int64_t i = 0; i < t; ++i) {
         const int64_t row = (h * t + i) * d;
-        one_query(qf + row, kr, vr, len - t + i + 1, d, scale, s.data(), acc.data(), of + row);
+        one_query(qf + row, kr, vr, len - t + i + 1, d, scale, s.data(), of + row);
       }
     }
   }
