@@ -55,8 +55,10 @@ TANDEM_CLONES void rows(const float* q, const float* k, const float* v, const fl
   const int64_t per_step = B * HV * DV * DK;
   for (int64_t n = 0; n < B * HV; ++n) {
     int64_t dv = 0;
-    for (; dv + 4 <= DV; dv += 4) head_rows<4>(q, k, v, g, beta, state, y, states, n, dv, T, HK, HV, DK, DV, per_step, all_steps);
-    for (; dv < DV; ++dv) head_rows<1>(q, k, v, g, beta, state, y, states, n, dv, T, HK, HV, DK, DV, per_step, all_steps);
+    for (; dv + 4 <= DV; dv += 4)
+      head_rows<4>(q, k, v, g, beta, state, y, states, n, dv, T, HK, HV, DK, DV, per_step, all_steps);
+    for (; dv < DV; ++dv)
+      head_rows<1>(q, k, v, g, beta, state, y, states, n, dv, T, HK, HV, DK, DV, per_step, all_steps);
   }
 }
 
