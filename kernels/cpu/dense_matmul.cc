@@ -24,7 +24,7 @@ TANDEM_INLINE void rows(const float* xf, const W* w, float* y, int64_t m, int64_
       const int64_t rr = std::min<int64_t>(kRows, j1 - j);
       if constexpr (sizeof(W) == 2) {
         if (i1 - i0 > 1) {
-          for (int64_t t = 0; t < rr * k; ++t) wf[t] = load(wj, t);
+          widen(wj, rr * k, wf);
           group_pass(xf, static_cast<const float*>(wf), y, i0, i1, n, k, j, rr);
           continue;
         }

@@ -63,7 +63,6 @@ TANDEM_INLINE float load(const uint16_t* p, int64_t i) {
 
 // Eight fp32 lanes (GCC/Clang vector extensions: AVX on x86-64-v3, two SSE or NEON registers elsewhere).
 typedef float f8 __attribute__((vector_size(32)));
-typedef uint16_t u16x8 __attribute__((vector_size(16)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
 TANDEM_INLINE f8 load8(const float* p) {
@@ -72,12 +71,23 @@ TANDEM_INLINE f8 load8(const float* p) {
   return v;
 }
 TANDEM_INLINE f8 load8(const uint16_t* p) {
-  u16x8 h;
-  std::memcpy(&h, p, sizeof h);
-  const u32x8 u = __builtin_convertvector(h, u32x8) << 16;
+  // Built from the eight elements, not by __builtin_convertvector of a loaded u16x8: GCC 12 widens that in two
+  // halves and joins them (five instructions where this form gives the one `vpmovzxwd ymm, m128`); a third
+  // of the attention kernel's time and half of a one-row bf16 matmul's went there.
+  const u32x8 u = u32x8{p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]} << 16;
   f8 v;
   std::memcpy(&v, &u, sizeof v);
   return v;
+}
+
+// n bf16 elements to f32, eight at a time.
+TANDEM_INLINE void widen(const uint16_t* p, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const f8 v = load8(p + i);
+    std::memcpy(out + i, &v, sizeof v);
+  }
+  for (; i < n; ++i) out[i] = bf16_to_f32(p[i]);
 }
 
 // The eight lanes in one fixed tree, then the K tail: an output's last steps.
