@@ -367,6 +367,35 @@ impl Fused {
             Fused::Separate(parts) => parts.iter().map(|p| p.forward(x)).collect(),
         }
     }
+
+    /// The outputs of parts `from..` only, in order: one matmul over the fused weight's rows from part
+    /// `from` on (a view of them, no copy). Each output row is its dot product in the full matmul too.
+    pub fn forward_tail(&self, x: &Array, from: usize) -> Result<Vec<Array>> {
+        match self {
+            Fused::Separate(parts) => parts.iter().skip(from).map(|p| p.forward(x)).collect(),
+            Fused::One { .. } if from == 0 => self.forward(x),
+            Fused::One { linear, splits } => {
+                let first = *splits
+                    .get(from - 1)
+                    .ok_or_else(|| mlx::Error::Invalid(format!("fused linear: no part {from}")))?;
+                let rows = |a: &Array| a.slice_axis(0, first, a.dim(0));
+                let tail = match linear {
+                    Linear::Dense { weight, .. } => Linear::Dense { weight: rows(weight)?, bias: None },
+                    Linear::Quantized { q, .. } => Linear::Quantized {
+                        q: Quantized {
+                            weight: rows(&q.weight)?,
+                            scales: rows(&q.scales)?,
+                            biases: q.biases.as_ref().map(rows).transpose()?,
+                            ..q.clone()
+                        },
+                        bias: None,
+                    },
+                };
+                let at: Vec<i32> = splits[from..].iter().map(|s| s - first).collect();
+                tail.forward(x)?.split_at(&at, -1)
+            }
+        }
+    }
 }
 
 /// Queries per pass up to which attention on CUDA is computed query by query (see [`causal_attention`]).

@@ -196,6 +196,18 @@ impl MtpHead {
         self.forward_batch(embedded, hidden, &mut [cache])
     }
 
+    /// What [`forward`](Self::forward) over `[1, T, D]` leaves in `cache`, and nothing else: the pairs'
+    /// keys and values, without the attention, MLP and norm whose output only the last pair's draft reads
+    /// (a catch-up after a park, the prompt's pairs in prefill). The same rows through the same products, so
+    /// the cache holds the bits a whole pass writes.
+    pub fn write_cache(&self, embedded: &Array, hidden: &Array, cache: &mut KvCache) -> Result<()> {
+        let e = self.pre_fc_norm_embedding.forward(embedded)?;
+        let hh = self.pre_fc_norm_hidden.forward(hidden)?;
+        let cat = concatenate(&[&e, &hh], -1)?;
+        self.tap.see("fc", &cat);
+        self.layer.write_cache(&self.fc.forward(&cat)?, cache)
+    }
+
     /// [`forward`](Self::forward) over `[B, T, D]` for B sequences, `caches[i]` being row i's own
     /// head cache (their lengths may differ): the projections run once for all rows, attention per
     /// row at its own offset, as the body's `forward_batch` does. One cache runs the single ops.

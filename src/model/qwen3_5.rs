@@ -577,6 +577,12 @@ impl Qwen35 {
         self.mtp_forward_batch(hidden, next_tokens, &mut [cache])
     }
 
+    /// Only the head cache's part of [`mtp_forward`](Self::mtp_forward) (`MtpHead::write_cache`).
+    pub fn mtp_write_cache(&self, hidden: &Array, next_tokens: &Array, cache: &mut KvCache) -> Result<()> {
+        let head = self.mtp.as_ref().ok_or_else(|| mlx::Error::Invalid("this model has no MTP head loaded".into()))?;
+        head.write_cache(&self.embed(next_tokens)?, hidden, cache)
+    }
+
     /// [`mtp_forward`](Self::mtp_forward) for B sequences (`[B, T]`), `caches[i]` being row i's head cache.
     pub fn mtp_forward_batch(&self, hidden: &Array, next_tokens: &Array, caches: &mut [&mut KvCache]) -> Result<Array> {
         let head = self.mtp.as_ref().ok_or_else(|| mlx::Error::Invalid("this model has no MTP head loaded".into()))?;

@@ -409,3 +409,36 @@ fn prefill_runs_the_head_chunk_by_chunk() {
         assert!(v1.to_bytes().unwrap() == v2.to_bytes().unwrap(), "head values differ from one pass's");
     }
 }
+
+/// A catch-up (and prefill's pass over the prompt's pairs) writes every pair but the last straight into
+/// the head's cache, computing no attention or MLP for them: the cache and the last pair's output must be
+/// the bits of one whole head pass over every pair, in f32 and bf16.
+#[test]
+fn head_cache_writes_match_a_whole_pass() {
+    use tandem::generate::prefill;
+    for dtype in [mlx::Dtype::F32, mlx::Dtype::BF16] {
+        let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(dtype), ..Default::default() }).unwrap();
+        let prompt: Vec<u32> = (0..41).map(|i| 30 + (i * 37) % 300).collect();
+        let mut cache = m.make_cache();
+        let hidden = prefill(&m, &prompt, &mut cache, 512).unwrap();
+        let n = prompt.len() as i32 - 1;
+        let ids: Vec<i32> = prompt[1..].iter().map(|&t| t as i32).collect();
+        let (h, x) = (hidden.slice_axis(1, 0, n).unwrap(), Array::from_slice(&ids, &[1, n]).unwrap());
+        let mut whole = m.make_mtp_cache().expect("tandem-tiny has a head");
+        let out = m.mtp_forward(&h, &x, &mut whole).unwrap();
+        let mut written = m.make_mtp_cache().unwrap();
+        let first = |a: &Array| a.slice_axis(1, 0, n - 1).unwrap();
+        let last = |a: &Array| a.slice_axis(1, n - 1, n).unwrap();
+        m.mtp_write_cache(&first(&h), &first(&x), &mut written).unwrap();
+        let out_last = m.mtp_forward(&last(&h), &last(&x), &mut written).unwrap();
+        assert_eq!(written.offset, whole.offset, "{dtype:?}");
+        let (k1, v1) = whole.contents().unwrap().unwrap();
+        let (k2, v2) = written.contents().unwrap().unwrap();
+        assert!(k1.to_bytes().unwrap() == k2.to_bytes().unwrap(), "{dtype:?}: head keys differ from a whole pass's");
+        assert!(v1.to_bytes().unwrap() == v2.to_bytes().unwrap(), "{dtype:?}: head values differ from a whole pass's");
+        assert!(
+            last(&out).to_bytes().unwrap() == out_last.to_bytes().unwrap(),
+            "{dtype:?}: the last pair's output differs from a whole pass's"
+        );
+    }
+}

@@ -123,9 +123,14 @@ impl Drafter {
         if self.pending() == 0 {
             return Ok(());
         }
-        // One pass, as the body's chunk was: the catch-up's short chunks are for lengths that vary. Only the
-        // cache is evaluated: the head's output at the last pair is not needed.
-        self.flush_in(model, usize::MAX)?;
+        // No pair's output is read here: the pairs go straight into the head's cache in one pass (as the
+        // body's chunk did), with no attention, MLP or norm computed for them.
+        match self.can_write(model) {
+            true => self.write_pairs(model, self.pending_tokens.len())?,
+            false => {
+                self.flush_in(model, usize::MAX)?;
+            }
+        }
         if let Some((keys, values)) = self.cache.state() {
             mlx::device::eval(&[keys, values])?;
         }
@@ -214,10 +219,15 @@ impl Drafter {
     }
 
     /// [`Drafter::flush`], timed as a catch-up when more pairs wait than a cycle leaves (`depth` is
-    /// the configured depth): that time is a one-off cost of having parked, not of drafting.
+    /// the configured depth): that time is a one-off cost of having parked, not of drafting. Catching up,
+    /// every pair but the last only fills the head's cache ([`Drafter::write_pairs`]): only the last
+    /// one's output feeds the draft.
     fn flush_timed(&mut self, model: &Qwen35, depth: usize) -> Result<Array> {
         let catching_up = self.catching_up(depth);
         let t = Instant::now();
+        if catching_up && self.can_write(model) {
+            self.write_pairs(model, self.pending_tokens.len() - 1)?;
+        }
         let hm = self.flush(model)?;
         self.catch_up_ms = if catching_up {
             hm.eval()?;
@@ -226,6 +236,39 @@ impl Drafter {
             0.0
         };
         Ok(hm)
+    }
+
+    /// Whether pending pairs can go straight into the head's cache: the head is here and every pending
+    /// token is on the host (none of a cycle built ahead).
+    fn can_write(&self, model: &Qwen35) -> bool {
+        model.drafts_here() && self.pending_lazy.is_none() && !self.pending_tokens.is_empty()
+    }
+
+    /// The first `n` pending pairs written into the head's cache in one pass (`Qwen35::mtp_write_cache`:
+    /// their keys and values, the bits a whole pass writes, with none of the outputs only a draft reads);
+    /// the rest stay pending. No attention runs, so no pass length is costly (CUDA's per-shape graphs are
+    /// for attention) and no chunking is needed.
+    fn write_pairs(&mut self, model: &Qwen35, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let hidden = concatenate(&self.pending_hidden.iter().collect::<Vec<_>>(), 1)?;
+        let total = hidden.dim(1);
+        if total as usize != self.pending_tokens.len() || n > self.pending_tokens.len() {
+            let counts = (total, self.pending_tokens.len());
+            return Err(
+                mlx::Error::Invalid(format!("MTP head: {} hidden states for {} tokens", counts.0, counts.1)).into()
+            );
+        }
+        let ids: Vec<i32> = self.pending_tokens.drain(..n).map(|t| t as i32).collect();
+        let n = n as i32;
+        let written = if n == total { hidden.clone() } else { hidden.slice_axis(1, 0, n)? };
+        model.mtp_write_cache(&written, &Array::from_slice(&ids, &[1, n])?, &mut self.cache)?;
+        self.pending_hidden.clear();
+        if n < total {
+            self.pending_hidden.push(hidden.slice_axis(1, n, total)?);
+        }
+        Ok(())
     }
 
     /// Whether more pairs wait than a cycle of the configured `depth` leaves (the head catches up).

@@ -125,6 +125,24 @@ impl Attention {
         self.o_proj.forward(&o)
     }
 
+    /// The cache's part of [`Attention::forward`] alone, for one sequence and text positions: the keys and
+    /// values of `x` `[1, T, D]` written at the cache's next positions, the bits the whole pass writes (the
+    /// same rows of the same products, norm and RoPE), with no queries, attention or output. For positions
+    /// whose output nobody reads (the MTP head catching up on them).
+    pub(super) fn write_cache(&self, x: &Array, cache: &mut KvCache) -> Result<()> {
+        let (b, t) = (x.dim(0), x.dim(1));
+        self.tap.see_all(&["q_proj", "k_proj", "v_proj"], x);
+        let mut proj = self.qkv.forward_tail(x, 1)?.into_iter();
+        let mut next =
+            || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
+        let (k, v) = (next()?, next()?);
+        let k = self.k_norm.forward(&k.reshape(&[b, t, self.hkv, self.hd])?)?.swapaxes(1, 2)?;
+        let v = v.reshape(&[b, t, self.hkv, self.hd])?.swapaxes(1, 2)?;
+        let pos = cache.offset + cache.rope_delta;
+        let k = fast::rope(&k, self.rope_dims, false, self.rope_theta, 1.0, pos)?;
+        cache.append(&k, &v)
+    }
+
     /// One sequence's queries and keys at its positions: RoPE, or explicit M-RoPE after images.
     fn rotate(&self, q: &Array, k: &Array, cache: &KvCache, rope: Option<&MRope>) -> Result<(Array, Array)> {
         Ok(match rope {

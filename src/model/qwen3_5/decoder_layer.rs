@@ -8,7 +8,7 @@ use mlx::Array;
 use super::attention::Attention;
 use super::gated_deltanet::GatedDeltaNet;
 use super::{mlx_err, Config};
-use crate::cache::LayerCache;
+use crate::cache::{KvCache, LayerCache};
 use crate::model::layers::{MRope, Mlp, Observer, Result, RmsNorm, Tap};
 use crate::model::parallel::{Cut, Parallel};
 use crate::model::store::Store;
@@ -108,6 +108,16 @@ impl DecoderLayer {
         };
         let (h, x) = self.post_attention_layernorm.forward_residual(&h, &self.reduced(mixed)?)?;
         Ok((h, self.reduced(self.mlp.forward(&x)?)?))
+    }
+
+    /// Only what [`DecoderLayer::forward`] leaves in an attention layer's cache for the residual stream `h`
+    /// `[1, T, D]` (see [`Attention::write_cache`]); nothing for its output.
+    pub fn write_cache(&self, h: &Array, cache: &mut KvCache) -> Result<()> {
+        let (_, x) = self.input_layernorm.forward_pending(h, None)?;
+        match &self.mixer {
+            Mixer::Attention(a) => a.write_cache(&x, cache),
+            Mixer::Linear(_) => Err(mlx::Error::Invalid("write_cache: a linear-attention layer".into())),
+        }
     }
 
     /// A sublayer's output, summed over the ranks when each holds a partial one.
