@@ -123,8 +123,8 @@ impl Drafter {
         if self.pending() == 0 {
             return Ok(());
         }
-        // No pair's output is read here: the pairs go straight into the head's cache in one pass (as the
-        // body's chunk did), with no attention, MLP or norm computed for them.
+        // No pair's output is read here: where it pays (`can_write`) the pairs go straight into the head's
+        // cache, with no attention, MLP or norm computed for them; else one whole pass, as the body's chunk.
         match self.can_write(model) {
             true => self.write_pairs(model, self.pending_tokens.len())?,
             false => {
@@ -238,16 +238,21 @@ impl Drafter {
         Ok(hm)
     }
 
-    /// Whether pending pairs can go straight into the head's cache: the head is here and every pending
-    /// token is on the host (none of a cycle built ahead).
+    /// Whether pending pairs can go straight into the head's cache: the head is here, every pending token is
+    /// on the host (none of a cycle built ahead), and a pass of any length is cheap (CPU, Metal). Not on
+    /// CUDA: there a catch-up by cache writes ran slower than the whole passes it replaced, in one pass or in
+    /// 16-pair ones (adaptive MTP at oracle 0.0 on an H100: 0.20x and 0.67x plain against 0.80-0.96x;
+    /// docs/PERF.md, session 26), for a reason not found yet.
     fn can_write(&self, model: &Qwen35) -> bool {
-        model.drafts_here() && self.pending_lazy.is_none() && !self.pending_tokens.is_empty()
+        model.drafts_here()
+            && self.pending_lazy.is_none()
+            && !self.pending_tokens.is_empty()
+            && queries_per_varying_pass().is_none()
     }
 
     /// The first `n` pending pairs written into the head's cache in one pass (`Qwen35::mtp_write_cache`:
     /// their keys and values, the bits a whole pass writes, with none of the outputs only a draft reads);
-    /// the rest stay pending. No attention runs, so no pass length is costly (CUDA's per-shape graphs are
-    /// for attention) and no chunking is needed.
+    /// the rest stay pending.
     fn write_pairs(&mut self, model: &Qwen35, n: usize) -> Result<()> {
         if n == 0 {
             return Ok(());
