@@ -480,3 +480,43 @@ mod attention_tests {
         assert!(err.contains("5 queries over 4 keys"), "{err}");
     }
 }
+
+#[cfg(test)]
+mod fused_tests {
+    use super::*;
+    use mlx::quantized::quantize;
+    use mlx::QuantMode;
+
+    fn random(shape: &[i32], seed: u64) -> Array {
+        let key = mlx::random::key(seed).unwrap();
+        mlx::random::normal(shape, Dtype::F32, &key).unwrap()
+    }
+
+    /// A tail of a fused projection (the MTP head's keys and values without its queries) gives the bits of
+    /// the same parts of the whole projection, dense and quantized; a part past the end is an error.
+    #[test]
+    fn a_fused_tail_is_the_whole_projections_parts() {
+        let x = random(&[1, 5, 128], 1).as_dtype(Dtype::BF16).unwrap();
+        let weights = [random(&[96, 128], 2), random(&[32, 128], 3), random(&[64, 128], 4)];
+        let dense = weights.iter().map(|w| Linear::Dense { weight: w.as_dtype(Dtype::BF16).unwrap(), bias: None });
+        let quantized = weights.iter().map(|w| Linear::Quantized {
+            q: quantize(&w.as_dtype(Dtype::BF16).unwrap(), 64, 4, QuantMode::Affine).unwrap(),
+            bias: None,
+        });
+        for (kind, parts) in [("dense", dense.collect::<Vec<_>>()), ("quantized", quantized.collect())] {
+            let fused = Fused::new(parts).unwrap();
+            assert!(matches!(fused, Fused::One { .. }), "{kind}: the parts fuse");
+            let whole = fused.forward(&x).unwrap();
+            for from in 0..3 {
+                let tail = fused.forward_tail(&x, from).unwrap();
+                assert_eq!(tail.len(), 3 - from, "{kind} from {from}");
+                for (a, b) in tail.iter().zip(&whole[from..]) {
+                    assert_eq!(a.shape(), b.shape(), "{kind} from {from}");
+                    assert!(a.to_bytes().unwrap() == b.to_bytes().unwrap(), "{kind} from {from}: other bits");
+                }
+            }
+            let err = fused.forward_tail(&x, 4).unwrap_err().to_string();
+            assert!(err.contains("no part 4"), "{kind}: {err}");
+        }
+    }
+}
