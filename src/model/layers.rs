@@ -446,14 +446,16 @@ pub fn per_query_causal_attention(q: &Array, k: &Array, v: &Array, scale: f32) -
     concatenate(&rows.iter().collect::<Vec<_>>(), 2)
 }
 
+/// A random f32 array (tests).
+#[cfg(test)]
+fn random(shape: &[i32], seed: u64) -> Array {
+    let key = mlx::random::key(seed).unwrap();
+    mlx::random::normal(shape, Dtype::F32, &key).unwrap()
+}
+
 #[cfg(test)]
 mod attention_tests {
     use super::*;
-
-    fn random(shape: &[i32], seed: u64) -> Array {
-        let key = mlx::random::key(seed).unwrap();
-        mlx::random::normal(shape, Dtype::F32, &key).unwrap()
-    }
 
     /// The per-query path equals MLX's fused causal attention (bottom-right aligned) for every shape
     /// the engine produces: prefill (T = L), verify and catch-up (T < L), GQA and plain heads.
@@ -486,11 +488,6 @@ mod fused_tests {
     use super::*;
     use mlx::quantized::quantize;
     use mlx::QuantMode;
-
-    fn random(shape: &[i32], seed: u64) -> Array {
-        let key = mlx::random::key(seed).unwrap();
-        mlx::random::normal(shape, Dtype::F32, &key).unwrap()
-    }
 
     /// A tail of a fused projection (the MTP head's keys and values without its queries) gives the bits of
     /// the same parts of the whole projection, dense and quantized; a part past the end is an error.
