@@ -198,7 +198,11 @@ inline const float* widen_rows(Elem e, const void* x, int64_t count, std::vector
   if (e == Elem::F32) return static_cast<const float*>(x);
   buf.resize(count);
   const auto* xb = static_cast<const uint16_t*>(x);
-  for (int64_t i = 0; i < count; ++i) buf[i] = e == Elem::BF16 ? bf16_to_f32(xb[i]) : f16_to_f32(xb[i]);
+  if (e == Elem::BF16) {
+    widen(xb, count, buf.data());
+  } else {
+    for (int64_t i = 0; i < count; ++i) buf[i] = f16_to_f32(xb[i]);
+  }
   return buf.data();
 }
 

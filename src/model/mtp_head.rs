@@ -201,22 +201,23 @@ impl MtpHead {
     /// (a catch-up after a park, the prompt's pairs in prefill). The same rows through the same products, so
     /// the cache holds the bits a whole pass writes.
     pub fn write_cache(&self, embedded: &Array, hidden: &Array, cache: &mut KvCache) -> Result<()> {
+        self.layer.write_cache(&self.fused_input(embedded, hidden)?, cache)
+    }
+
+    /// `fc` over the normed embedding and hidden state side by side: the layer's input.
+    fn fused_input(&self, embedded: &Array, hidden: &Array) -> Result<Array> {
         let e = self.pre_fc_norm_embedding.forward(embedded)?;
         let hh = self.pre_fc_norm_hidden.forward(hidden)?;
         let cat = concatenate(&[&e, &hh], -1)?;
         self.tap.see("fc", &cat);
-        self.layer.write_cache(&self.fc.forward(&cat)?, cache)
+        self.fc.forward(&cat)
     }
 
     /// [`forward`](Self::forward) over `[B, T, D]` for B sequences, `caches[i]` being row i's own
     /// head cache (their lengths may differ): the projections run once for all rows, attention per
     /// row at its own offset, as the body's `forward_batch` does. One cache runs the single ops.
     pub fn forward_batch(&self, embedded: &Array, hidden: &Array, caches: &mut [&mut KvCache]) -> Result<Array> {
-        let e = self.pre_fc_norm_embedding.forward(embedded)?;
-        let hh = self.pre_fc_norm_hidden.forward(hidden)?;
-        let cat = concatenate(&[&e, &hh], -1)?;
-        self.tap.see("fc", &cat);
-        let u = self.fc.forward(&cat)?;
+        let u = self.fused_input(embedded, hidden)?;
         // The layer takes layer caches: each row's cache moves in and back out, also on an error.
         let mut lcs: Vec<LayerCache> = caches.iter_mut().map(|c| LayerCache::Kv(std::mem::take(*c))).collect();
         let u = {

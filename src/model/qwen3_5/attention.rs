@@ -89,8 +89,7 @@ impl Attention {
         let halves = qg.reshape(&[b, t, self.hq, 2 * self.hd])?.split(2, 3)?;
         let gate = halves[1].reshape(&[b, t, self.hq * self.hd])?;
         let q = self.q_norm.forward(&halves[0])?.swapaxes(1, 2)?;
-        let k = self.k_norm.forward(&k.reshape(&[b, t, self.hkv, self.hd])?)?.swapaxes(1, 2)?;
-        let v = v.reshape(&[b, t, self.hkv, self.hd])?.swapaxes(1, 2)?;
+        let (k, v) = self.key_value_heads(&k, &v, b, t)?;
         let o = if let [cache] = caches {
             let (q, k) = self.rotate(&q, &k, cache, rope)?;
             self.attend(&q, &k, &v, cache)?
@@ -136,11 +135,16 @@ impl Attention {
         let mut next =
             || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
         let (k, v) = (next()?, next()?);
-        let k = self.k_norm.forward(&k.reshape(&[b, t, self.hkv, self.hd])?)?.swapaxes(1, 2)?;
-        let v = v.reshape(&[b, t, self.hkv, self.hd])?.swapaxes(1, 2)?;
+        let (k, v) = self.key_value_heads(&k, &v, b, t)?;
         let pos = cache.offset + cache.rope_delta;
         let k = fast::rope(&k, self.rope_dims, false, self.rope_theta, 1.0, pos)?;
         cache.append(&k, &v)
+    }
+
+    /// The projected keys (normed) and values `[B, T, Hkv * D]` as heads `[B, Hkv, T, D]`.
+    fn key_value_heads(&self, k: &Array, v: &Array, b: i32, t: i32) -> Result<(Array, Array)> {
+        let k = self.k_norm.forward(&k.reshape(&[b, t, self.hkv, self.hd])?)?.swapaxes(1, 2)?;
+        Ok((k, v.reshape(&[b, t, self.hkv, self.hd])?.swapaxes(1, 2)?))
     }
 
     /// One sequence's queries and keys at its positions: RoPE, or explicit M-RoPE after images.
