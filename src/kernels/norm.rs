@@ -60,11 +60,11 @@ pub fn add_rms_norm(h: &Array, m: &Array, w: &Array, eps: f32) -> Result<(Array,
 
 /// MLX's ops the plain kernel replaces: MLX's norm over x in fp32 with the fp32 scale, rounded once to x's
 /// dtype (for f32 x the casts are no operations; the linear-attention layers' f32 norms take this too). On the
-/// CPU, where MLX's norm is its own op-by-op fallback, those operations compiled into one chain
-/// ([`super::fused::rms_norm_f32`], the same bits).
+/// CPU, where MLX's norm is its own op-by-op fallback, those operations by a host kernel or compiled into one
+/// chain ([`super::fused::rms_norm_cpu`], the same bits).
 pub fn fallback(x: &Array, w: &Array, eps: f32) -> Result<Array> {
     if default_device() == Device::Cpu {
-        return super::fused::rms_norm_f32(x, w, &Array::f32(eps), &Array::f32(1.0 / x.dim(-1) as f32));
+        return super::fused::rms_norm_cpu(x, w, eps);
     }
     fast::rms_norm(&x.as_dtype(Dtype::F32)?, Some(w), eps)?.as_dtype(x.dtype())
 }

@@ -559,7 +559,8 @@ fn fused_chains_match_their_op_by_op_bodies() {
         }
     }
     if fused::enabled() {
-        let (g, u) = (rand(&[1, 4, 16], Dtype::F32, 60), rand(&[1, 4, 16], Dtype::F32, 61));
+        // f16, which the CPU's host kernels (tests/it/elementwise_kernel.rs) leave to the compiled chain.
+        let (g, u) = (rand(&[1, 4, 16], Dtype::F16, 60), rand(&[1, 4, 16], Dtype::F16, 61));
         let compiled = fused::swiglu(&g, &u).unwrap();
         let eager = &reference::swiglu(&g, &u).unwrap()[0];
         mlx::device::eval(&[&g, &u]).unwrap();

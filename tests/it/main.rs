@@ -8,6 +8,7 @@ mod constrained;
 mod conv_kernel;
 mod convert;
 mod distributed_serve;
+mod elementwise_kernel;
 mod engine_load;
 mod family;
 mod forward_reference;

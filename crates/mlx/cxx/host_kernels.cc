@@ -10,6 +10,7 @@
 #include "mlx/primitives.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/dense_matmul.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/gated_delta.h"
 #include "kernels/cpu/quantized_matmul.h"
 
@@ -24,14 +25,19 @@ ArrayPtr wrap(Array a) { return std::make_unique<Array>(std::move(a)); }
 std::vector<uint8_t> packed(const Array& a) {
   const size_t es = a.itemsize();
   std::vector<uint8_t> buf(a.size() * es);
+  if (a.size() == 0) return buf;
   const auto* base = a.data<uint8_t>();
   const int nd = a.ndim();
+  // A last axis of stride one (a slice of it, heads split from a projection) is copied a run at a time.
+  const bool runs = nd > 0 && a.strides()[nd - 1] == 1;
+  const int64_t run = runs ? a.shape(nd - 1) : 1;
+  const int outer = runs ? nd - 1 : nd;
   std::vector<int64_t> idx(nd, 0);
-  for (size_t t = 0; t < a.size(); ++t) {
+  for (size_t t = 0; t < a.size(); t += run) {
     int64_t off = 0;
-    for (int d = 0; d < nd; ++d) off += idx[d] * a.strides()[d];
-    std::memcpy(&buf[t * es], base + off * static_cast<int64_t>(es), es);
-    for (int d = nd - 1; d >= 0 && ++idx[d] == a.shape(d); --d) idx[d] = 0;
+    for (int d = 0; d < outer; ++d) off += idx[d] * a.strides()[d];
+    std::memcpy(&buf[t * es], base + off * static_cast<int64_t>(es), run * es);
+    for (int d = outer - 1; d >= 0 && ++idx[d] == a.shape(d); --d) idx[d] = 0;
   }
   return buf;
 }
@@ -194,6 +200,75 @@ class AttentionHost : public mx::UnaryPrimitive {
   float scale_;
 };
 
+// The row stride (in elements) under which `a` is `rows` rows of its last axis laid out contiguously, or -1
+// where it is not (then it is packed): a slice along the last axis (SwiGLU's gate and up) keeps its stride.
+int64_t row_stride(const Array& a) {
+  if (a.flags().row_contiguous) return a.ndim() == 0 ? 1 : a.shape(-1);
+  const int nd = a.ndim();
+  if (nd < 2 || a.strides()[nd - 1] != 1) return -1;
+  for (int d = 0; d + 2 < nd; ++d) {
+    if (a.shape(d) != 1 && a.strides()[d] != a.strides()[d + 1] * a.shape(d + 1)) return -1;
+  }
+  return a.strides()[nd - 2];
+}
+
+// tandem_kernels::elementwise as a primitive: one chain over one or two inputs of one shape.
+class ElementwiseHost : public mx::UnaryPrimitive {
+ public:
+  ElementwiseHost(mx::Stream s, tandem_kernels::Chain chain) : mx::UnaryPrimitive(s), chain_(chain) {}
+  const char* name() const override { return "TandemElementwise"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return static_cast<const ElementwiseHost&>(other).chain_ == chain_;
+  }
+  void eval_gpu(const std::vector<Array>&, Array&) override {
+    throw std::runtime_error("TandemElementwise runs on the CPU only");
+  }
+  void eval_cpu(const std::vector<Array>& in, Array& out) override {
+    auto& enc = encoder_for(stream(), in, {&out});
+    const int64_t cols = out.ndim() == 0 ? 1 : out.shape(-1), rows = cols == 0 ? 0 : out.size() / cols;
+    enc.dispatch([chain = chain_, rows, cols, t = elem(out.dtype()), a = Array::unsafe_weak_copy(in[0]),
+                  b = Array::unsafe_weak_copy(in.back()), o = out.data<void>()]() {
+      std::vector<uint8_t> ap, bp;
+      int64_t sa = row_stride(a), sb = row_stride(b);
+      const void* ad = sa < 0 ? row_major(a, ap) : a.data<void>();
+      const void* bd = sb < 0 ? row_major(b, bp) : b.data<void>();
+      tandem_kernels::elementwise(chain, t, ad, sa < 0 ? cols : sa, bd, sb < 0 ? cols : sb, o, rows, cols);
+    });
+  }
+
+ private:
+  tandem_kernels::Chain chain_;
+};
+
+// tandem_kernels::rms_norm as a primitive: x [..., D] (a last-axis slice read in place), w [D] f32.
+class RmsNormHost : public mx::UnaryPrimitive {
+ public:
+  RmsNormHost(mx::Stream s, float eps, float inv_d) : mx::UnaryPrimitive(s), eps_(eps), inv_d_(inv_d) {}
+  const char* name() const override { return "TandemRmsNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const RmsNormHost&>(other);
+    return o.eps_ == eps_ && o.inv_d_ == inv_d_;
+  }
+  void eval_gpu(const std::vector<Array>&, Array&) override {
+    throw std::runtime_error("TandemRmsNorm runs on the CPU only");
+  }
+  void eval_cpu(const std::vector<Array>& in, Array& out) override {
+    auto& enc = encoder_for(stream(), in, {&out});
+    const int64_t cols = out.shape(-1), rows = cols == 0 ? 0 : out.size() / cols;
+    enc.dispatch([rows, cols, eps = eps_, inv_d = inv_d_, t = elem(out.dtype()), x = Array::unsafe_weak_copy(in[0]),
+                  w = Array::unsafe_weak_copy(in[1]), o = out.data<void>()]() {
+      std::vector<uint8_t> xp, wp;
+      const int64_t sx = row_stride(x);
+      const void* xd = sx < 0 ? row_major(x, xp) : x.data<void>();
+      const auto* wd = static_cast<const float*>(row_major(w, wp));
+      tandem_kernels::rms_norm(t, xd, sx < 0 ? cols : sx, wd, o, rows, cols, eps, inv_d);
+    });
+  }
+
+ private:
+  float eps_, inv_d_;
+};
+
 } // namespace
 
 ArrayPtr host_quantized_matmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
@@ -280,6 +355,40 @@ std::unique_ptr<ArrayVec> host_gated_delta(const Array& q, const Array& k, const
   auto out = std::make_unique<ArrayVec>();
   out->items = std::move(outs);
   return out;
+}
+
+ArrayPtr host_elementwise(int32_t chain, const Array& a, const Array& b) {
+  using tandem_kernels::Chain;
+  if (chain < 0 || chain > static_cast<int32_t>(Chain::SiluGate)) {
+    throw std::invalid_argument("host elementwise: no chain " + std::to_string(chain));
+  }
+  const auto c = static_cast<Chain>(chain);
+  const auto t = b.dtype();  // the chain's storage type (for Silu, a is b)
+  const auto ta = c == Chain::SiluGate ? mx::float32 : t;
+  if ((t != mx::float32 && t != mx::bfloat16) || a.dtype() != ta) {
+    throw std::invalid_argument("host elementwise: chain " + std::to_string(chain) +
+                                " needs b f32 or bf16 and a of b's dtype (f32 for the silu gate)");
+  }
+  if (a.shape() != b.shape()) {
+    throw std::invalid_argument("host elementwise: inputs of one shape needed; got " + shape_text(a) + " and " +
+                                shape_text(b));
+  }
+  auto s = mx::default_stream(mx::Device::cpu);
+  const std::vector<Array> in = c == Chain::Silu ? std::vector<Array>{a} : std::vector<Array>{a, b};
+  return wrap(Array(a.shape(), t, std::make_shared<ElementwiseHost>(s, c), in));
+}
+
+ArrayPtr host_rms_norm(const Array& x, const Array& w, float eps, float inv_d) {
+  const auto t = x.dtype();
+  if ((t != mx::float32 && t != mx::bfloat16) || w.dtype() != mx::float32) {
+    throw std::invalid_argument("host rms norm: x f32 or bf16 and w f32 needed");
+  }
+  if (x.ndim() < 1 || w.ndim() != 1 || w.shape(0) != x.shape(-1)) {
+    throw std::invalid_argument("host rms norm: x [..., D] and w [D] needed; got x " + shape_text(x) + ", w " +
+                                shape_text(w));
+  }
+  auto s = mx::default_stream(mx::Device::cpu);
+  return wrap(Array(x.shape(), t, std::make_shared<RmsNormHost>(s, eps, inv_d), {x, w}));
 }
 
 }  // namespace mlxb

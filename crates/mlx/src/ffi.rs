@@ -205,6 +205,8 @@ pub(crate) mod ffi {
             group_size: i32,
             bits: i32,
         ) -> Result<UniquePtr<Array>>;
+        fn host_elementwise(chain: i32, a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
+        fn host_rms_norm(x: &Array, w: &Array, eps: f32, inv_d: f32) -> Result<UniquePtr<Array>>;
         fn host_attention(q: &Array, keys: &Array, values: &Array, len: i32, scale: f32) -> Result<UniquePtr<Array>>;
         fn host_gated_delta(
             q: &Array,

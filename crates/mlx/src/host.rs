@@ -54,3 +54,30 @@ pub fn gated_delta(
 pub fn attention(q: &Array, keys: &Array, values: &Array, len: i32, scale: f32) -> Result<Array> {
     Array::wrap(ffi::host_attention(q.raw(), keys.raw(), values.raw(), len, scale))
 }
+
+/// The elementwise chains of kernels/cpu/elementwise.h, each the bits of MLX's own CPU ops (T: b's dtype, f32
+/// or bf16; every op rounds to T as MLX's does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chain {
+    /// `a * sigmoid(a) * b` (SwiGLU: gate a, up b).
+    Swiglu = 0,
+    /// `a * sigmoid(b)` (the attention output's gate).
+    SigmoidGate = 1,
+    /// `a * sigmoid(a)` (b is a).
+    Silu = 2,
+    /// `a * silu(b as f32)` rounded once to b's dtype, a f32 (the gated norm's gate).
+    SiluGate = 3,
+}
+
+/// One elementwise chain over a and b of one shape (for [`Chain::Silu`] pass a twice): a last-axis slice
+/// (a row stride) is read in place, any other strided input packed first.
+pub fn elementwise(chain: Chain, a: &Array, b: &Array) -> Result<Array> {
+    Array::wrap(ffi::host_elementwise(chain as i32, a.raw(), b.raw()))
+}
+
+/// RMSNorm with the bits of MLX's op-by-op norm on its CPU: per row of x `[..., D]` (f32 or bf16), the squares
+/// summed in order in f32, `r = 1 / sqrt(sum * inv_d + eps)`, `(x * r) * w` (w `[D]` f32) rounded once to x's
+/// dtype (kernels/cpu/elementwise.h). `inv_d` is the caller's `1 / D`, as MLX's mean multiplies by it.
+pub fn rms_norm(x: &Array, w: &Array, eps: f32, inv_d: f32) -> Result<Array> {
+    Array::wrap(ffi::host_rms_norm(x.raw(), w.raw(), eps, inv_d))
+}

@@ -1,0 +1,196 @@
+// The elementwise chains on the CPU (elementwise.h). Each function below restates one MLX 0.32.4 CPU op on a
+// float holding a T value: MLX computes a bf16 op in f32 and rounds its result to bf16 (mlx/types/bf16.h), so
+// `round_to<T>` stands wherever an MLX op of storage type T returns. Written as branch-free element loops that
+// GCC and Clang vectorize (x86-64-v3 clone, NEON); no fused multiply-adds but MLX's own explicit ones.
+#include "elementwise.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "matmul_core.h"
+
+namespace tandem_kernels {
+namespace {
+
+using namespace core;
+
+TANDEM_INLINE float bits_to_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+TANDEM_INLINE uint32_t f32_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// MLX's bf16 rounding (to nearest even; any NaN to 0x7FC0) seen as the f32 it stands for.
+TANDEM_INLINE float bf16_round(float f) {
+  const uint32_t u = f32_to_bits(f);
+  const uint32_t r = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16;
+  return bits_to_f32(f != f ? 0x7fc00000u : r);
+}
+
+template <Elem T>
+TANDEM_INLINE float round_to(float f) {
+  if constexpr (T == Elem::BF16) return bf16_round(f);
+  return f;
+}
+
+template <Elem T>
+TANDEM_INLINE float load_as_f32(const void* p, int64_t i) {
+  if constexpr (T == Elem::BF16) return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+template <Elem T>
+TANDEM_INLINE void store_from_f32(void* p, int64_t i, float f) {
+  if constexpr (T == Elem::BF16) {
+    static_cast<uint16_t*>(p)[i] = uint16_t(f32_to_bits(f) >> 16);  // f is already a bf16 value
+  } else {
+    static_cast<float*>(p)[i] = f;
+  }
+}
+
+// MLX's simd::exp (mlx/backend/cpu/simd/math.h): 2^i * p(f) for x * log2(e) = i + f, i = floor(x * log2(e) +
+// 0.5) (MLX adds 0.5 in double; floor, then one more where the fraction reaches one half, is the same integer
+// without the widening), p a degree-6 polynomial in explicit fused multiply-adds; NaN stays, above 88 is inf,
+// below -88 is 0. The input is clamped before the integer part so that no lane converts an out-of-range float
+// (those lanes take the selects at the end).
+TANDEM_INLINE float mlx_exp(float x_init) {
+  float xc = x_init > 88.0f ? 88.0f : x_init;
+  xc = xc < -88.0f ? -88.0f : xc;
+  xc = x_init != x_init ? 0.0f : xc;
+  const float x = xc * 1.442695f;
+  const float fl = std::floor(x);
+  const float ipart = x - fl >= 0.5f ? fl + 1.0f : fl;
+  const float fpart = x - ipart;
+  float p = 1.535336188319500e-4f;
+  p = std::fma(p, fpart, 1.339887440266574e-3f);
+  p = std::fma(p, fpart, 9.618437357674640e-3f);
+  p = std::fma(p, fpart, 5.550332471162809e-2f);
+  p = std::fma(p, fpart, 2.402264791363012e-1f);
+  p = std::fma(p, fpart, 6.931472028550421e-1f);
+  p = std::fma(p, fpart, 1.000000000000000f);
+  const float two_i = bits_to_f32(uint32_t(int32_t(ipart) + 127) << 23);
+  float r = two_i * p;
+  r = x_init != x_init ? x_init : r;
+  r = x_init > 88.0f ? INFINITY : r;
+  return x_init < -88.0f ? 0.0f : r;
+}
+
+// MLX's Sigmoid (mlx/backend/cpu/unary_ops.h) on a T value x: y = 1 / (1 + exp(|x|)) with the exp rounded
+// to T, the rest in f32, then y or 1 - y by x's sign, rounded to T.
+template <Elem T>
+TANDEM_INLINE float sigmoid(float x) {
+  const float e = round_to<T>(mlx_exp(std::fabs(x)));
+  const float y = 1.0f / (1.0f + e);
+  return round_to<T>(x < 0.0f ? y : 1.0f - y);
+}
+
+// silu(x) = x * sigmoid(x), MLX's Multiply of two T values.
+template <Elem T>
+TANDEM_INLINE float silu(float x) {
+  return round_to<T>(x * sigmoid<T>(x));
+}
+
+template <Chain C, Elem T>
+TANDEM_INLINE float one(float a, float b) {
+  if constexpr (C == Chain::Swiglu) return round_to<T>(silu<T>(a) * b);
+  if constexpr (C == Chain::SigmoidGate) return round_to<T>(a * sigmoid<T>(b));
+  if constexpr (C == Chain::Silu) return silu<T>(a);
+  // SiluGate: z = b cast to f32 (exact), silu in f32, the product with the f32 a, rounded to T once.
+  return round_to<T>(a * silu<Elem::F32>(b));
+}
+
+template <Chain C, Elem T>
+TANDEM_INLINE void run(const void* a, int64_t sa, const void* b, int64_t sb, void* out, int64_t rows,
+                       int64_t cols) {
+  constexpr Elem TA = C == Chain::SiluGate ? Elem::F32 : T;
+  constexpr size_t ea = TA == Elem::BF16 ? 2 : 4, et = T == Elem::BF16 ? 2 : 4;
+  for (int64_t r = 0; r < rows; ++r) {
+    const void* ar = static_cast<const uint8_t*>(a) + r * sa * static_cast<int64_t>(ea);
+    const void* br = C == Chain::Silu ? ar : static_cast<const uint8_t*>(b) + r * sb * static_cast<int64_t>(et);
+    void* o = static_cast<uint8_t*>(out) + r * cols * static_cast<int64_t>(et);
+    for (int64_t c = 0; c < cols; ++c) {
+      const float x = load_as_f32<TA>(ar, c);
+      const float y = C == Chain::Silu ? 0.0f : load_as_f32<T>(br, c);
+      store_from_f32<T>(o, c, one<C, T>(x, y));
+    }
+  }
+}
+
+template <Elem T>
+TANDEM_INLINE void run_chain(Chain chain, const void* a, int64_t sa, const void* b, int64_t sb, void* out,
+                             int64_t rows, int64_t cols) {
+  switch (chain) {
+    case Chain::Swiglu: return run<Chain::Swiglu, T>(a, sa, b, sb, out, rows, cols);
+    case Chain::SigmoidGate: return run<Chain::SigmoidGate, T>(a, sa, b, sb, out, rows, cols);
+    case Chain::Silu: return run<Chain::Silu, T>(a, sa, b, sb, out, rows, cols);
+    case Chain::SiluGate: return run<Chain::SiluGate, T>(a, sa, b, sb, out, rows, cols);
+  }
+}
+
+// Not templates: GCC builds target_clones only for plain functions.
+TANDEM_CLONES void chain_bf16(Chain chain, const void* a, int64_t sa, const void* b, int64_t sb, void* out,
+                            int64_t rows, int64_t cols) {
+  run_chain<Elem::BF16>(chain, a, sa, b, sb, out, rows, cols);
+}
+
+TANDEM_CLONES void chain_f32(Chain chain, const void* a, int64_t sa, const void* b, int64_t sb, void* out,
+                           int64_t rows, int64_t cols) {
+  run_chain<Elem::F32>(chain, a, sa, b, sb, out, rows, cols);
+}
+
+template <Elem T>
+TANDEM_INLINE void norm_rows(const void* x, int64_t sx, const float* w, void* out, int64_t rows, int64_t cols,
+                             float eps, float inv_d) {
+  constexpr int64_t et = T == Elem::BF16 ? 2 : 4;
+  for (int64_t r = 0; r < rows; ++r) {
+    const void* xr = static_cast<const uint8_t*>(x) + r * sx * et;
+    void* o = static_cast<uint8_t*>(out) + r * cols * et;
+    float ss = 0.0f;  // one chain of adds in element order, as MLX's reduction (no vector lanes)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = load_as_f32<T>(xr, c);
+      ss += v * v;
+    }
+    const float inv = 1.0f / std::sqrt(ss * inv_d + eps);
+    for (int64_t c = 0; c < cols; ++c) store_from_f32<T>(o, c, round_to<T>((load_as_f32<T>(xr, c) * inv) * w[c]));
+  }
+}
+
+TANDEM_CLONES void norm_bf16(const void* x, int64_t sx, const float* w, void* out, int64_t rows, int64_t cols,
+                             float eps, float inv_d) {
+  norm_rows<Elem::BF16>(x, sx, w, out, rows, cols, eps, inv_d);
+}
+
+TANDEM_CLONES void norm_f32(const void* x, int64_t sx, const float* w, void* out, int64_t rows, int64_t cols,
+                            float eps, float inv_d) {
+  norm_rows<Elem::F32>(x, sx, w, out, rows, cols, eps, inv_d);
+}
+
+} // namespace
+
+void rms_norm(Elem t, const void* x, int64_t sx, const float* w, void* out, int64_t rows, int64_t cols, float eps,
+              float inv_d) {
+  if (rows <= 0 || cols <= 0) return;
+  if (t == Elem::BF16) {
+    norm_bf16(x, sx, w, out, rows, cols, eps, inv_d);
+  } else if (t == Elem::F32) {
+    norm_f32(x, sx, w, out, rows, cols, eps, inv_d);
+  }
+}
+
+void elementwise(Chain chain, Elem t, const void* a, int64_t sa, const void* b, int64_t sb, void* out, int64_t rows,
+                 int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  if (t == Elem::BF16) {
+    chain_bf16(chain, a, sa, b, sb, out, rows, cols);
+  } else if (t == Elem::F32) {
+    chain_f32(chain, a, sa, b, sb, out, rows, cols);
+  }
+}
+
+} // namespace tandem_kernels

@@ -1,0 +1,35 @@
+// The forward pass's elementwise chains, and the RMSNorm beside them, on the CPU (kernels/README.md, "Elementwise chains on the CPU"), with the
+// bits of MLX's own CPU ops. MLX 0.32.4's Linux wheels build their CPU backend without AVX, so the chains it
+// compiles (src/kernels/fused.rs) run one element at a time, each exp a scalar polynomial whose fused
+// multiply-adds are libm calls: ~20 % of MLX's CPU thread in a two-stream MTP run of tandem-tiny. These loops
+// compute the same operations in the same order and precision (MLX's exp polynomial, its sigmoid form, a bf16
+// result rounded wherever MLX's op rounds), so a compiler can put eight elements in a vector: the same
+// outputs, bit for bit (tests/it/elementwise_kernel.rs checks every bf16 input against MLX).
+#pragma once
+
+#include <cstdint>
+
+#include "dense_matmul.h"
+
+namespace tandem_kernels {
+
+// T is the chain's storage type (bf16 or f32): each MLX op of the chain rounds its result to T.
+enum class Chain : uint8_t {
+  Swiglu,       // a * sigmoid(a) * b: gate a, up b (both T), out T
+  SigmoidGate,  // a * sigmoid(b): a and b T, out T
+  Silu,         // a * sigmoid(a): a T, out T (b unused)
+  SiluGate,     // a * (z * sigmoid(z)) with z = b in f32: a f32, b T, out T; the product in f32, rounded once
+};
+
+// out[r * cols + c] = chain(a[r * sa + c], b[r * sb + c]) for r < rows, c < cols (sa, sb: row strides in
+// elements). T is `t` (F32 or BF16); a is f32 for SiluGate. Single-threaded; no scratch.
+void elementwise(Chain chain, Elem t, const void* a, int64_t sa, const void* b, int64_t sb, void* out, int64_t rows,
+                 int64_t cols);
+
+// RMSNorm as MLX's op-by-op norm computes it on its CPU (src/kernels/norm.rs): per row of x (T, f32 or bf16;
+// row stride sx), ss = x_0^2 + x_1^2 + ... summed in order in f32 (MLX's CPU sum reduction), r = 1 / sqrt(ss *
+// inv_d + eps), out_c = round_T((x_c * r) * w_c) with w f32. out is contiguous.
+void rms_norm(Elem t, const void* x, int64_t sx, const float* w, void* out, int64_t rows, int64_t cols, float eps,
+              float inv_d);
+
+} // namespace tandem_kernels
