@@ -1,5 +1,5 @@
 // The gated-delta recurrence on the CPU (gated_delta.h). Each state row is updated in its output slot: with
-// every step's state kept, token t's row starts as a copy of token t - 1's.
+// every step's state kept, token t's rows are read from token t - 1's slot and written to their own.
 #include "gated_delta.h"
 
 #include "matmul_core.h"
@@ -9,22 +9,50 @@ namespace {
 
 using namespace core;
 
-// One token's update of R consecutive state rows s (R x DK, rows dv.. of one head): decay, the delta rule,
-// and their outputs y[0..R). The R rows go through each stage together, so their dot products with k and q
-// run as one pass of the matmul kernels' dots<R> (each row's dot in their fixed order: eight lanes, one
-// tree, the tail; the same bits as a row alone, where one row's chain of dependent adds was the cost).
+// One token's update of R consecutive state rows (R x DK, rows dv.. of one head), read from `prev` and written
+// to `s` (the same rows in place, or the next step's slot): decay, the delta rule, and their outputs y[0..R).
+// Two passes over the rows: the decayed rows are stored and dotted with k as they go, the updated rows stored and
+// dotted with q. Each dot product is the matmul kernels' dots<R> arithmetic (eight lanes summing elements l, l +
+// 8, ... in order, one tree, the tail), each element's decay and update the same products and sums: the bits of
+// the separate passes (decay all, dot, update all, dot) this replaces, with a third of the loads and stores.
 template <int R>
-TANDEM_INLINE void step_rows(float* s, const float* kt, const float* qt, float gt, const float* vt, float bt,
-                             float* yt, int64_t DK) {
-  for (int64_t i = 0; i < R * DK; ++i) s[i] = s[i] * gt;
-  float kd[R];
-  dots<R>(kt, s, DK, kd);
-  for (int r = 0; r < R; ++r) {
-    const float delta = (vt[r] - kd[r]) * bt;
-    float* sr = s + r * DK;
-    for (int64_t i = 0; i < DK; ++i) sr[i] = sr[i] + kt[i] * delta;
+TANDEM_INLINE void step_rows(const float* prev, float* s, const float* kt, const float* qt, float gt,
+                             const float* vt, float bt, float* yt, int64_t DK) {
+  const int64_t kv = DK - DK % kLanes;
+  const f8 gv = {gt, gt, gt, gt, gt, gt, gt, gt};
+  f8 acc[R];
+  zero<R>(acc);
+  for (int64_t c = 0; c < kv; c += kLanes) {
+    const f8 kc = load8(kt + c);
+    for (int r = 0; r < R; ++r) {
+      const f8 sv = load8(prev + r * DK + c) * gv;
+      std::memcpy(s + r * DK + c, &sv, sizeof sv);
+      acc[r] += kc * sv;
+    }
   }
-  dots<R>(qt, s, DK, yt);
+  for (int r = 0; r < R; ++r) {
+    for (int64_t c = kv; c < DK; ++c) s[r * DK + c] = prev[r * DK + c] * gt;
+  }
+  float kd[R];
+  finish_all<R>(acc, kt, s, kv, DK, kd);
+  f8 delta[R];
+  for (int r = 0; r < R; ++r) {
+    const float d = (vt[r] - kd[r]) * bt;
+    delta[r] = f8{d, d, d, d, d, d, d, d};
+  }
+  zero<R>(acc);
+  for (int64_t c = 0; c < kv; c += kLanes) {
+    const f8 kc = load8(kt + c), qc = load8(qt + c);
+    for (int r = 0; r < R; ++r) {
+      const f8 sv = load8(s + r * DK + c) + kc * delta[r];
+      std::memcpy(s + r * DK + c, &sv, sizeof sv);
+      acc[r] += qc * sv;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int64_t c = kv; c < DK; ++c) s[r * DK + c] = s[r * DK + c] + kt[c] * delta[r][0];
+  }
+  finish_all<R>(acc, qt, s, kv, DK, yt);
 }
 
 // Rows dv0 .. dv0 + R of head n (of B * HV) through every token.
@@ -34,18 +62,18 @@ TANDEM_INLINE void head_rows(const float* q, const float* k, const float* v, con
                              int64_t HK, int64_t HV, int64_t DK, int64_t DV, int64_t per_step, bool all_steps) {
   const int64_t b = n / HV, h = n % HV, hk = h / (HV / HK);
   const int64_t row = (n * DV + dv0) * DK;
+  const float* prev = state + row;
   float* s = states + row;
-  std::memcpy(s, state + row, R * DK * sizeof(float));
+  if (T == 0) std::memcpy(s, prev, R * DK * sizeof(float));
   for (int64_t t = 0; t < T; ++t) {
     const int64_t bt = b * T + t;
-    if (all_steps && t > 0) {
-      float* next = s + per_step;
-      std::memcpy(next, s, R * DK * sizeof(float));
-      s = next;
+    if (t > 0) {
+      prev = s;
+      if (all_steps) s += per_step;
     }
     const int64_t at = (bt * HV + h) * DV + dv0;
-    step_rows<R>(s, k + (bt * HK + hk) * DK, q + (bt * HK + hk) * DK, g[bt * HV + h], v + at, beta[bt * HV + h],
-                 y + at, DK);
+    step_rows<R>(prev, s, k + (bt * HK + hk) * DK, q + (bt * HK + hk) * DK, g[bt * HV + h], v + at,
+                 beta[bt * HV + h], y + at, DK);
   }
 }
 
