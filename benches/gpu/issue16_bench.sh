@@ -31,6 +31,8 @@
 #            prompts, 256 generated a stream, MTP depth 3, oracle 0.8, 1 / 2 / 4 / 8 streams
 #            (AB_STREAMS: other stream counts; AB_RUN: other bench arguments, AB_TAG: their name in the results)
 #   abzero   abstreams for the adaptive controller where no draft lands: oracle 0.0, depth 3 adaptive
+#   writes   issue 16: the MTP head's catch-ups and prompt pairs as cache writes on CUDA (TANDEM_HEAD_WRITES=N for
+#            N in WRITES, default "16 32") against whole passes, adaptive at oracle 0.0, 4-bit, ROUNDS rounds
 #   mtptrace issue 16: where one stream's MTP cycle goes, 4-bit, depth 3, oracle 0.8, 256 generated (the `mtp: cycle`
 #            trace lines: the cycle, its drafts' build and launch, the verify's wait and read, means past the first quarter)
 #   cycles   issue 22: where a batched MTP cycle's time goes, 4-bit slice, depth 3, oracle 0.8, 2 / 4 / 8 streams
@@ -262,6 +264,36 @@ for phase in $PHASES; do
     # The adaptive controller where no draft lands: abstreams at oracle acceptance 0.0, depth 3 adaptive (each run
     # measures plain decoding at every stream count first, so each build's ratio is against its own plain steps).
     AB_TAG=zero AB_RUN="--depths 3 --oracle-acceptance 0.0 --adaptive" ab_streams
+    ;;
+  writes)
+    # The MTP head's catch-up and prompt pairs written into its cache (no attention or MLP for pairs whose output
+    # nobody reads) on CUDA too, in passes of at most N pairs (TANDEM_HEAD_WRITES=N, WRITES: the Ns, default
+    # "16 32"), against the whole passes CUDA takes by default: the 4-bit slice, one stream, oracle 0.0 at depth 3
+    # adaptive (parks, then probes that catch up), 512-token prompt, 256 generated, ROUNDS rounds alternated. Each
+    # run's trace gives its catch-ups (count, first, median, max ms) beside its tok/s against plain.
+    env_setup
+    MODEL=$M-4bit
+    ARGS="--prompt-tokens 512 --gen-tokens 256"
+    for round in $(seq 1 "${ROUNDS:-2}"); do
+      for w in 0 ${WRITES:-16 32}; do
+        tag=s27-q4-writes$w-r$round
+        ENVS="RUST_LOG=tandem::generate::mtp=trace TANDEM_HEAD_WRITES=$w" bench $tag --depths 3 --oracle-acceptance 0.0 --adaptive
+        python3 - "$OUT/$tag.err" <<'PY' | sed "s|^|$tag |" | tee -a "$S"
+import re, statistics as st, sys
+ups = []
+for line in open(sys.argv[1], errors="replace"):
+    line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+    m = re.search(r"catch_up_ms=([\d.]+)", line)
+    if "mtp: cycle" in line and m and float(m.group(1)) > 0:
+        ups.append(float(m.group(1)))
+if ups:
+    print(f"catch-ups {len(ups)}: first {ups[0]:.1f} ms, median {st.median(ups):.1f}, max {max(ups):.1f}, all {sum(ups):.0f} ms")
+else:
+    print("no catch-ups traced")
+PY
+      done
+    done
+    ARGS="--prompt-tokens 512 --gen-tokens 512"
     ;;
   mtptrace)
     env_setup

@@ -247,7 +247,7 @@ impl Drafter {
         model.drafts_here()
             && self.pending_lazy.is_none()
             && !self.pending_tokens.is_empty()
-            && queries_per_varying_pass().is_none()
+            && (queries_per_varying_pass().is_none() || cuda_write_chunk().is_some())
     }
 
     /// The first `n` pending pairs written into the head's cache in one pass (`Qwen35::mtp_write_cache`:
@@ -267,8 +267,15 @@ impl Drafter {
         }
         let ids: Vec<i32> = self.pending_tokens.drain(..n).map(|t| t as i32).collect();
         let n = n as i32;
-        let written = if n == total { hidden.clone() } else { hidden.slice_axis(1, 0, n)? };
-        model.mtp_write_cache(&written, &Array::from_slice(&ids, &[1, n])?, &mut self.cache)?;
+        // One pass, or on CUDA (where enabled) passes of at most the chunk's length.
+        let chunk = if queries_per_varying_pass().is_some() { cuda_write_chunk() } else { None };
+        let step = chunk.map_or(n, |c| c as i32);
+        for start in (0..n).step_by(step as usize) {
+            let end = (start + step).min(n);
+            let written = if (start, end) == (0, total) { hidden.clone() } else { hidden.slice_axis(1, start, end)? };
+            let ids = Array::from_slice(&ids[start as usize..end as usize], &[1, end - start])?;
+            model.mtp_write_cache(&written, &ids, &mut self.cache)?;
+        }
         self.pending_hidden.clear();
         if n < total {
             self.pending_hidden.push(hidden.slice_axis(1, n, total)?);
@@ -396,4 +403,14 @@ fn flush_together(model: &Qwen35, drafters: &mut [&mut Drafter]) -> Result<Array
     let last: Vec<i32> = lens.iter().map(|&n| n as i32 - 1).collect();
     let at = Array::from_slice(&last, &[b, 1, 1])?.broadcast_to(&[b, 1, out.dim(2)])?;
     Ok(out.take_along_axis(&at, 1)?)
+}
+
+/// `TANDEM_HEAD_WRITES=N` (N >= 1): on CUDA too, prefill's head pairs and a catch-up's are written into the
+/// head's cache ([`Drafter::write_pairs`]) in passes of at most N pairs. Off by default (see `can_write`); an
+/// experiment's switch for the GPU bench (benches/gpu/issue16_bench.sh `abzero` with `AB_ENV`).
+fn cuda_write_chunk() -> Option<usize> {
+    static CHUNK: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *CHUNK.get_or_init(|| {
+        std::env::var("TANDEM_HEAD_WRITES").ok().and_then(|v| v.trim().parse::<usize>().ok()).filter(|&n| n >= 1)
+    })
 }
