@@ -104,6 +104,27 @@ fn strided_inputs_get_the_bits_of_contiguous_ones() {
     }
 }
 
+/// An input nothing else holds gives the output its buffer, as MLX's elementwise ops do (the kernels then compute
+/// in place): the values are those of a fresh output.
+#[test]
+fn donated_inputs_compute_in_place() {
+    for dtype in [Dtype::BF16, Dtype::F32] {
+        let (x, y) = (rand(&[3, 200], dtype, 21, 4.0), rand(&[3, 200], dtype, 22, 4.0));
+        let two = Array::f32(2.0).as_dtype(dtype).unwrap();
+        // x * 2 and the norm's input exist only as these calls' inputs: donatable when the graph runs.
+        let got = host::elementwise(Chain::Swiglu, &x.multiply(&two).unwrap(), &y).unwrap();
+        let want = mlx_chain(Chain::Swiglu, &x.multiply(&two).unwrap(), &y);
+        assert_same_bits("swiglu, donated gate", &got, &want);
+        let got = host::elementwise(Chain::Silu, &y.multiply(&two).unwrap(), &y.multiply(&two).unwrap()).unwrap();
+        assert_same_bits("silu, donated", &got, &mlx_chain(Chain::Silu, &y.multiply(&two).unwrap(), &y));
+        let w = rand(&[200], Dtype::F32, 23, 1.0);
+        let got = host::rms_norm(&x.multiply(&two).unwrap(), &w, 1e-6, 1.0 / 200.0).unwrap();
+        let want =
+            &reference::rms_norm_f32(&x.multiply(&two).unwrap(), &w, &Array::f32(1e-6), &Array::f32(0.005)).unwrap()[0];
+        assert_same_bits("rms norm, donated x", &got, want);
+    }
+}
+
 /// The norm, f32 and bf16, at the model's row lengths and one that is no multiple of eight: MLX's op-by-op
 /// norm and MLX's own `fast::rms_norm` on its CPU, bit for bit; and what the model calls takes it.
 #[test]

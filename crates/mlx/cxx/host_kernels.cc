@@ -59,14 +59,33 @@ bool is_float(mx::Dtype d) { return d == mx::float32 || d == mx::bfloat16 || d =
 
 // The CPU stream's encoder with `out` allocated and every input and output registered: MLX keeps them alive
 // until the task dispatched on it has run.
-mx::cpu::CommandEncoder& encoder_for(mx::Stream s, const std::vector<Array>& in, std::vector<Array*> out) {
+mx::cpu::CommandEncoder& encoder_for(mx::Stream s, const std::vector<Array>& in, std::vector<Array*> out,
+                                     const Array* donor = nullptr) {
   auto& enc = mx::cpu::get_command_encoder(s);
   for (const auto& a : in) enc.set_input_array(a);
   for (Array* o : out) {
-    o->set_data(mx::allocator::malloc(o->nbytes()));
+    if (donor != nullptr && o == out.front()) {
+      o->copy_shared_buffer(*donor);
+    } else {
+      o->set_data(mx::allocator::malloc(o->nbytes()));
+    }
     enc.set_output_array(*o);
   }
   return enc;
+}
+
+// An input whose buffer an elementwise output may take, as MLX's own elementwise ops do: nothing else holds
+// it, it is laid out row by row, and its elements are the output's size. The kernels read each element before
+// writing that index, so computing in place gives the same values.
+bool can_donate(const Array& a, const Array& out) {
+  return a.is_donatable() && a.flags().row_contiguous && a.itemsize() == out.itemsize() && a.size() == out.size();
+}
+
+const Array* donor_for(const std::vector<Array>& in, const Array& out) {
+  for (const auto& a : in) {
+    if (can_donate(a, out)) return &a;
+  }
+  return nullptr;
 }
 
 // `[d0, d1, ...]`, for error messages.
@@ -224,7 +243,7 @@ class ElementwiseHost : public mx::UnaryPrimitive {
     throw std::runtime_error("TandemElementwise runs on the CPU only");
   }
   void eval_cpu(const std::vector<Array>& in, Array& out) override {
-    auto& enc = encoder_for(stream(), in, {&out});
+    auto& enc = encoder_for(stream(), in, {&out}, donor_for(in, out));
     const int64_t cols = out.ndim() == 0 ? 1 : out.shape(-1), rows = cols == 0 ? 0 : out.size() / cols;
     enc.dispatch([chain = chain_, rows, cols, t = elem(out.dtype()), a = Array::unsafe_weak_copy(in[0]),
                   b = Array::unsafe_weak_copy(in.back()), o = out.data<void>()]() {
@@ -253,7 +272,8 @@ class RmsNormHost : public mx::UnaryPrimitive {
     throw std::runtime_error("TandemRmsNorm runs on the CPU only");
   }
   void eval_cpu(const std::vector<Array>& in, Array& out) override {
-    auto& enc = encoder_for(stream(), in, {&out});
+    // Only x may give its buffer (w is the layer's weight).
+    auto& enc = encoder_for(stream(), in, {&out}, can_donate(in[0], out) ? &in[0] : nullptr);
     const int64_t cols = out.shape(-1), rows = cols == 0 ? 0 : out.size() / cols;
     enc.dispatch([rows, cols, eps = eps_, inv_d = inv_d_, t = elem(out.dtype()), x = Array::unsafe_weak_copy(in[0]),
                   w = Array::unsafe_weak_copy(in[1]), o = out.data<void>()]() {
