@@ -4,6 +4,7 @@
 // GCC and Clang vectorize (x86-64-v3 clone, NEON); no fused multiply-adds but MLX's own explicit ones.
 #include "elementwise.h"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -14,23 +15,9 @@ namespace {
 
 using namespace core;
 
-TANDEM_INLINE float bits_to_f32(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-TANDEM_INLINE uint32_t f32_to_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
 // MLX's bf16 rounding (to nearest even; any NaN to 0x7FC0) seen as the f32 it stands for.
 TANDEM_INLINE float bf16_round(float f) {
-  const uint32_t u = f32_to_bits(f);
-  const uint32_t r = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16;
-  return bits_to_f32(f != f ? 0x7fc00000u : r);
+  return bf16_to_f32(f32_to_bf16(f));
 }
 
 template <Elem T>
@@ -48,7 +35,7 @@ TANDEM_INLINE float load_as_f32(const void* p, int64_t i) {
 template <Elem T>
 TANDEM_INLINE void store_from_f32(void* p, int64_t i, float f) {
   if constexpr (T == Elem::BF16) {
-    static_cast<uint16_t*>(p)[i] = uint16_t(f32_to_bits(f) >> 16);  // f is already a bf16 value
+    static_cast<uint16_t*>(p)[i] = uint16_t(std::bit_cast<uint32_t>(f) >> 16);  // f is already a bf16 value
   } else {
     static_cast<float*>(p)[i] = f;
   }
@@ -74,7 +61,7 @@ TANDEM_INLINE float mlx_exp(float x_init) {
   p = std::fma(p, fpart, 2.402264791363012e-1f);
   p = std::fma(p, fpart, 6.931472028550421e-1f);
   p = std::fma(p, fpart, 1.000000000000000f);
-  const float two_i = bits_to_f32(uint32_t(int32_t(ipart) + 127) << 23);
+  const float two_i = std::bit_cast<float>(uint32_t(int32_t(ipart) + 127) << 23);
   float r = two_i * p;
   r = x_init != x_init ? x_init : r;
   r = x_init > 88.0f ? INFINITY : r;

@@ -114,19 +114,9 @@ pub fn rms_norm_cpu(x: &Array, w: &Array, eps: f32) -> Result<Array> {
 /// values that cover exp's ranges, its limits at ±88 and the special values.
 fn host_probe_passed() -> bool {
     static PASSED: OnceLock<bool> = OnceLock::new();
-    *PASSED.get_or_init(|| match host_probe() {
-        Ok(0) => {
-            tracing::info!("host elementwise kernel: MLX's bits in the probe, selected");
-            true
-        }
-        Ok(n) => {
-            tracing::warn!("host elementwise kernel: {n} values differ from MLX's in the probe; using MLX's ops");
-            false
-        }
-        Err(e) => {
-            tracing::warn!("host elementwise kernel failed its probe ({e}); using MLX's ops");
-            false
-        }
+    *PASSED.get_or_init(|| {
+        let differing = host_probe().map(|n| n as f32);
+        super::probe_verdict("host elementwise kernel (outputs off MLX's bits)", differing, 0.0)
     })
 }
 
