@@ -32,7 +32,7 @@
 #            (AB_STREAMS: other stream counts; AB_RUN: other bench arguments, AB_TAG: their name in the results)
 #   abzero   abstreams for the adaptive controller where no draft lands: oracle 0.0, depth 3 adaptive
 #   writes   issue 16: the MTP head's catch-ups and prompt pairs as cache writes on CUDA (TANDEM_HEAD_WRITES=N for
-#            N in WRITES, default "16 32") against whole passes, adaptive at oracle 0.0, 4-bit, ROUNDS rounds
+#            N in WRITES, default "16 32") against whole passes (N = 0), adaptive at oracle 0.0, 4-bit, ROUNDS rounds
 #   mtptrace issue 16: where one stream's MTP cycle goes, 4-bit, depth 3, oracle 0.8, 256 generated (the `mtp: cycle`
 #            trace lines: the cycle, its drafts' build and launch, the verify's wait and read, means past the first quarter)
 #   cycles   issue 22: where a batched MTP cycle's time goes, 4-bit slice, depth 3, oracle 0.8, 2 / 4 / 8 streams
@@ -268,7 +268,7 @@ for phase in $PHASES; do
   writes)
     # The MTP head's catch-up and prompt pairs written into its cache (no attention or MLP for pairs whose output
     # nobody reads) on CUDA too, in passes of at most N pairs (TANDEM_HEAD_WRITES=N, WRITES: the Ns, default
-    # "16 32"), against the whole passes CUDA takes by default: the 4-bit slice, one stream, oracle 0.0 at depth 3
+    # "16 32"), against whole head passes (TANDEM_HEAD_WRITES=0; 16 is the default since session 27): the 4-bit slice, one stream, oracle 0.0 at depth 3
     # adaptive (parks, then probes that catch up), 512-token prompt, 256 generated, ROUNDS rounds alternated. Each
     # run's trace gives its catch-ups (count, first, median, max ms) beside its tok/s against plain.
     env_setup
