@@ -10,9 +10,11 @@ namespace {
 using namespace core;
 
 // y (m x n, f32) = xf (m x k, f32) @ w^T for weight rows [j0, j1), w pointing at row j0. Rows of x go in
-// blocks that stay in cache while every group of weight rows passes over them. For two rows or more, a
-// bf16 group is widened to f32 once (in `wf`, 4 * k floats) rather than once per row: the same values, so
-// the same bits, at a fraction of the conversions.
+// blocks that stay in cache while every group of weight rows passes over them. For three rows or more, a
+// bf16 group is widened to f32 once (in `wf`, 4 * k floats) rather than once per pair of rows: the same
+// values, so the same bits, at a fraction of the conversions. Two rows (a two-stream batch's step, its
+// drafts) widen in registers: storing and reloading the group for one pair cost more than converting it
+// (4096 x 256: 39 -> 67 GFLOP/s alone; two plain streams of tandem-tiny +12 %, docs/PERF.md session 27).
 template <class W>
 TANDEM_INLINE void rows(const float* xf, const W* w, float* y, int64_t m, int64_t n, int64_t k, int64_t j0,
                         int64_t j1, float* wf) {
@@ -23,7 +25,7 @@ TANDEM_INLINE void rows(const float* xf, const W* w, float* y, int64_t m, int64_
       const W* wj = w + (j - j0) * k;
       const int64_t rr = std::min<int64_t>(kRows, j1 - j);
       if constexpr (sizeof(W) == 2) {
-        if (i1 - i0 > 1) {
+        if (i1 - i0 > 2) {
           widen(wj, rr * k, wf);
           group_pass(xf, static_cast<const float*>(wf), y, i0, i1, n, k, j, rr);
           continue;
@@ -55,7 +57,7 @@ void dense_matmul_nt(Elem e, const void* x, const void* w, void* out, int64_t m,
   switch (e) {
     case Elem::F32: rows_f32(xf, static_cast<const float*>(w), y, m, n, k, 0, n); break;
     case Elem::BF16: {
-      std::vector<float> wf(m > 1 ? kRows * k : 0);
+      std::vector<float> wf(m > 2 ? kRows * k : 0);
       rows_bf16(xf, static_cast<const uint16_t*>(w), y, m, n, k, 0, n, wf.data());
       break;
     }
