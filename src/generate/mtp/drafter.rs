@@ -123,9 +123,10 @@ impl Drafter {
         if self.pending() == 0 {
             return Ok(());
         }
-        // No pair's output is read here: where it pays (`can_write`) the pairs go straight into the head's
-        // cache, with no attention, MLP or norm computed for them; else one whole pass, as the body's chunk.
-        match self.can_write(model) {
+        // No pair's output is read here: where a pass of any length is cheap (CPU, Metal) the pairs go straight
+        // into the head's cache, with no attention, MLP or norm computed for them; else (CUDA) one whole pass, as
+        // the body's chunk: a prompt chunk in 16-pair writes would be many small passes, not measured there.
+        match self.can_write(model) && queries_per_varying_pass().is_none() {
             true => self.write_pairs(model, self.pending_tokens.len())?,
             false => {
                 self.flush_in(model, usize::MAX)?;
@@ -239,9 +240,9 @@ impl Drafter {
     }
 
     /// Whether pending pairs can go straight into the head's cache: the head is here and every pending token is
-    /// on the host (none of a cycle built ahead). On CUDA in passes of at most [`cuda_write_chunk`] pairs (one
-    /// pass of any length built per length there: 0.14-0.24x plain at oracle 0.0, docs/PERF.md session 26);
-    /// `TANDEM_HEAD_WRITES=0` keeps CUDA on whole head passes.
+    /// on the host (none of a cycle built ahead). On CUDA (catch-ups only, see `run_pending`) in passes of at
+    /// most [`cuda_write_chunk`] pairs (one pass of any length built per length there: 0.14-0.24x plain at
+    /// oracle 0.0, docs/PERF.md session 26); `TANDEM_HEAD_WRITES=0` keeps CUDA on whole head passes.
     fn can_write(&self, model: &Qwen35) -> bool {
         model.drafts_here()
             && self.pending_lazy.is_none()
