@@ -53,11 +53,14 @@ pub const HOST_NAME: &str = "cpu_elementwise";
 /// Whether `chain` over `inputs` takes the host kernel: MLX computing on the CPU, [`host_applicable`], kernels
 /// not switched off, and this process's probe found the host kernel's bits equal to MLX's.
 pub fn host_selected(chain: Chain, inputs: &[&Array]) -> bool {
+    host_allowed() && host_applicable(chain, inputs) && host_probe_passed()
+}
+
+/// MLX computing on the CPU and the host kernels not switched off (`TANDEM_KERNELS`).
+fn host_allowed() -> bool {
     super::policy() != super::Policy::Off
         && !super::disabled(HOST_NAME)
         && mlx::device::default_device() == mlx::device::Device::Cpu
-        && host_applicable(chain, inputs)
-        && host_probe_passed()
 }
 
 /// The inputs the host kernel computes: one or two (`Silu` one) of one shape, the chain's storage type (the
@@ -84,11 +87,7 @@ pub fn host(chain: Chain, inputs: &[&Array]) -> Result<Array> {
 /// Whether RMSNorm over x with the f32 scale w takes the host kernel (kernels/cpu/elementwise.h): as
 /// [`host_selected`], for x `[..., D]` f32 or bf16 and w `[D]` f32.
 pub fn host_norm_selected(x: &Array, w: &Array) -> bool {
-    super::policy() != super::Policy::Off
-        && !super::disabled(HOST_NAME)
-        && mlx::device::default_device() == mlx::device::Device::Cpu
-        && host_norm_applicable(x, w)
-        && host_probe_passed()
+    host_allowed() && host_norm_applicable(x, w) && host_probe_passed()
 }
 
 /// The inputs the host norm computes: x `[..., D]` f32 or bf16, w `[D]` f32.
@@ -133,6 +132,12 @@ pub fn host_probe() -> Result<usize> {
     let n = values.len() as i32;
     let x = Array::from_slice(&values, &[2, n / 2])?;
     let y = Array::from_slice(&values.iter().rev().copied().collect::<Vec<_>>(), &[2, n / 2])?;
+    // Outputs of `got` whose bits differ from the reference chain's first output (or that one lacks).
+    let differing = |got: Array, want: Vec<Array>| -> Result<usize> {
+        let want = want.first().ok_or_else(|| mlx::Error::Invalid("empty reference".into()))?;
+        let (got, want) = (got.as_dtype(Dtype::F32)?.to_f32_vec()?, want.as_dtype(Dtype::F32)?.to_f32_vec()?);
+        Ok(got.iter().zip(&want).filter(|(g, w)| !same_bits(**g, **w)).count() + got.len().abs_diff(want.len()))
+    };
     let mut differ = 0;
     for t in [Dtype::F32, Dtype::BF16] {
         let (a, b) = (x.as_dtype(t)?, y.as_dtype(t)?);
@@ -143,22 +148,15 @@ pub fn host_probe() -> Result<usize> {
             (Chain::SiluGate, vec![&x, &b], reference::silu_gate(&x, &b)?),
         ];
         for (chain, inputs, want) in cases {
-            let got = host(chain, &inputs)?.as_dtype(Dtype::F32)?.to_f32_vec()?;
-            let want = want.first().ok_or_else(|| mlx::Error::Invalid("empty reference".into()))?;
-            let want = want.as_dtype(Dtype::F32)?.to_f32_vec()?;
-            differ += got.iter().zip(&want).filter(|(g, w)| !same_bits(**g, **w)).count();
-            differ += got.len().abs_diff(want.len());
+            differ += differing(host(chain, &inputs)?, want)?;
         }
         // The norm over rows of 203 (the values in four rows), the scale a spread around one.
         let rows = a.reshape(&[4, n / 4])?;
         let w: Vec<f32> = (0..n / 4).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
         let w = Array::from_slice(&w, &[n / 4])?;
         let inv_d = 1.0 / (n / 4) as f32;
-        let got = mlx::host::rms_norm(&rows, &w, 1e-6, inv_d)?.as_dtype(Dtype::F32)?.to_f32_vec()?;
-        let want = reference::rms_norm_f32(&rows, &w, &Array::f32(1e-6), &Array::f32(inv_d))?;
-        let want = want.first().ok_or_else(|| mlx::Error::Invalid("empty reference".into()))?;
-        let want = want.as_dtype(Dtype::F32)?.to_f32_vec()?;
-        differ += got.iter().zip(&want).filter(|(g, w)| !same_bits(**g, **w)).count();
+        let got = mlx::host::rms_norm(&rows, &w, 1e-6, inv_d)?;
+        differ += differing(got, reference::rms_norm_f32(&rows, &w, &Array::f32(1e-6), &Array::f32(inv_d))?)?;
     }
     Ok(differ)
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "mlx-bridge/cxx/bridge.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -231,6 +232,14 @@ int64_t row_stride(const Array& a) {
   return a.strides()[nd - 2];
 }
 
+// `a`'s data as rows of `cols` elements and their stride: in place where row_stride() finds one, else packed
+// into `buf` (stride `cols`).
+std::pair<const void*, int64_t> rows_of(const Array& a, int64_t cols, std::vector<uint8_t>& buf) {
+  const int64_t stride = row_stride(a);
+  if (stride < 0) return {row_major(a, buf), cols};
+  return {a.data<void>(), stride};
+}
+
 // tandem_kernels::elementwise as a primitive: one chain over one or two inputs of one shape.
 class ElementwiseHost : public mx::UnaryPrimitive {
  public:
@@ -248,10 +257,9 @@ class ElementwiseHost : public mx::UnaryPrimitive {
     enc.dispatch([chain = chain_, rows, cols, t = elem(out.dtype()), a = Array::unsafe_weak_copy(in[0]),
                   b = Array::unsafe_weak_copy(in.back()), o = out.data<void>()]() {
       std::vector<uint8_t> ap, bp;
-      int64_t sa = row_stride(a), sb = row_stride(b);
-      const void* ad = sa < 0 ? row_major(a, ap) : a.data<void>();
-      const void* bd = sb < 0 ? row_major(b, bp) : b.data<void>();
-      tandem_kernels::elementwise(chain, t, ad, sa < 0 ? cols : sa, bd, sb < 0 ? cols : sb, o, rows, cols);
+      const auto [ad, sa] = rows_of(a, cols, ap);
+      const auto [bd, sb] = rows_of(b, cols, bp);
+      tandem_kernels::elementwise(chain, t, ad, sa, bd, sb, o, rows, cols);
     });
   }
 
@@ -278,10 +286,9 @@ class RmsNormHost : public mx::UnaryPrimitive {
     enc.dispatch([rows, cols, eps = eps_, inv_d = inv_d_, t = elem(out.dtype()), x = Array::unsafe_weak_copy(in[0]),
                   w = Array::unsafe_weak_copy(in[1]), o = out.data<void>()]() {
       std::vector<uint8_t> xp, wp;
-      const int64_t sx = row_stride(x);
-      const void* xd = sx < 0 ? row_major(x, xp) : x.data<void>();
+      const auto [xd, sx] = rows_of(x, cols, xp);
       const auto* wd = static_cast<const float*>(row_major(w, wp));
-      tandem_kernels::rms_norm(t, xd, sx < 0 ? cols : sx, wd, o, rows, cols, eps, inv_d);
+      tandem_kernels::rms_norm(t, xd, sx, wd, o, rows, cols, eps, inv_d);
     });
   }
 

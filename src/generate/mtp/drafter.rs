@@ -241,17 +241,14 @@ impl Drafter {
 
     /// Whether pending pairs can go straight into the head's cache: the head is here and every pending token is
     /// on the host (none of a cycle built ahead). On CUDA (catch-ups only, see `run_pending`) in passes of at
-    /// most [`cuda_write_chunk`] pairs (one pass of any length built per length there: 0.14-0.24x plain at
+    /// most [`write_chunk`] pairs (one pass of any length built per length there: 0.14-0.24x plain at
     /// oracle 0.0, docs/PERF.md session 26); `TANDEM_HEAD_WRITES=0` keeps CUDA on whole head passes.
     fn can_write(&self, model: &Qwen35) -> bool {
-        model.drafts_here()
-            && self.pending_lazy.is_none()
-            && !self.pending_tokens.is_empty()
-            && (queries_per_varying_pass().is_none() || cuda_write_chunk().is_some())
+        model.drafts_here() && self.pending_lazy.is_none() && !self.pending_tokens.is_empty() && write_chunk().is_some()
     }
 
     /// The first `n` pending pairs written into the head's cache in one pass, on CUDA in passes of at most
-    /// [`cuda_write_chunk`] pairs (`Qwen35::mtp_write_cache`:
+    /// [`write_chunk`] pairs (`Qwen35::mtp_write_cache`:
     /// their keys and values, the bits a whole pass writes, with none of the outputs only a draft reads);
     /// the rest stay pending.
     fn write_pairs(&mut self, model: &Qwen35, n: usize) -> Result<()> {
@@ -268,8 +265,7 @@ impl Drafter {
         }
         let ids: Vec<i32> = self.pending_tokens.drain(..n).map(|t| t as i32).collect();
         let n = n as i32;
-        let chunk = if queries_per_varying_pass().is_some() { cuda_write_chunk() } else { None };
-        let step = chunk.map_or(n, |c| c as i32);
+        let step = write_chunk().map_or(n, |c| c.min(n as usize) as i32);
         for start in (0..n).step_by(step as usize) {
             let end = (start + step).min(n);
             let written = if (start, end) == (0, total) { hidden.clone() } else { hidden.slice_axis(1, start, end)? };
@@ -405,16 +401,18 @@ fn flush_together(model: &Qwen35, drafters: &mut [&mut Drafter]) -> Result<Array
     Ok(out.take_along_axis(&at, 1)?)
 }
 
-/// Pairs per cache-write pass on CUDA: `TANDEM_HEAD_WRITES=N` (0: no writes there, whole head passes as before
-/// session 27), else the short-query length (16). Passes of at most 16 stay within the widths the verify-width
-/// kernels already serve, so a catch-up builds nothing new; the whole passes it replaces ran the head's attention
-/// over 16 queries, whose first use cost 4.2 s at the first catch-up of each process on an H100 (docs/PERF.md,
-/// session 27), and one pass of any length built per length (session 26).
-fn cuda_write_chunk() -> Option<usize> {
-    static CHUNK: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *CHUNK.get_or_init(|| match std::env::var("TANDEM_HEAD_WRITES").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+/// Pairs per pass where pending pairs are written into the head's cache: `usize::MAX` (one pass) where a pass
+/// of any length is cheap (CPU, Metal); on CUDA `TANDEM_HEAD_WRITES=N` (0: None, no writes there, whole head
+/// passes as before session 27), else the short-query length (16). Passes of at most 16 stay within the widths
+/// the verify-width kernels already serve, so a catch-up builds nothing new; the whole passes it replaces ran the
+/// head's attention over 16 queries, whose first use cost 4.2 s at the first catch-up of each process on an H100
+/// (docs/PERF.md, session 27), and one pass of any length built per length (session 26).
+fn write_chunk() -> Option<usize> {
+    static SET: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let Some(short) = queries_per_varying_pass() else { return Some(usize::MAX) };
+    match *SET.get_or_init(|| std::env::var("TANDEM_HEAD_WRITES").ok().and_then(|v| v.trim().parse().ok())) {
         Some(0) => None,
         Some(n) => Some(n),
-        None => queries_per_varying_pass(),
-    })
+        None => Some(short),
+    }
 }
