@@ -290,6 +290,31 @@ if ups:
     print(f"catch-ups {len(ups)}: first {ups[0]:.1f} ms, median {st.median(ups):.1f}, max {max(ups):.1f}, all {sum(ups):.0f} ms")
 else:
     print("no catch-ups traced")
+# Where the adaptive run's time goes (the last run of the bench: its "cycles built ahead" line ends each run):
+# parked steps (the first after a cycle apart: no step ran ahead of it) and cycles, ms from the previous
+# step's return.
+runs = [[]]
+for line in open(sys.argv[1], errors="replace"):
+    line = re.sub(r"\x1b\[[0-9;]*m", "", line)
+    if "mtp: cycles built ahead" in line:
+        runs.append([])
+    else:
+        runs[-1].append(line)
+parked, after_cycle, cycles, prev = [], [], [], None
+for line in (runs[-2] if len(runs) > 1 else []):
+    m = re.search(r" ms=([\d.]+)", line)
+    if not m:
+        continue
+    if "mtp: parked step" in line:
+        (after_cycle if prev == "cycle" else parked).append(float(m.group(1)))
+        prev = "parked"
+    elif "mtp: cycle" in line:
+        cycles.append(float(m.group(1)))
+        prev = "cycle"
+if parked:
+    print(f"parked steps {len(parked)}: mean {st.mean(parked):.3f} ms, median {st.median(parked):.3f}, sum {sum(parked):.0f}; "
+          f"first after a cycle {len(after_cycle)}: mean {st.mean(after_cycle or [0]):.3f}; "
+          f"cycles {len(cycles)}: mean {st.mean(cycles or [0]):.3f}, sum {sum(cycles):.0f} ms")
 PY
       done
     done

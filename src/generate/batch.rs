@@ -154,7 +154,7 @@ fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
         let h = hidden.slice_axis(0, i as i32, i as i32 + 1)?;
         let new = match &mut seq.decoder {
             Decoder::Plain(p) => p.after_step(h, next),
-            Decoder::Mtp(m) => m.after_plain(h, next, since[i], &mut seq.stats),
+            Decoder::Mtp(m) => m.after_plain(h, next, since[i], &mut seq.stats)?,
         };
         seq.produced(new);
     }

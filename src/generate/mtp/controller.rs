@@ -7,6 +7,12 @@
 //! accepted), each estimated from recent cycles that drafted position j. Its cost: the measured
 //! mean at depth k, or, for a depth not measured lately, a line through the measured depths (one
 //! measured depth and the plain step when only one is known).
+//!
+//! A probe after a park can be a shadow one ([`Controller::with_shadow_probes`]): the head drafts
+//! beside a plain step and its drafts are checked against the tokens plain decoding goes on to
+//! produce, so a probe that loses costs a few head passes, not a losing cycle and the unpipelined
+//! steps around it. Drafting resumes when those drafts, priced at the cycle costs measured before
+//! the park, would win.
 
 use std::collections::VecDeque;
 
@@ -35,6 +41,8 @@ pub struct Controller {
     /// The next parking's length: doubles each time a probe loses again, so a model whose drafts do
     /// not pay spends ever less time probing; back to `PARK` once drafting wins.
     next_park: usize,
+    /// Whether probes after a lost park may be shadow probes (the decoder can draft beside a plain step).
+    shadows: bool,
     pub reason: Option<String>,
 }
 
@@ -45,12 +53,15 @@ struct Costs {
     cycles: Vec<Window>,
     /// Drafting lost at this size when last judged (parked there).
     lost: bool,
+    /// Per depth, the mean cycle measured before the last park (which clears `cycles`): what a shadow
+    /// probe prices its drafts at.
+    before_park: Vec<Option<f64>>,
 }
 
 impl Costs {
     fn new(max_depth: usize) -> Costs {
         let cycles = (0..max_depth).map(|_| Window::new(Controller::WINDOW)).collect();
-        Costs { plain: Window::new(16), cycles, lost: false }
+        Costs { plain: Window::new(16), cycles, lost: false, before_park: vec![None; max_depth] }
     }
 }
 
@@ -120,8 +131,15 @@ impl Controller {
             cycles_at_depth: 0,
             accepted_at_depth: 0,
             next_park: Self::PARK,
+            shadows: false,
             reason: None,
         }
+    }
+
+    /// Lets probes after a lost park be shadow probes ([`Controller::shadow_due`]).
+    pub fn with_shadow_probes(mut self, on: bool) -> Controller {
+        self.shadows = on;
+        self
     }
 
     pub fn parked(&self) -> bool {
@@ -133,9 +151,63 @@ impl Controller {
         self.depth
     }
 
-    /// Whether the step after the plain step now running is plain too (drafting still parked).
+    /// Whether the step after the plain step now running is plain too (drafting still parked, or
+    /// the probe that ends the park will be a shadow one).
     pub fn parked_after_this_step(&self) -> bool {
-        self.parked_left > 1
+        self.parked_left > 1 || (self.parked_left == 1 && self.shadow_possible())
+    }
+
+    /// Whether the probe that ends this park can be a shadow one: drafting lost here and the cycles
+    /// it was judged on are remembered, to price the drafts at.
+    fn shadow_possible(&self) -> bool {
+        self.adaptive && self.shadows && self.now().lost && self.now().before_park.iter().any(Option::is_some)
+    }
+
+    /// After a plain step: the depth of a shadow probe to draft now, where the park just ended and
+    /// the probe can be a shadow one. Drafting stays parked until [`Controller::after_shadow`] has
+    /// the drafts' verdict (after the next `k` tokens).
+    pub fn shadow_due(&mut self) -> Option<usize> {
+        if self.parked_left > 0 || !self.shadow_possible() {
+            return None;
+        }
+        self.parked_left = self.max_depth + 1;
+        Some(self.max_depth)
+    }
+
+    /// A shadow probe's verdict: of its `drafted` drafts, the first `accepted` were the tokens plain
+    /// decoding produced. Drafting resumes (the verdict joins the acceptance cycles measure) where those drafts,
+    /// at the cycle costs measured before the park, would not lose to plain decoding by more than the
+    /// margin (cycles then measure their costs again: one unlucky window must not keep drafting parked);
+    /// otherwise it parks again, twice as long.
+    pub fn after_shadow(&mut self, drafted: usize, accepted: usize) {
+        let drafted = drafted.min(self.max_depth);
+        let Some(plain) = self.now().plain.ms_per_token() else {
+            self.parked_left = 0;
+            return;
+        };
+        let tokens = |k: usize| 1.0 + accepted.min(k) as f64;
+        let best = (1..=drafted)
+            .filter_map(|k| {
+                let ms = line_through(&self.now().before_park, k, plain)?;
+                Some((k, ms / tokens(k)))
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        match best {
+            // Not clearly losing at the old costs (the park's own rule): real cycles measure again.
+            Some((_, ms)) if ms <= plain * (1.0 + Self::MARGIN) => {
+                self.record_reached(drafted, accepted);
+                self.parked_left = 0;
+                self.cycles_since_probe = 0;
+                // Judged lost no longer: cycles judge drafting again, from the depth they ran at (and no
+                // shadow follows a resume).
+                self.now_mut().lost = false;
+                self.restart_judging();
+            }
+            _ => {
+                self.parked_left = self.next_park;
+                self.next_park = (self.next_park * 2).min(Self::MAX_PARK);
+            }
+        }
     }
 
     /// The batch size the following steps run in. At a size whose plain step is unknown, plain
@@ -191,12 +263,7 @@ impl Controller {
         if (1..=self.max_depth).contains(&drafted) {
             self.now_mut().cycles[drafted - 1].push(ms, accepted + 1);
         }
-        for (j, seen) in self.reached.iter_mut().enumerate().take(drafted) {
-            if seen.len() == Self::ACCEPT_WINDOW {
-                seen.pop_front();
-            }
-            seen.push_back(j < accepted);
-        }
+        self.record_reached(drafted, accepted);
         self.cycles_since_probe += 1;
         self.cycles_at_depth += 1;
         self.accepted_at_depth += accepted;
@@ -219,6 +286,17 @@ impl Controller {
             self.parked_left = Self::PROBE;
             self.cycles_since_probe = 0;
             self.set_depth(self.max_depth);
+        }
+    }
+
+    /// Whether each of the first `drafted` draft positions was reached (its draft and those before it
+    /// accepted).
+    fn record_reached(&mut self, drafted: usize, accepted: usize) {
+        for (j, seen) in self.reached.iter_mut().enumerate().take(drafted) {
+            if seen.len() == Self::ACCEPT_WINDOW {
+                seen.pop_front();
+            }
+            seen.push_back(j < accepted);
         }
     }
 
@@ -251,7 +329,9 @@ impl Controller {
             self.next_park = (self.next_park * 2).min(Self::MAX_PARK);
             self.now_mut().lost = true;
             self.cycles_since_probe = 0;
-            for w in &mut self.now_mut().cycles {
+            let costs = self.now_mut();
+            costs.before_park = costs.cycles.iter().map(Window::ms_per_item).collect();
+            for w in &mut costs.cycles {
                 w.items.clear();
             }
             self.restart_judging();
@@ -288,26 +368,31 @@ impl Controller {
 
     /// The cost of a cycle at depth `k`: measured, or on a line through the measured depths.
     fn cycle_ms(&self, k: usize, plain: f64) -> Option<f64> {
-        let cycles = &self.now().cycles;
-        if let Some(ms) = cycles[k - 1].ms_per_item() {
-            return Some(ms);
-        }
-        let known: Vec<(f64, f64)> =
-            (1..=self.max_depth).filter_map(|d| cycles[d - 1].ms_per_item().map(|ms| (d as f64, ms))).collect();
-        let x = k as f64;
-        match known.as_slice() {
-            [] => return None,
-            // One depth measured: a line from the plain step (depth 0) through it.
-            [(d, ms)] => return Some(plain + (ms - plain) * x / d),
-            _ => {}
-        }
-        let n = known.len() as f64;
-        let (mx, my) = (known.iter().map(|p| p.0).sum::<f64>() / n, known.iter().map(|p| p.1).sum::<f64>() / n);
-        let sxx: f64 = known.iter().map(|p| (p.0 - mx).powi(2)).sum();
-        let sxy: f64 = known.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-        let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
-        Some(my + slope * (x - mx))
+        let measured: Vec<Option<f64>> = self.now().cycles.iter().map(Window::ms_per_item).collect();
+        line_through(&measured, k, plain)
     }
+}
+
+/// A cycle's cost at depth `k` from the costs measured per depth (index d - 1): the measured one, or on a
+/// line through the measured depths (from the plain step, depth 0, when only one is measured).
+fn line_through(measured: &[Option<f64>], k: usize, plain: f64) -> Option<f64> {
+    if let Some(ms) = measured.get(k - 1).copied().flatten() {
+        return Some(ms);
+    }
+    let known: Vec<(f64, f64)> =
+        measured.iter().enumerate().filter_map(|(d, ms)| ms.map(|ms| ((d + 1) as f64, ms))).collect();
+    let x = k as f64;
+    match known.as_slice() {
+        [] => return None,
+        [(d, ms)] => return Some(plain + (ms - plain) * x / d),
+        _ => {}
+    }
+    let n = known.len() as f64;
+    let (mx, my) = (known.iter().map(|p| p.0).sum::<f64>() / n, known.iter().map(|p| p.1).sum::<f64>() / n);
+    let sxx: f64 = known.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = known.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+    Some(my + slope * (x - mx))
 }
 
 #[cfg(test)]

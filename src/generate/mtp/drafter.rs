@@ -159,7 +159,21 @@ impl Drafter {
             self.catch_up_ms = 0.0;
             return Ok(model.share_drafts(&Array::zeros(&[k as i32], mlx::Dtype::U32)?)?);
         }
-        let mut hm = self.flush_timed(model, depth)?;
+        let hm = self.flush_timed(model, depth)?;
+        Ok(model.share_drafts(&self.chain(model, hm, k)?)?)
+    }
+
+    /// [`Drafter::draft`] beside plain decoding (a shadow probe, whose drafts only judge drafting): the same
+    /// passes, its catch-up untimed, so nothing waits for the device. Only where the head is here.
+    pub fn draft_shadow(&mut self, model: &Qwen35, k: usize, depth: usize) -> Result<Array> {
+        self.catch_up_ms = 0.0;
+        let hm = self.catch_up(model, self.catching_up(depth))?;
+        self.chain(model, hm, k)
+    }
+
+    /// `k` drafts chained through the head from its output `hm` `[1, 1, D]` at the last pair, `[k]`; the
+    /// chained entries leave its cache.
+    fn chain(&mut self, model: &Qwen35, mut hm: Array, k: usize) -> Result<Array> {
         let mut drafts: Vec<Array> = Vec::with_capacity(k);
         for j in 0..k {
             let d = model.logits(&hm)?.argmax(-1, false)?; // [1, 1]
@@ -172,7 +186,7 @@ impl Drafter {
         let all = concatenate(&refs, 1)?.reshape(&[-1])?;
         // The k-1 chained entries were speculative.
         self.cache.trim(k as i32 - 1)?;
-        Ok(model.share_drafts(&all)?)
+        Ok(all)
     }
 
     /// Drafts `k` tokens for each of several sequences at once (`depths[i]`: drafter i's configured
@@ -226,10 +240,7 @@ impl Drafter {
     fn flush_timed(&mut self, model: &Qwen35, depth: usize) -> Result<Array> {
         let catching_up = self.catching_up(depth);
         let t = Instant::now();
-        if catching_up && self.can_write(model) {
-            self.write_pairs(model, self.pending_tokens.len() - 1)?;
-        }
-        let hm = self.flush(model)?;
+        let hm = self.catch_up(model, catching_up)?;
         self.catch_up_ms = if catching_up {
             hm.eval()?;
             (Instant::now() - t).as_secs_f64() * 1e3
@@ -237,6 +248,15 @@ impl Drafter {
             0.0
         };
         Ok(hm)
+    }
+
+    /// The pending pairs through the head; returns its output at the last one. Catching up, every pair but
+    /// the last only fills the head's cache where it can ([`Drafter::write_pairs`]).
+    fn catch_up(&mut self, model: &Qwen35, catching_up: bool) -> Result<Array> {
+        if catching_up && self.can_write(model) {
+            self.write_pairs(model, self.pending_tokens.len() - 1)?;
+        }
+        self.flush(model)
     }
 
     /// Whether pending pairs can go straight into the head's cache: the head is here and every pending token is

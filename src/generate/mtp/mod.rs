@@ -54,6 +54,18 @@ pub struct MtpDecoder<'m> {
     /// Whether cycles are built ahead, and how many were built and kept.
     choice: AheadChoice,
     ahead_counts: (usize, usize),
+    /// A shadow probe's drafts, checked against the tokens the plain steps after it produce.
+    shadow: Option<Shadow>,
+}
+
+/// A shadow probe ([`Controller::shadow_due`]): drafts made beside a plain step, never verified; the
+/// tokens plain decoding goes on to produce say how many of them a cycle would have kept.
+struct Shadow {
+    /// `[k]`, on the device: read once `k` tokens have come, when they are long computed (read at the
+    /// first token, the host would wait for the device to finish them: a bubble in the pipelined steps).
+    drafts: Array,
+    /// The tokens plain decoding produced since.
+    tokens: Vec<u32>,
 }
 
 /// A cycle built before the one before it was decided, on the guess that every draft of that one is
@@ -118,7 +130,8 @@ impl<'m> MtpDecoder<'m> {
             drafter,
             opts: opts.clone(),
             last: first,
-            ctl: Controller::new(opts.adaptive, opts.depth),
+            ctl: Controller::new(opts.adaptive, opts.depth)
+                .with_shadow_probes(model.drafts_here() && !model.splits_drafting()),
             emitted: 1,
             oracle: None,
             steps: Pipeline::default(),
@@ -127,6 +140,7 @@ impl<'m> MtpDecoder<'m> {
             ahead: None,
             choice: AheadChoice::new(opts.cycle_ahead),
             ahead_counts: (0, 0),
+            shadow: None,
         }
     }
 
@@ -175,7 +189,7 @@ impl<'m> MtpDecoder<'m> {
             let next_is_plain = self.ctl.parked_after_this_step() || remaining <= 2;
             let ahead = run_ahead && remaining > 1 && next_is_plain;
             let (hidden, next) = self.steps.step(self.model, &mut self.cache, sampler, history, self.last, ahead)?;
-            return Ok(self.after_plain(hidden, next, since, stats));
+            return self.after_plain(hidden, next, since, stats);
         };
         let (drafted, built, t1) = match ahead.filter(|a| a.k == k) {
             Some(a) => {
@@ -295,7 +309,14 @@ impl<'m> MtpDecoder<'m> {
     }
 
     /// The bookkeeping after a plain step that fed `last`: `hidden` at it, `next` sampled after it.
-    pub(crate) fn after_plain(&mut self, hidden: Array, next: u32, since: Instant, stats: &mut Stats) -> Vec<u32> {
+    /// Where a park ends in a shadow probe, its drafts are built and started here.
+    pub(crate) fn after_plain(
+        &mut self,
+        hidden: Array,
+        next: u32,
+        since: Instant,
+        stats: &mut Stats,
+    ) -> Result<Vec<u32>> {
         stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth)).parked_cycles += 1;
         // The head catches up on this position when drafting resumes.
         self.drafter.queue([hidden], &[next]);
@@ -305,7 +326,31 @@ impl<'m> MtpDecoder<'m> {
         tracing::trace!(ms = ms(since, now), "mtp: parked step");
         self.ctl.after_plain(ms(since, now));
         self.returned = Some(now);
-        vec![next]
+        self.check_shadow(next)?;
+        if let Some(k) = self.ctl.shadow_due() {
+            let head = self.drafter.draft_shadow(self.model, k, self.opts.depth)?;
+            let drafted = self.drafted(head, k)?;
+            launch::start(&[&drafted.drafts, &drafted.head])?;
+            self.shadow = Some(Shadow { drafts: drafted.drafts, tokens: Vec::with_capacity(k) });
+        }
+        Ok(vec![next])
+    }
+
+    /// Adds `next`, a token plain decoding produced, to the pending shadow probe's; once there are as many
+    /// as its drafts, the controller has its verdict: how many leading drafts were those tokens.
+    fn check_shadow(&mut self, next: u32) -> Result<()> {
+        let Some(s) = self.shadow.as_mut() else { return Ok(()) };
+        s.tokens.push(next);
+        let k = s.drafts.dim(0).max(0) as usize;
+        if s.tokens.len() < k {
+            return Ok(());
+        }
+        let drafts = s.drafts.to_vec::<u32>()?;
+        let accepted = drafts.iter().zip(&s.tokens).take_while(|(d, t)| d == t).count();
+        self.shadow = None;
+        tracing::trace!(k, accepted, "mtp: shadow probe");
+        self.ctl.after_shadow(k, accepted);
+        Ok(())
     }
 
     /// The head's `k` drafts (on the device), or the oracle's in their place.
@@ -339,6 +384,7 @@ impl<'m> MtpDecoder<'m> {
         let now = Instant::now();
         let cycle_ms = ms(since, now);
         self.returned = Some(now);
+        self.shadow = None; // its drafts no longer line up with the tokens
         let mut out = drafts[..a].to_vec();
         out.push(v.next);
         self.drafter.queue(v.hidden, &out);
