@@ -311,6 +311,11 @@ for line in (runs[-2] if len(runs) > 1 else []):
     elif "mtp: cycle" in line:
         cycles.append(float(m.group(1)))
         prev = "cycle"
+shadows = [dict(re.findall(r"(pending|ops|ms)=([\d.]+)", l)) for l in (runs[-2] if len(runs) > 1 else [])
+           if "shadow drafts started" in l]
+if shadows:
+    print("shadow probes (pairs pending, operations, host ms): "
+          + ", ".join(f"{s.get('pending')}/{s.get('ops')}/{float(s.get('ms', 0)):.1f}" for s in shadows))
 if parked:
     print(f"parked steps {len(parked)}: mean {st.mean(parked):.3f} ms, median {st.median(parked):.3f}, sum {sum(parked):.0f}; "
           f"first after a cycle {len(after_cycle)}: mean {st.mean(after_cycle or [0]):.3f}; "

@@ -328,9 +328,13 @@ impl<'m> MtpDecoder<'m> {
         self.returned = Some(now);
         self.check_shadow(next)?;
         if let Some(k) = self.ctl.shadow_due() {
+            let (t, pending) = (Instant::now(), self.drafter.pending());
             let head = self.drafter.draft_shadow(self.model, k, self.opts.depth)?;
             let drafted = self.drafted(head, k)?;
+            let ops = tracing::enabled!(tracing::Level::TRACE).then(|| mlx::compile::graph_ops(&[&drafted.head]));
             launch::start(&[&drafted.drafts, &drafted.head])?;
+            // Traced: what the probe's catch-up and drafts cost the host (building and launching them).
+            tracing::trace!(pending, ops, ms = ms(t, Instant::now()), "mtp: shadow drafts started");
             self.shadow = Some(Shadow { drafts: drafted.drafts, tokens: Vec::with_capacity(k) });
         }
         Ok(vec![next])
