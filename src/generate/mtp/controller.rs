@@ -43,6 +43,8 @@ pub struct Controller {
     next_park: usize,
     /// Whether probes after a lost park may be shadow probes (the decoder can draft beside a plain step).
     shadows: bool,
+    /// The latest step was a cycle.
+    after_cycle: bool,
     pub reason: Option<String>,
 }
 
@@ -132,6 +134,7 @@ impl Controller {
             accepted_at_depth: 0,
             next_park: Self::PARK,
             shadows: false,
+            after_cycle: false,
             reason: None,
         }
     }
@@ -253,13 +256,21 @@ impl Controller {
         &mut self.costs[self.batch - 1]
     }
 
+    /// After a plain step that took `ms`. The first after a cycle does not price plain decoding: it pays
+    /// for the cycle's rollback (whose state arrays are evaluated with the next forward) and, alone, for
+    /// the pipeline's restart (1.8x a pipelined step on an H100, 2.2x on the 2-core CPU: docs/PERF.md,
+    /// session 28). Where drafting never parks, the re-probes' steps are all the window gets, and with
+    /// that step among them drafting that loses could run on for good.
     pub fn after_plain(&mut self, ms: f64) {
-        self.now_mut().plain.push(ms, 1);
+        if !std::mem::take(&mut self.after_cycle) {
+            self.now_mut().plain.push(ms, 1);
+        }
         self.parked_left = self.parked_left.saturating_sub(1);
     }
 
     /// Records a cycle that drafted `drafted` tokens, accepted `accepted` of them and took `ms`.
     pub fn after_spec(&mut self, ms: f64, drafted: usize, accepted: usize) {
+        self.after_cycle = true;
         if (1..=self.max_depth).contains(&drafted) {
             self.now_mut().cycles[drafted - 1].push(ms, accepted + 1);
         }
