@@ -468,3 +468,33 @@ fn head_cache_writes_match_a_whole_pass() {
         );
     }
 }
+
+/// CUDA's shape of a catch-up: pairs written in passes of at most 16 (`write_chunk` there) against whole head
+/// passes of at most 16 queries (as catch-ups ran before session 27). Both stay within the widths the
+/// verify-width kernels serve on CUDA, so there too the cache must hold the same bits; on the CPU this is the
+/// chunked form of the test above.
+#[test]
+fn head_cache_writes_in_16_pair_passes_match_16_query_passes() {
+    use tandem::generate::prefill;
+    for dtype in [mlx::Dtype::F32, mlx::Dtype::BF16] {
+        let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(dtype), ..Default::default() }).unwrap();
+        let prompt: Vec<u32> = (0..41).map(|i| 40 + (i * 53) % 300).collect();
+        let mut cache = m.make_cache();
+        let hidden = prefill(&m, &prompt, &mut cache, 512).unwrap();
+        let n = prompt.len() as i32 - 1;
+        let ids: Vec<i32> = prompt[1..].iter().map(|&t| t as i32).collect();
+        let x = Array::from_slice(&ids, &[1, n]).unwrap();
+        let (mut whole, mut written) = (m.make_mtp_cache().unwrap(), m.make_mtp_cache().unwrap());
+        for start in (0..n).step_by(16) {
+            let end = (start + 16).min(n);
+            let (h, t) = (hidden.slice_axis(1, start, end).unwrap(), x.slice_axis(1, start, end).unwrap());
+            m.mtp_forward(&h, &t, &mut whole).unwrap();
+            m.mtp_write_cache(&h, &t, &mut written).unwrap();
+        }
+        assert_eq!((written.offset, whole.offset), (n, n), "{dtype:?}");
+        let (k1, v1) = whole.contents().unwrap().unwrap();
+        let (k2, v2) = written.contents().unwrap().unwrap();
+        assert!(k1.to_bytes().unwrap() == k2.to_bytes().unwrap(), "{dtype:?}: 16-pair writes' keys differ");
+        assert!(v1.to_bytes().unwrap() == v2.to_bytes().unwrap(), "{dtype:?}: 16-pair writes' values differ");
+    }
+}
