@@ -17,7 +17,7 @@ use mlx::{Array, Dtype};
 
 use super::decoder::Decoder;
 use super::error::Result;
-use super::mtp::{decide, draft_batch, draw_ahead, ms, verify_input, Drafted, MtpDecoder, Verified};
+use super::mtp::{decide, draft_batch, draw_ahead, ms, start_shadows, verify_input, Drafted, MtpDecoder, Verified};
 use super::sequence::Sequence;
 use crate::cache::{LayerCache, Verify};
 use crate::model::launch;
@@ -150,13 +150,35 @@ fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
     } else {
         drawn.iter().map(|t| t.item::<u32>()).collect::<mlx::Result<_>>()?
     };
+    // Parks that end at this step end in shadow probes, started together by depth.
+    let mut shadows: Vec<(usize, usize)> = Vec::new();
     for (i, (seq, &next)) in group.iter_mut().zip(&tokens).enumerate() {
         let h = hidden.slice_axis(0, i as i32, i as i32 + 1)?;
         let new = match &mut seq.decoder {
             Decoder::Plain(p) => p.after_step(h, next),
-            Decoder::Mtp(m) => m.after_plain(h, next, since[i], &mut seq.stats)?,
+            Decoder::Mtp(m) => {
+                let new = m.after_plain_step(h, next, since[i], &mut seq.stats)?;
+                shadows.extend(m.shadow_due().map(|k| (i, k)));
+                new
+            }
         };
         seq.produced(new);
+    }
+    let mut depths: Vec<usize> = shadows.iter().map(|&(_, k)| k).collect();
+    depths.sort_unstable();
+    depths.dedup();
+    for k in depths {
+        let due: Vec<usize> = shadows.iter().filter(|s| s.1 == k).map(|s| s.0).collect();
+        let mut decoders: Vec<&mut MtpDecoder<'_>> = group
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| due.contains(i))
+            .filter_map(|(_, seq)| match &mut seq.decoder {
+                Decoder::Mtp(m) => Some(&mut **m),
+                Decoder::Plain(_) => None,
+            })
+            .collect();
+        start_shadows(&mut decoders, k)?;
     }
     Ok(())
 }

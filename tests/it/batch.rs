@@ -307,6 +307,73 @@ fn seeded_sampling_in_a_batch_draws_what_it_draws_alone() {
     }
 }
 
+/// Adaptive sequences whose drafts never land, decoded together: they park together after the first
+/// judgement, and every probe after that is a shadow one, started for both at once (their heads' drafts as
+/// one group's); no cycle runs after the first two, and each gives plain decoding's tokens.
+#[test]
+fn parked_sequences_in_a_batch_probe_by_shadow_drafts_together() {
+    let m = tiny();
+    let prompts = vec![probe_tokens(20, 0), probe_tokens(33, 90)];
+    let n = 150;
+    let plain: Vec<Output> = prompts.iter().map(|p| alone(&m, p, &opts(n, false))).collect();
+    let o: Vec<GenerateOptions> = plain
+        .iter()
+        .map(|out| {
+            let oracle = Some(tandem::generate::Oracle { continuation: out.tokens.clone(), acceptance: 0.0, seed: 2 });
+            let mut o = GenerateOptions { oracle, ..opts(n, true) };
+            o.mtp.adaptive = true;
+            o
+        })
+        .collect();
+    let outs = batched(&m, &prompts, &o, &[0, 0], &[None; 2]);
+    for (i, (out, single)) in outs.iter().zip(&plain).enumerate() {
+        same(out, single, &format!("sequence {i}"));
+        let s = out.stats.spec.as_ref().expect("spec stats");
+        assert_eq!(s.accepted_hist[0], 2, "sequence {i}: cycles after the first judgement: {s:?}");
+        assert!(s.parked_cycles > 100, "sequence {i}: {s:?}");
+    }
+}
+
+/// The drafts of shadow probes started together (each head's catch-up written into its cache, then one head
+/// pass a draft step for the group) are those each head makes alone after its own catch-up, and the group's
+/// drafting graph is smaller than the heads' one by one.
+#[test]
+fn shadow_drafts_of_a_group_are_each_heads_own() {
+    use tandem::generate::mtp::drafter::Drafter;
+    use tandem::generate::prefill;
+    let m = tiny();
+    let k = 3;
+    let drafters: Vec<Drafter> = [probe_tokens(20, 0), probe_tokens(33, 90), probe_tokens(9, 200)]
+        .iter()
+        .map(|prompt| {
+            let mut cache = m.make_cache();
+            let hidden = prefill(&m, prompt, &mut cache, 512).unwrap();
+            Drafter::new(&m, &hidden, prompt, 7)
+        })
+        .collect();
+    let mut alone_ops = 0;
+    let alone: Vec<Vec<u32>> = drafters
+        .iter()
+        .map(|d| {
+            let mut d = d.clone();
+            d.write_catch_up(&m).unwrap();
+            let drafts = d.draft(&m, k, k).unwrap();
+            alone_ops += mlx::compile::graph_ops(&[&drafts]);
+            drafts.to_vec::<u32>().unwrap()
+        })
+        .collect();
+    let mut group = drafters.clone();
+    for d in group.iter_mut() {
+        d.write_catch_up(&m).unwrap();
+        assert_eq!(d.pending(), 1, "the catch-up leaves the last pair for the draft");
+    }
+    let drafts = Drafter::draft_batch(&m, &mut group.iter_mut().collect::<Vec<_>>(), k, &[k; 3]).unwrap();
+    let group_ops = mlx::compile::graph_ops(&drafts.iter().collect::<Vec<_>>());
+    let together: Vec<Vec<u32>> = drafts.iter().map(|d| d.to_vec::<u32>().unwrap()).collect();
+    assert_eq!(together, alone, "the group's shadow drafts against each head's own");
+    assert!(group_ops < alone_ops, "the group's drafts: {group_ops} operations, one by one {alone_ops}");
+}
+
 /// Sequences started alone, each then stepped alone `cycles[i]` times: their positions differ, and
 /// so do the pairs their heads have still to run (a fresh one holds its whole prompt's).
 fn stepped<'m>(m: &'m Qwen35, prompts: &[Vec<u32>], o: &[GenerateOptions], cycles: &[usize]) -> Vec<Sequence<'m>> {

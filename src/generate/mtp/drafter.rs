@@ -163,12 +163,14 @@ impl Drafter {
         Ok(model.share_drafts(&self.chain(model, hm, k)?)?)
     }
 
-    /// [`Drafter::draft`] beside plain decoding (a shadow probe, whose drafts only judge drafting): the same
-    /// passes, its catch-up untimed, so nothing waits for the device. Only where the head is here.
-    pub fn draft_shadow(&mut self, model: &Qwen35, k: usize, depth: usize) -> Result<Array> {
-        self.catch_up_ms = 0.0;
-        let hm = self.catch_up(model, self.catching_up(depth))?;
-        self.chain(model, hm, k)
+    /// Every pending pair but the last written into the head's cache, where they can be ([`Drafter::write_pairs`]):
+    /// a shadow probe's catch-up, untimed, so nothing waits for the device and the draft that follows has one
+    /// pair to run (a group's then run together).
+    pub fn write_catch_up(&mut self, model: &Qwen35) -> Result<()> {
+        match self.pending_tokens.len() {
+            n @ 2.. if self.can_write(model) => self.write_pairs(model, n - 1),
+            _ => Ok(()),
+        }
     }
 
     /// `k` drafts chained through the head from its output `hm` `[1, 1, D]` at the last pair, `[k]`; the

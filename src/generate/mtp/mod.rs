@@ -310,7 +310,17 @@ impl<'m> MtpDecoder<'m> {
 
     /// The bookkeeping after a plain step that fed `last`: `hidden` at it, `next` sampled after it.
     /// Where a park ends in a shadow probe, its drafts are built and started here.
-    pub(crate) fn after_plain(
+    fn after_plain(&mut self, hidden: Array, next: u32, since: Instant, stats: &mut Stats) -> Result<Vec<u32>> {
+        let new = self.after_plain_step(hidden, next, since, stats)?;
+        if let Some(k) = self.shadow_due() {
+            start_shadows(&mut [self], k)?;
+        }
+        Ok(new)
+    }
+
+    /// [`MtpDecoder::after_plain`] but for the shadow probe, which a batch starts for all its sequences
+    /// whose park ends at this step ([`MtpDecoder::shadow_due`], [`start_shadows`]).
+    pub(crate) fn after_plain_step(
         &mut self,
         hidden: Array,
         next: u32,
@@ -327,17 +337,13 @@ impl<'m> MtpDecoder<'m> {
         self.ctl.after_plain(ms(since, now));
         self.returned = Some(now);
         self.check_shadow(next)?;
-        if let Some(k) = self.ctl.shadow_due() {
-            let (t, pending) = (Instant::now(), self.drafter.pending());
-            let head = self.drafter.draft_shadow(self.model, k, self.opts.depth)?;
-            let drafted = self.drafted(head, k)?;
-            let ops = tracing::enabled!(tracing::Level::TRACE).then(|| mlx::compile::graph_ops(&[&drafted.head]));
-            launch::start(&[&drafted.drafts, &drafted.head])?;
-            // Traced: what the probe's catch-up and drafts cost the host (building and launching them).
-            tracing::trace!(pending, ops, ms = ms(t, Instant::now()), "mtp: shadow drafts started");
-            self.shadow = Some(Shadow { drafts: drafted.drafts, tokens: Vec::with_capacity(k) });
-        }
         Ok(vec![next])
+    }
+
+    /// The depth of a shadow probe to start now (the park just ended), after a plain step's bookkeeping:
+    /// the caller starts it ([`start_shadows`]).
+    pub(crate) fn shadow_due(&mut self) -> Option<usize> {
+        self.ctl.shadow_due()
     }
 
     /// Adds `next`, a token plain decoding produced, to the pending shadow probe's; once there are as many
@@ -483,6 +489,33 @@ pub(crate) fn draft_batch(decoders: &mut [&mut MtpDecoder<'_>], k: usize) -> Res
         Drafter::draft_batch(model, &mut drafters, k, &depths)?
     };
     decoders.iter_mut().zip(heads).map(|(d, head)| d.drafted(head, k)).collect()
+}
+
+/// Shadow probes of depth `k` for `decoders` whose parks end at this step: each catches its head up alone
+/// (cache writes), then their drafts run together as a group's do ([`Drafter::draft_batch`]: one head pass a
+/// draft step for all, where several streams parked together would each have run their own). Built and
+/// started, read once `k` tokens have come ([`MtpDecoder::check_shadow`]).
+pub(crate) fn start_shadows(decoders: &mut [&mut MtpDecoder<'_>], k: usize) -> Result<()> {
+    let Some(model) = decoders.first().map(|d| d.model) else { return Ok(()) };
+    let (t, pending) = (Instant::now(), decoders.iter().map(|d| d.drafter.pending()).max().unwrap_or(0));
+    for d in decoders.iter_mut() {
+        d.drafter.write_catch_up(model)?;
+    }
+    let depths: Vec<usize> = decoders.iter().map(|d| d.opts.depth).collect();
+    let heads = {
+        let mut drafters: Vec<&mut Drafter> = decoders.iter_mut().map(|d| &mut d.drafter).collect();
+        Drafter::draft_batch(model, &mut drafters, k, &depths)?
+    };
+    let drafted = decoders.iter().zip(heads).map(|(d, head)| d.drafted(head, k)).collect::<Result<Vec<_>>>()?;
+    let started: Vec<&Array> = drafted.iter().flat_map(|d| [&d.drafts, &d.head]).collect();
+    let ops = tracing::enabled!(tracing::Level::TRACE).then(|| mlx::compile::graph_ops(&started));
+    launch::start(&started)?;
+    // Traced: what the probes' catch-ups and drafts cost the host (building and launching them).
+    tracing::trace!(streams = decoders.len(), pending, ops, ms = ms(t, Instant::now()), "mtp: shadow drafts started");
+    for (d, drafted) in decoders.iter_mut().zip(drafted) {
+        d.shadow = Some(Shadow { drafts: drafted.drafts, tokens: Vec::with_capacity(k) });
+    }
+    Ok(())
 }
 
 /// Builds and starts a verify forward over `last` (`[1]`, on the device or not) and the drafts on
