@@ -309,7 +309,7 @@ fn seeded_sampling_in_a_batch_draws_what_it_draws_alone() {
 
 /// Adaptive sequences whose drafts never land, decoded together: they park together after the first
 /// judgement, and every probe after that is a shadow one, started for both at once (their heads' drafts as
-/// one group's); no cycle runs after the first two, and each gives plain decoding's tokens.
+/// one group's); no losing cycle runs after the first judgement, and each gives plain decoding's tokens.
 #[test]
 fn parked_sequences_in_a_batch_probe_by_shadow_drafts_together() {
     let m = tiny();
@@ -329,7 +329,9 @@ fn parked_sequences_in_a_batch_probe_by_shadow_drafts_together() {
     for (i, (out, single)) in outs.iter().zip(&plain).enumerate() {
         same(out, single, &format!("sequence {i}"));
         let s = out.stats.spec.as_ref().expect("spec stats");
-        assert_eq!(s.accepted_hist[0], 2, "sequence {i}: cycles after the first judgement: {s:?}");
+        // Two cycles before the first park (a third where a loaded machine's timings delay that judgement);
+        // probing by cycles would add one per park (16, 32, 64 steps): five.
+        assert!(s.accepted_hist[0] <= 3, "sequence {i}: losing cycles: {s:?}");
         assert!(s.parked_cycles > 100, "sequence {i}: {s:?}");
     }
 }

@@ -366,27 +366,29 @@ fn cycles_built_ahead_give_the_tokens_and_acceptance_of_cycles_built_after() {
 /// The adaptive controller probes a park with shadow drafts (the head drafting beside a plain step, its
 /// drafts checked against the tokens plain decoding produces), not with a verify cycle: where drafts stop
 /// landing, no cycle runs after the first park; where they land again, drafting resumes and pays. Oracle
-/// drafts make both happen on tandem-tiny: wrong for the first 40 positions, right after. The tokens stay
+/// drafts make both happen on tandem-tiny: wrong for the first 120 positions, right after. The tokens stay
 /// plain decoding's.
 #[test]
 fn shadow_probes_replace_losing_probe_cycles_and_resume_drafting() {
     use tandem::generate::Oracle;
     let m = model::load(&tiny_model_dir(), &LoadOptions { probe: false, ..Default::default() }).unwrap();
     let prompt = crate::common::probe_tokens(48, 1);
-    let n = 240;
+    let n = 320;
     let (plain, _) = greedy(&m, &prompt, n, None);
     let vocab = m.config.text.vocab_size as u32;
     let continuation: Vec<u32> =
-        plain.iter().enumerate().map(|(i, &t)| if i < 40 { (t + 1) % vocab } else { t }).collect();
+        plain.iter().enumerate().map(|(i, &t)| if i < 120 { (t + 1) % vocab } else { t }).collect();
     let oracle = Oracle { continuation, acceptance: 1.0, seed: 1 };
     let opts = MtpOptions { enabled: true, depth: 3, adaptive: true, exact_verify: false, ..Default::default() };
     let (out, stats, _) = decode_counting_ahead(&m, &prompt, plain[0], n, &opts, Some(&oracle));
     assert_eq!(&out[..n], &plain[..], "tokens");
     let s = stats.spec.expect("spec stats");
-    // The two cycles the controller judges before its first park lose; its probes after that are shadows.
-    assert_eq!(s.accepted_hist[0], 2, "cycles that accepted nothing: {s:?}");
+    // The two cycles the controller judges before its first park lose (a third where a loaded machine's
+    // timings delay that judgement); its probes after that are shadows. Probing by cycles would add one for
+    // each of the parks of 16, 32 and 64 steps that end while the drafts are wrong: five.
+    assert!(s.accepted_hist[0] <= 3, "losing cycles: {s:?}");
     assert!(s.parked_cycles >= 16, "never parked: {s:?}");
-    assert!(s.accepted >= 100, "drafting did not resume once drafts landed: {s:?}");
+    assert!(s.accepted >= 30, "drafting did not resume once drafts landed: {s:?}");
 }
 
 /// With MTP, prefill runs the head over each chunk's pairs as it goes (so the first draft has only the
