@@ -438,20 +438,26 @@ fn prefill_runs_the_head_chunk_by_chunk() {
     }
 }
 
+/// tandem-tiny in `dtype` and the head's 40 pairs of a 41-token prompt (`token(i)` its i-th token): the
+/// prompt's hidden states `[1, 40, D]` before the last and the tokens after each, `[1, 40]`.
+fn head_pairs(dtype: mlx::Dtype, token: impl Fn(u32) -> u32) -> (tandem::model::Qwen35, Array, Array) {
+    let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(dtype), ..Default::default() }).unwrap();
+    let prompt: Vec<u32> = (0..41).map(token).collect();
+    let mut cache = m.make_cache();
+    let hidden = tandem::generate::prefill(&m, &prompt, &mut cache, 512).unwrap();
+    let n = prompt.len() as i32 - 1;
+    let ids: Vec<i32> = prompt[1..].iter().map(|&t| t as i32).collect();
+    (m, hidden.slice_axis(1, 0, n).unwrap(), Array::from_slice(&ids, &[1, n]).unwrap())
+}
+
 /// A catch-up (and prefill's pass over the prompt's pairs) writes every pair but the last straight into
 /// the head's cache, computing no attention or MLP for them: the cache and the last pair's output must be
 /// the bits of one whole head pass over every pair, in f32 and bf16.
 #[test]
 fn head_cache_writes_match_a_whole_pass() {
-    use tandem::generate::prefill;
     for dtype in [mlx::Dtype::F32, mlx::Dtype::BF16] {
-        let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(dtype), ..Default::default() }).unwrap();
-        let prompt: Vec<u32> = (0..41).map(|i| 30 + (i * 37) % 300).collect();
-        let mut cache = m.make_cache();
-        let hidden = prefill(&m, &prompt, &mut cache, 512).unwrap();
-        let n = prompt.len() as i32 - 1;
-        let ids: Vec<i32> = prompt[1..].iter().map(|&t| t as i32).collect();
-        let (h, x) = (hidden.slice_axis(1, 0, n).unwrap(), Array::from_slice(&ids, &[1, n]).unwrap());
+        let (m, h, x) = head_pairs(dtype, |i| 30 + (i * 37) % 300);
+        let n = x.dim(1);
         let mut whole = m.make_mtp_cache().expect("tandem-tiny has a head");
         let out = m.mtp_forward(&h, &x, &mut whole).unwrap();
         let mut written = m.make_mtp_cache().unwrap();
@@ -477,15 +483,9 @@ fn head_cache_writes_match_a_whole_pass() {
 /// chunked form of the test above.
 #[test]
 fn head_cache_writes_in_16_pair_passes_match_16_query_passes() {
-    use tandem::generate::prefill;
     for dtype in [mlx::Dtype::F32, mlx::Dtype::BF16] {
-        let m = model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(dtype), ..Default::default() }).unwrap();
-        let prompt: Vec<u32> = (0..41).map(|i| 40 + (i * 53) % 300).collect();
-        let mut cache = m.make_cache();
-        let hidden = prefill(&m, &prompt, &mut cache, 512).unwrap();
-        let n = prompt.len() as i32 - 1;
-        let ids: Vec<i32> = prompt[1..].iter().map(|&t| t as i32).collect();
-        let x = Array::from_slice(&ids, &[1, n]).unwrap();
+        let (m, hidden, x) = head_pairs(dtype, |i| 40 + (i * 53) % 300);
+        let n = x.dim(1);
         let (mut whole, mut written) = (m.make_mtp_cache().unwrap(), m.make_mtp_cache().unwrap());
         for start in (0..n).step_by(16) {
             let end = (start + 16).min(n);
