@@ -318,3 +318,30 @@ fn the_step_after_a_cycle_does_not_price_plain_decoding() {
     }
     assert!(late * 5 < 2000, "{late} of the last 2000 tokens by losing cycles ({by_cycles} in all)");
 }
+
+/// Drafts that never land park drafting at the first judgement even where plain decoding looks dear: the run's
+/// first plain steps (warming up on a loaded machine) at 40 ms against 10 ms after, cycles at 14 ms for their
+/// one token. Priced on those steps, depth 1 looked cheaper than plain decoding and drafting ran on.
+#[test]
+fn drafts_that_never_land_park_whatever_plain_steps_cost() {
+    for shadows in [false, true] {
+        let mut c = Controller::new(true, 3).with_shadow_probes(shadows);
+        let (mut done, mut by_cycles, mut steps) = (0, 0, 0);
+        while done < 2000 {
+            if c.parked() {
+                c.after_plain(if steps < 2 { 40.0 } else { 10.0 });
+                if let Some(k) = c.shadow_due() {
+                    c.after_shadow(k, 0);
+                }
+                steps += 1;
+                done += 1;
+            } else {
+                c.after_spec(14.0, c.depth(), 0);
+                done += 1;
+                by_cycles += 1;
+            }
+        }
+        assert!(by_cycles <= 10, "shadows {shadows}: {by_cycles} losing cycles");
+        assert!(c.reason.as_deref().is_some_and(|r| r.contains("no draft accepted")), "{:?}", c.reason);
+    }
+}
