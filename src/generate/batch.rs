@@ -150,7 +150,7 @@ fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
     } else {
         drawn.iter().map(|t| t.item::<u32>()).collect::<mlx::Result<_>>()?
     };
-    // Parks that end at this step end in shadow probes, started together by depth.
+    // Parks that end at this step end in shadow probes, started together by depth: (depth, sequence).
     let mut shadows: Vec<(usize, usize)> = Vec::new();
     for (i, (seq, &next)) in group.iter_mut().zip(&tokens).enumerate() {
         let h = hidden.slice_axis(0, i as i32, i as i32 + 1)?;
@@ -158,27 +158,24 @@ fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
             Decoder::Plain(p) => p.after_step(h, next),
             Decoder::Mtp(m) => {
                 let new = m.after_plain_step(h, next, since[i], &mut seq.stats)?;
-                shadows.extend(m.shadow_due().map(|k| (i, k)));
+                shadows.extend(m.shadow_due().map(|k| (k, i)));
                 new
             }
         };
         seq.produced(new);
     }
-    let mut depths: Vec<usize> = shadows.iter().map(|&(_, k)| k).collect();
-    depths.sort_unstable();
-    depths.dedup();
-    for k in depths {
-        let due: Vec<usize> = shadows.iter().filter(|s| s.1 == k).map(|s| s.0).collect();
+    shadows.sort_unstable();
+    for due in shadows.chunk_by(|a, b| a.0 == b.0) {
         let mut decoders: Vec<&mut MtpDecoder<'_>> = group
             .iter_mut()
             .enumerate()
-            .filter(|(i, _)| due.contains(i))
+            .filter(|(i, _)| due.iter().any(|&(_, j)| j == *i))
             .filter_map(|(_, seq)| match &mut seq.decoder {
                 Decoder::Mtp(m) => Some(&mut **m),
                 Decoder::Plain(_) => None,
             })
             .collect();
-        start_shadows(&mut decoders, k)?;
+        start_shadows(&mut decoders, due[0].0)?;
     }
     Ok(())
 }

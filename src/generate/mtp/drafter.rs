@@ -164,8 +164,8 @@ impl Drafter {
     }
 
     /// Every pending pair but the last written into the head's cache, where they can be ([`Drafter::write_pairs`]):
-    /// a shadow probe's catch-up, untimed, so nothing waits for the device and the draft that follows has one
-    /// pair to run (a group's then run together).
+    /// a catch-up, whose pairs' outputs no draft reads. A shadow probe's is untimed, so nothing waits for the
+    /// device, and leaves its draft one pair to run (a group's then run together).
     pub fn write_catch_up(&mut self, model: &Qwen35) -> Result<()> {
         match self.pending_tokens.len() {
             n @ 2.. if self.can_write(model) => self.write_pairs(model, n - 1),
@@ -242,7 +242,10 @@ impl Drafter {
     fn flush_timed(&mut self, model: &Qwen35, depth: usize) -> Result<Array> {
         let catching_up = self.catching_up(depth);
         let t = Instant::now();
-        let hm = self.catch_up(model, catching_up)?;
+        if catching_up {
+            self.write_catch_up(model)?;
+        }
+        let hm = self.flush(model)?;
         self.catch_up_ms = if catching_up {
             hm.eval()?;
             (Instant::now() - t).as_secs_f64() * 1e3
@@ -250,15 +253,6 @@ impl Drafter {
             0.0
         };
         Ok(hm)
-    }
-
-    /// The pending pairs through the head; returns its output at the last one. Catching up, every pair but
-    /// the last only fills the head's cache where it can ([`Drafter::write_pairs`]).
-    fn catch_up(&mut self, model: &Qwen35, catching_up: bool) -> Result<Array> {
-        if catching_up && self.can_write(model) {
-            self.write_pairs(model, self.pending_tokens.len() - 1)?;
-        }
-        self.flush(model)
     }
 
     /// Whether pending pairs can go straight into the head's cache: the head is here and every pending token is

@@ -492,7 +492,7 @@ pub(crate) fn draft_batch(decoders: &mut [&mut MtpDecoder<'_>], k: usize) -> Res
 }
 
 /// Shadow probes of depth `k` for `decoders` whose parks end at this step: each catches its head up alone
-/// (cache writes), then their drafts run together as a group's do ([`Drafter::draft_batch`]: one head pass a
+/// (cache writes), then their drafts run together as a group's do ([`draft_batch`]: one head pass a
 /// draft step for all, where several streams parked together would each have run their own). Built and
 /// started, read once `k` tokens have come ([`MtpDecoder::check_shadow`]).
 pub(crate) fn start_shadows(decoders: &mut [&mut MtpDecoder<'_>], k: usize) -> Result<()> {
@@ -501,12 +501,7 @@ pub(crate) fn start_shadows(decoders: &mut [&mut MtpDecoder<'_>], k: usize) -> R
     for d in decoders.iter_mut() {
         d.drafter.write_catch_up(model)?;
     }
-    let depths: Vec<usize> = decoders.iter().map(|d| d.opts.depth).collect();
-    let heads = {
-        let mut drafters: Vec<&mut Drafter> = decoders.iter_mut().map(|d| &mut d.drafter).collect();
-        Drafter::draft_batch(model, &mut drafters, k, &depths)?
-    };
-    let drafted = decoders.iter().zip(heads).map(|(d, head)| d.drafted(head, k)).collect::<Result<Vec<_>>>()?;
+    let drafted = draft_batch(decoders, k)?;
     let started: Vec<&Array> = drafted.iter().flat_map(|d| [&d.drafts, &d.head]).collect();
     let ops = tracing::enabled!(tracing::Level::TRACE).then(|| mlx::compile::graph_ops(&started));
     launch::start(&started)?;
