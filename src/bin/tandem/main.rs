@@ -15,6 +15,14 @@ mod worker;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+/// On Linux every allocation of the process, MLX's C++ ones included (the crate's `override` feature
+/// defines `malloc` and `free`), goes to mimalloc: MLX builds and evaluates a graph of small arrays on
+/// one thread and frees many of them on its stream's, where glibc's malloc took a quarter of the
+/// launching thread's time (docs/PERF.md, session 29).
+#[cfg(target_os = "linux")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "tandem", version, about = "Local models with MTP speculative decoding, on MLX")]
 struct Cli {
