@@ -55,8 +55,11 @@ struct Costs {
     cycles: Vec<Window>,
     /// Drafting lost at this size when last judged (parked there).
     lost: bool,
-    /// Per depth, the mean cycle measured before the last park (which clears `cycles`): what a shadow
-    /// probe prices its drafts at.
+    /// Per depth, the median cycle measured before the last park (which clears `cycles`): what a shadow
+    /// probe prices its drafts at. A median, not the judge's mean: a park can follow a window of four
+    /// cycles one of which stalled (a loaded machine), and every shadow probe after it would price its
+    /// drafts at that stall, keeping drafting that pays parked for good (tests/it/mtp_decode.rs under
+    /// `make test`); real cycles judge again with the mean once drafting resumes.
     before_park: Vec<Option<f64>>,
 }
 
@@ -92,6 +95,14 @@ impl Window {
 
     fn ms_per_item(&self) -> Option<f64> {
         (!self.items.is_empty()).then(|| self.items.iter().map(|&(ms, _)| ms).sum::<f64>() / self.items.len() as f64)
+    }
+
+    /// The median item's ms (the mean of the middle two for an even count).
+    fn median_per_item(&self) -> Option<f64> {
+        let mut ms: Vec<f64> = self.items.iter().map(|&(ms, _)| ms).collect();
+        ms.sort_by(f64::total_cmp);
+        let n = ms.len();
+        (n > 0).then(|| (ms[(n - 1) / 2] + ms[n / 2]) / 2.0)
     }
 }
 
@@ -347,7 +358,7 @@ impl Controller {
             self.now_mut().lost = true;
             self.cycles_since_probe = 0;
             let costs = self.now_mut();
-            costs.before_park = costs.cycles.iter().map(Window::ms_per_item).collect();
+            costs.before_park = costs.cycles.iter().map(Window::median_per_item).collect();
             for w in &mut costs.cycles {
                 w.items.clear();
             }

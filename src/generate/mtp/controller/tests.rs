@@ -252,6 +252,30 @@ fn a_shadow_probe_resumes_drafting_that_pays_again() {
     assert!(won * 10 > 4000 * 8, "only {won} of 4000 tokens from cycles once drafting pays");
 }
 
+/// One stalled cycle (a loaded machine: 40 steps' time) among the four judged after drafting resumed parks
+/// drafting that pays (a cycle 15 ms for 4 tokens against 10 ms a token); the shadow probes after that park
+/// must not price their drafts at the stall, or drafting stays parked for good (their price was the window's
+/// mean, ~28 ms a token).
+#[test]
+fn a_stalled_cycle_does_not_keep_drafting_that_pays_parked() {
+    let mut c = Controller::new(true, 3).with_shadow_probes(true);
+    let lost = simulate(&mut c, 200, 10.0, |_| 18.0, |_| 0);
+    assert!(lost.by_depth.iter().sum::<usize>() <= Controller::JUDGE_EARLY, "{:?}", lost.by_depth);
+    let cycles = std::cell::Cell::new(0);
+    let stall_once = |_| {
+        cycles.set(cycles.get() + 1);
+        if cycles.get() == 3 {
+            400.0
+        } else {
+            15.0
+        }
+    };
+    let r = simulate(&mut c, 4000, 10.0, stall_once, |k| k);
+    assert!(cycles.get() >= 3, "drafting never resumed: {:?}", r.by_depth);
+    let by_cycles: usize = r.by_depth.iter().sum();
+    assert!(by_cycles * 10 > 4000 * 8, "only {by_cycles} of 4000 tokens from cycles after one stalled cycle");
+}
+
 /// A shadow probe whose drafts all land does not resume drafting that would lose even so (a cycle at
 /// any depth costs more than its tokens' plain steps), nor a park that has no cycle costs to price at.
 #[test]
