@@ -371,9 +371,8 @@ fn serve(
         if !active.is_empty() && active.iter().any(|a| a.seq.as_ref().is_some_and(|s| !s.is_done())) {
             let outcome = {
                 let _compute = super::compute_lock();
-                let alone = active.len() == 1;
                 // A step may run ahead only when nothing could join before the next one.
-                let run_ahead = alone && waiting.is_empty() && starting.is_empty();
+                let run_ahead = waiting.is_empty() && starting.is_empty();
                 catch_unwind(AssertUnwindSafe(|| step(served, &mut active, run_ahead, engine)))
             };
             if let Err(e) = settled(outcome, name, &format!("{} streams", active.len())) {
@@ -473,7 +472,7 @@ fn step(
     {
         let mut seqs: Vec<&mut Sequence<'_>> =
             active.iter_mut().filter_map(|a| a.seq.as_mut()).filter(|s| !s.is_done()).collect();
-        step_batch(&mut seqs)?;
+        step_batch(&mut seqs, run_ahead)?;
     }
     for a in active.iter_mut() {
         let Active { seq, stream, .. } = a;

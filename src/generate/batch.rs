@@ -11,6 +11,7 @@
 //! plainly with them (one forward, not two). A sequence that cannot share a forward this step (a
 //! pipelined step still to be taken, token-by-token verify) steps alone.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use mlx::{Array, Dtype};
@@ -19,6 +20,7 @@ use super::decoder::Decoder;
 use super::error::Result;
 use super::mtp::{decide, draft_batch, draw_ahead, ms, start_shadows, verify_input, Drafted, MtpDecoder, Verified};
 use super::sequence::Sequence;
+use super::step::{can_pipeline, BatchRow, Started};
 use crate::cache::{LayerCache, Verify};
 use crate::model::launch;
 
@@ -31,8 +33,10 @@ enum Part {
     Cycle(usize),
 }
 
-fn part(seq: &Sequence<'_>) -> Part {
-    if seq.decoder.running_ahead() {
+/// `together`: the sequences run ahead as the rows of one batched step of exactly them, in order
+/// ([`ahead_together`]); otherwise a step running ahead is taken alone.
+fn part(seq: &Sequence<'_>, together: bool) -> Part {
+    if seq.decoder.running_ahead() && !together {
         return Part::Alone;
     }
     match &seq.decoder {
@@ -42,14 +46,28 @@ fn part(seq: &Sequence<'_>) -> Part {
     }
 }
 
+/// Whether every sequence runs ahead as its row of one batched step of exactly these sequences, in
+/// this order (the batched step before started it: [`plain_step`]).
+fn ahead_together(seqs: &[&mut Sequence<'_>]) -> bool {
+    let first = seqs.first().and_then(|s| s.decoder.steps().batch_row()).map(|r| r.id);
+    first.is_some()
+        && seqs.iter().enumerate().all(|(i, s)| {
+            s.decoder.steps().batch_row().is_some_and(|r| Some(r.id) == first && r.row == i && r.size == seqs.len())
+        })
+}
+
 /// Steps every sequence once (none may be done); each one's new tokens wait for
-/// [`Sequence::report`]. An error fails the step for all of them.
-pub fn step_batch(seqs: &mut [&mut Sequence<'_>]) -> Result<()> {
+/// [`Sequence::report`]. An error fails the step for all of them. `run_ahead`: the same sequences
+/// will step together next (nothing joins before then), so where all of them will step plainly
+/// again their next batched step may be started before this one's tokens are read (as one
+/// sequence's [`super::step::Pipeline`] does).
+pub fn step_batch(seqs: &mut [&mut Sequence<'_>], run_ahead: bool) -> Result<()> {
     let (mut plain, mut cycle, mut depth, mut parked) = (Vec::new(), Vec::new(), usize::MAX, 0);
     let batch = seqs.len();
+    let together = ahead_together(seqs);
     for seq in seqs.iter_mut() {
         seq.decoder.set_batch(batch);
-        match part(seq) {
+        match part(seq, together) {
             Part::Alone => step_alone(seq)?,
             Part::Plain => plain.push(&mut **seq),
             Part::Parked => {
@@ -82,7 +100,7 @@ pub fn step_batch(seqs: &mut [&mut Sequence<'_>]) -> Result<()> {
     match plain.as_mut_slice() {
         [] => {}
         [one] => step_alone(one)?,
-        group => plain_step(group)?,
+        group => plain_step(group, together, run_ahead && cycle.is_empty())?,
     }
     match cycle.as_mut_slice() {
         [] => {}
@@ -104,10 +122,17 @@ fn caches<'a>(group: &'a mut [&mut Sequence<'_>]) -> Vec<&'a mut [LayerCache]> {
     group.iter_mut().map(|s| s.decoder.cache_mut()).collect()
 }
 
-/// One token each: every sequence's newest token fed, the next sampled with its own sampler.
-fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
+/// The batched plain steps started ahead so far (each one's [`BatchRow::id`]).
+static BATCHES_AHEAD: AtomicU64 = AtomicU64::new(0);
+
+/// One token each: every sequence's newest token fed, the next sampled with its own sampler. `ahead`:
+/// the step was started by the previous one (every sequence's row of it, in order: [`ahead_together`]).
+/// `run_ahead`: where every sequence's next step is plain too and sampling needs no token on the host,
+/// the next step is built from this one's tokens on the device and started before they are read, so
+/// the host builds it while the device computes this one (the same operations in the same order: the
+/// same tokens).
+fn plain_step(group: &mut [&mut Sequence<'_>], ahead: bool, run_ahead: bool) -> Result<()> {
     let t0 = Instant::now();
-    let model = group[0].model;
     let b = group.len() as i32;
     let lasts: Vec<u32> = group.iter().map(|s| s.decoder.last()).collect();
     let since: Vec<Instant> = group
@@ -117,43 +142,47 @@ fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
             Decoder::Plain(_) => t0,
         })
         .collect();
-    let input = Array::from_slice(&lasts, &[b, 1])?;
-    let hidden = launching(|| model.forward_batch(&input, &mut caches(group)))?;
-    let logits = model.logits(&hidden)?;
-    // Where every sampler only takes its row's argmax, one argmax for the batch (one operation, not a
-    // slice, cast and argmax per sequence); otherwise each sequence's sampler draws from its row.
-    let batched = group.iter().all(|s| s.sampler.argmax_only());
-    let mut drawn = Vec::with_capacity(group.len());
-    if batched {
-        drawn.push(logits.reshape(&[b, -1])?.argmax(-1, false)?);
-    }
-    for (i, (seq, &fed)) in group.iter_mut().zip(&lasts).enumerate() {
-        let i = i as i32;
+    for (seq, &fed) in group.iter_mut().zip(&lasts) {
         seq.history.push(fed);
-        if batched {
-            seq.sampler.advance(1);
-            continue;
-        }
-        let row = logits.slice_axis(0, i, i + 1)?.reshape(&[-1])?.as_dtype(Dtype::F32)?;
-        let row = seq.sampler.penalize(&row, &seq.history)?;
-        drawn.push(seq.sampler.sample(&row)?);
     }
-    let drawn_refs: Vec<&Array> = drawn.iter().collect();
-    if split_traced() {
-        let built = ms(t0, Instant::now());
-        let [(ops, launch, wait), _] = split_eval(&drawn_refs, &[])?;
-        tracing::debug!(streams = group.len(), ops, built, launch, wait, "batched plain step (ms)");
-    }
-    mlx::device::eval(&drawn_refs)?;
-    let tokens: Vec<u32> = if batched {
-        drawn[0].to_vec::<u32>()?
+    let (rows, tokens) = if ahead {
+        let started: Vec<Started> = group.iter_mut().filter_map(|s| s.decoder.steps_mut().take()).collect();
+        let tokens = match started.first().and_then(|s| s.batch.as_ref()) {
+            Some(row) if started.len() == group.len() => row.tokens.clone(),
+            _ => return Err(mlx::Error::Invalid("a batched step started ahead lost a row".into()).into()),
+        };
+        (started.into_iter().map(|s| s.hidden).collect::<Vec<_>>(), tokens)
     } else {
-        drawn.iter().map(|t| t.item::<u32>()).collect::<mlx::Result<_>>()?
+        let (hidden, tokens) = build_step(group, &Array::from_slice(&lasts, &[b, 1])?)?;
+        let rows = (0..b).map(|i| hidden.slice_axis(0, i, i + 1)).collect::<mlx::Result<Vec<_>>>()?;
+        if split_traced() {
+            let built = ms(t0, Instant::now());
+            let [(ops, launch, wait), _] = split_eval(&[&tokens], &[])?;
+            tracing::debug!(streams = group.len(), ops, built, launch, wait, "batched plain step (ms)");
+        }
+        (rows, tokens)
     };
+    let next_plain = group.iter().all(|s| can_pipeline(&s.sampler) && s.decoder.next_two_plain(s.remaining()));
+    if run_ahead && next_plain {
+        if !ahead {
+            mlx::device::async_eval(&[&tokens])?;
+        }
+        let (hidden, next) = build_step(group, &tokens.reshape(&[b, 1])?)?;
+        mlx::device::async_eval(&[&next])?;
+        let (id, size) = (BATCHES_AHEAD.fetch_add(1, Ordering::Relaxed), group.len());
+        for (i, seq) in group.iter_mut().enumerate() {
+            let r = i as i32;
+            let batch = Some(BatchRow { id, row: i, size, tokens: next.clone() });
+            let token = next.slice_axis(0, r, r + 1)?.reshape(&[])?;
+            let started = Started { hidden: hidden.slice_axis(0, r, r + 1)?, token, batch };
+            seq.decoder.steps_mut().run_ahead(started);
+        }
+    }
+    mlx::device::eval(&[&tokens])?;
+    let tokens = tokens.to_vec::<u32>()?;
     // Parks that end at this step end in shadow probes, started together by depth: (depth, sequence).
     let mut shadows: Vec<(usize, usize)> = Vec::new();
-    for (i, (seq, &next)) in group.iter_mut().zip(&tokens).enumerate() {
-        let h = hidden.slice_axis(0, i as i32, i as i32 + 1)?;
+    for (i, ((seq, &next), h)) in group.iter_mut().zip(&tokens).zip(rows).enumerate() {
         let new = match &mut seq.decoder {
             Decoder::Plain(p) => p.after_step(h, next),
             Decoder::Mtp(m) => {
@@ -178,6 +207,33 @@ fn plain_step(group: &mut [&mut Sequence<'_>]) -> Result<()> {
         start_shadows(&mut decoders, due[0].0)?;
     }
     Ok(())
+}
+
+/// The batched forward of `input` `[B, 1]` (each sequence's fed token, its history already holding
+/// it) over the group's caches, and each row's next token drawn by its own sampler: the post-norm
+/// hidden states `[B, 1, D]` and the tokens `[B]` (`u32`), still on the device.
+fn build_step(group: &mut [&mut Sequence<'_>], input: &Array) -> Result<(Array, Array)> {
+    let model = group[0].model;
+    let b = group.len() as i32;
+    let hidden = launching(|| model.forward_batch(input, &mut caches(group)))?;
+    let logits = model.logits(&hidden)?;
+    // Where every sampler only takes its row's argmax, one argmax for the batch (one operation, not a
+    // slice, cast and argmax per sequence); otherwise each sequence's sampler draws from its row.
+    if group.iter().all(|s| s.sampler.argmax_only()) {
+        for seq in group.iter_mut() {
+            seq.sampler.advance(1);
+        }
+        return Ok((hidden, logits.reshape(&[b, -1])?.argmax(-1, false)?));
+    }
+    let mut drawn = Vec::with_capacity(group.len());
+    for (i, seq) in group.iter_mut().enumerate() {
+        let i = i as i32;
+        let row = logits.slice_axis(0, i, i + 1)?.reshape(&[-1])?.as_dtype(Dtype::F32)?;
+        let row = seq.sampler.penalize(&row, &seq.history)?;
+        drawn.push(seq.sampler.sample(&row)?.reshape(&[1])?);
+    }
+    let tokens = mlx::concatenate(&drawn.iter().collect::<Vec<_>>(), 0)?.as_dtype(Dtype::U32)?;
+    Ok((hidden, tokens))
 }
 
 /// The MTP decoders of a group (an error for a plain one).

@@ -134,10 +134,32 @@ impl<'m> Decoder<'m> {
 
     /// Whether a plain step started by the previous one is still to be taken.
     pub fn running_ahead(&self) -> bool {
+        self.steps().is_running()
+    }
+
+    /// Its plain steps (a batch starts its next step in each sequence's, see `generate::batch`).
+    pub(crate) fn steps(&self) -> &Pipeline {
         match self {
-            Decoder::Plain(p) => p.steps.is_running(),
-            Decoder::Mtp(m) => m.running_ahead(),
+            Decoder::Plain(p) => &p.steps,
+            Decoder::Mtp(m) => m.steps(),
         }
+    }
+
+    pub(crate) fn steps_mut(&mut self) -> &mut Pipeline {
+        match self {
+            Decoder::Plain(p) => &mut p.steps,
+            Decoder::Mtp(m) => m.steps_mut(),
+        }
+    }
+
+    /// Whether the step after the next one may be started with it, `remaining` tokens being left
+    /// before the next one: it will be a plain step too (an MTP decoder stays parked) and is needed.
+    pub(crate) fn next_two_plain(&self, remaining: usize) -> bool {
+        remaining > 1
+            && match self {
+                Decoder::Plain(_) => true,
+                Decoder::Mtp(m) => m.next_is_plain(remaining),
+            }
     }
 
     /// Fills in the final statistics.

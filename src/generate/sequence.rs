@@ -290,6 +290,11 @@ impl<'m> Sequence<'m> {
         self.opts.max_tokens.saturating_sub(self.tokens.len())
     }
 
+    /// Whether its next step is already running (started ahead by the last one, alone or in a batch).
+    pub fn running_ahead(&self) -> bool {
+        self.decoder.running_ahead()
+    }
+
     /// The statistics so far.
     pub fn stats(&self) -> &Stats {
         &self.stats

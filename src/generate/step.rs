@@ -29,6 +29,21 @@ pub struct Started {
     pub hidden: Array,
     /// The sampled token, a scalar `u32` array.
     pub token: Array,
+    /// Where this is one row of a batched step (`generate::batch`): which batch and row.
+    pub batch: Option<BatchRow>,
+}
+
+/// A sequence's row of a batched plain step started ahead: the next batched step of the same
+/// sequences, in the same order, takes every row of it at once; a sequence that steps otherwise takes
+/// its row alone ([`Pipeline::step`] reads `token`, a slice of the batch's tokens).
+#[derive(Clone)]
+pub struct BatchRow {
+    /// Which batched step (distinct for every batched step started ahead in the process).
+    pub id: u64,
+    pub row: usize,
+    pub size: usize,
+    /// Every row's sampled token, `[size]` `u32`, read at once.
+    pub tokens: Array,
 }
 
 /// Whether steps can be pipelined: the next step's graph is built from the previous step's token
@@ -53,7 +68,7 @@ pub fn start(model: &Qwen35, cache: &mut [LayerCache], sampler: &mut Sampler, to
     // Traced: MLX's host time for the step (building and launching its kernels), to set against
     // the device's (`pipelined step` below).
     tracing::trace!(launch = t0.elapsed().as_secs_f64() * 1e3, "step started (ms)");
-    Ok(Started { hidden, token })
+    Ok(Started { hidden, token, batch: None })
 }
 
 /// Plain steps in a row, pipelined where sampling allows: the step after this one is built and
@@ -111,6 +126,21 @@ impl Pipeline {
     /// Whether a step is already running.
     pub fn is_running(&self) -> bool {
         self.ahead.is_some()
+    }
+
+    /// The batched step the step running ahead is a row of, if it is one.
+    pub fn batch_row(&self) -> Option<&BatchRow> {
+        self.ahead.as_ref().and_then(|s| s.batch.as_ref())
+    }
+
+    /// The step running ahead, taken to be read by its batch (`generate::batch`).
+    pub(crate) fn take(&mut self) -> Option<Started> {
+        self.ahead.take()
+    }
+
+    /// A row of a batched step started ahead for this sequence (`generate::batch`).
+    pub(crate) fn run_ahead(&mut self, row: Started) {
+        self.ahead = Some(row);
     }
 }
 

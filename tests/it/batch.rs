@@ -82,7 +82,9 @@ fn batched(
         {
             let mut running: Vec<&mut Sequence<'_>> = seqs.iter_mut().flatten().filter(|s| !s.is_done()).collect();
             if !running.is_empty() {
-                step_batch(&mut running).unwrap();
+                // Mostly started ahead where they can be (the engine's way when nothing waits to join),
+                // every fourth step not: both kinds of step, and steps after each.
+                step_batch(&mut running, stepped % 4 != 3).unwrap();
             }
         }
         stepped += 1;
@@ -270,6 +272,68 @@ fn greedy_sequences_without_logprobs_share_one_argmax_and_decode_as_alone() {
         let outs = batched(&m, &prompts, &o, &[0, 0, 3], &[None; 3]);
         for (i, out) in outs.iter().enumerate() {
             assert_eq!(out.tokens, alone(&m, &prompts[i], &o[i]).tokens, "{what}, sequence {i}");
+        }
+    }
+}
+
+/// A batch's plain steps run ahead (the next built and started before this one's tokens are read) where every
+/// sequence steps plainly again and samples without reading tokens on the host: greedy, seeded sampling, and an
+/// adaptive MTP sequence while it measures plain decoding. A newcomer, a sequence ending early and one stopped by
+/// its caller leave rows started ahead that are then taken alone. Each gives the tokens it gives alone.
+#[test]
+fn a_batchs_plain_steps_started_ahead_decode_as_alone() {
+    let m = tiny();
+    let prompts = [probe_tokens(13, 8), probe_tokens(21, 99), probe_tokens(6, 321), probe_tokens(17, 55)];
+    let bare = |n: usize, mtp: bool| GenerateOptions { logprobs: None, ..opts(n, mtp) };
+    let sampling = SamplingParams { temperature: 0.8, top_p: 0.9, seed: Some(5), ..SamplingParams::default() };
+    let mut adaptive = bare(30, true);
+    adaptive.mtp.adaptive = true;
+    let o = [bare(40, false), GenerateOptions { sampling, ..bare(36, false) }, bare(12, false), adaptive];
+    let (joins, stop_after) = ([0, 0, 0, 5], [None, Some(20), None, None]);
+    let mut seqs: Vec<Option<Sequence<'_>>> = (0..4).map(|_| None).collect();
+    let mut seen = [0usize; 4];
+    let mut outs: Vec<Option<Output>> = (0..4).map(|_| None).collect();
+    let (mut stepped, mut ahead) = (0, 0);
+    while outs.iter().any(Option::is_none) {
+        for i in 0..4 {
+            if seqs[i].is_none() && outs[i].is_none() && joins[i] <= stepped {
+                seqs[i] = Some(
+                    Sequence::start(&m, &prompts[i], &[], o[i].clone(), Resume::default(), &mut |_| Control::Continue)
+                        .unwrap(),
+                );
+            }
+        }
+        let mut running: Vec<&mut Sequence<'_>> = seqs.iter_mut().flatten().filter(|s| !s.is_done()).collect();
+        step_batch(&mut running, true).unwrap();
+        ahead += running.iter().filter(|s| s.running_ahead()).count();
+        stepped += 1;
+        for i in 0..4 {
+            if let Some(seq) = seqs[i].as_mut() {
+                let (seen, stop) = (&mut seen[i], stop_after[i]);
+                seq.report(&mut |p| {
+                    *seen += p.new_tokens.len();
+                    if stop.is_some_and(|s| *seen >= s) {
+                        Control::Stop
+                    } else {
+                        Control::Continue
+                    }
+                });
+            }
+            if seqs[i].as_ref().is_some_and(|s| s.is_done()) {
+                outs[i] = seqs[i].take().map(Sequence::finish);
+            }
+        }
+        assert!(stepped < 1000, "the batch never ended");
+    }
+    assert!(ahead >= 40, "only {ahead} rows of the batch's steps were started ahead");
+    for (i, out) in outs.iter().enumerate() {
+        let out = out.as_ref().expect("finished");
+        let single = alone(&m, &prompts[i], &o[i]);
+        match stop_after[i] {
+            Some(n) => {
+                assert!(out.tokens.len() >= n && single.tokens.starts_with(&out.tokens), "sequence {i} (stopped)")
+            }
+            None => assert_eq!(out.tokens, single.tokens, "sequence {i}"),
         }
     }
 }
@@ -511,7 +575,7 @@ fn a_newcomer_prefilled_in_chunks_between_steps_decodes_as_alone() {
             if live.is_empty() {
                 break;
             }
-            step_batch(&mut live).unwrap();
+            step_batch(&mut live, false).unwrap();
             for s in live {
                 s.report(&mut |_| Control::Continue);
             }

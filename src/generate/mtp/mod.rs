@@ -186,8 +186,7 @@ impl<'m> MtpDecoder<'m> {
         let since = self.returned.unwrap_or(t0);
         let ahead = self.ahead.take();
         let Some(k) = self.cycle_depth(remaining) else {
-            let next_is_plain = self.ctl.parked_after_this_step() || remaining <= 2;
-            let ahead = run_ahead && remaining > 1 && next_is_plain;
+            let ahead = run_ahead && remaining > 1 && self.next_is_plain(remaining);
             let (hidden, next) = self.steps.step(self.model, &mut self.cache, sampler, history, self.last, ahead)?;
             return self.after_plain(hidden, next, since, stats);
         };
@@ -287,9 +286,19 @@ impl<'m> MtpDecoder<'m> {
         self.opts.exact_verify
     }
 
-    /// Whether a plain step is running ahead (it must be taken before the caches are shared).
-    pub(crate) fn running_ahead(&self) -> bool {
-        self.steps.is_running()
+    /// Its plain steps' pipeline.
+    pub(crate) fn steps(&self) -> &Pipeline {
+        &self.steps
+    }
+
+    pub(crate) fn steps_mut(&mut self) -> &mut Pipeline {
+        &mut self.steps
+    }
+
+    /// Whether the step after the plain step about to run is plain too (drafting stays parked, or too
+    /// few tokens are left for a cycle), `remaining` tokens being left before it.
+    pub(crate) fn next_is_plain(&self, remaining: usize) -> bool {
+        self.ctl.parked_after_this_step() || remaining <= 2
     }
 
     /// The newest sampled token, which the next forward feeds.

@@ -126,7 +126,7 @@ fn decode_together(model: &Qwen35, prompts: &[Vec<u32>], opts: &[GenerateOptions
             [] => break,
             [one] => one.step(true, &mut on)?,
             group => {
-                step_batch(group)?;
+                step_batch(group, true)?;
                 for s in group.iter_mut() {
                     s.report(&mut on);
                 }
