@@ -59,6 +59,20 @@ fn batched(
     joins: &[usize],
     stop_after: &[Option<usize>],
 ) -> Vec<Output> {
+    // Mostly started ahead where they can be (the engine's way when nothing waits to join), every fourth
+    // step not: both kinds of step, and steps after each.
+    batched_with(m, prompts, o, joins, stop_after, |stepped, running| step_batch(running, stepped % 4 != 3).unwrap())
+}
+
+/// [`batched`], each step of the running sequences taken by `step` (given how many steps came before).
+fn batched_with(
+    m: &Qwen35,
+    prompts: &[Vec<u32>],
+    o: &[GenerateOptions],
+    joins: &[usize],
+    stop_after: &[Option<usize>],
+    mut step: impl FnMut(usize, &mut [&mut Sequence<'_>]),
+) -> Vec<Output> {
     let n = prompts.len();
     let mut seqs: Vec<Option<Sequence<'_>>> = (0..n).map(|_| None).collect();
     let mut seen = vec![0usize; n];
@@ -82,9 +96,7 @@ fn batched(
         {
             let mut running: Vec<&mut Sequence<'_>> = seqs.iter_mut().flatten().filter(|s| !s.is_done()).collect();
             if !running.is_empty() {
-                // Mostly started ahead where they can be (the engine's way when nothing waits to join),
-                // every fourth step not: both kinds of step, and steps after each.
-                step_batch(&mut running, stepped % 4 != 3).unwrap();
+                step(stepped, &mut running);
             }
         }
         stepped += 1;
@@ -290,48 +302,17 @@ fn a_batchs_plain_steps_started_ahead_decode_as_alone() {
     adaptive.mtp.adaptive = true;
     let o = [bare(40, false), GenerateOptions { sampling, ..bare(36, false) }, bare(12, false), adaptive];
     let (joins, stop_after) = ([0, 0, 0, 5], [None, Some(20), None, None]);
-    let mut seqs: Vec<Option<Sequence<'_>>> = (0..4).map(|_| None).collect();
-    let mut seen = [0usize; 4];
-    let mut outs: Vec<Option<Output>> = (0..4).map(|_| None).collect();
-    let (mut stepped, mut ahead) = (0, 0);
-    while outs.iter().any(Option::is_none) {
-        for i in 0..4 {
-            if seqs[i].is_none() && outs[i].is_none() && joins[i] <= stepped {
-                seqs[i] = Some(
-                    Sequence::start(&m, &prompts[i], &[], o[i].clone(), Resume::default(), &mut |_| Control::Continue)
-                        .unwrap(),
-                );
-            }
-        }
-        let mut running: Vec<&mut Sequence<'_>> = seqs.iter_mut().flatten().filter(|s| !s.is_done()).collect();
-        step_batch(&mut running, true).unwrap();
+    let mut ahead = 0;
+    let outs = batched_with(&m, &prompts, &o, &joins, &stop_after, |stepped, running| {
+        step_batch(running, true).unwrap();
         // Counted before the adaptive sequence joins: once it has, whether it drafts (a cycle: nothing runs
         // ahead) depends on the times its controller measures.
         if stepped < joins[3] {
             ahead += running.iter().filter(|s| s.running_ahead()).count();
         }
-        stepped += 1;
-        for i in 0..4 {
-            if let Some(seq) = seqs[i].as_mut() {
-                let (seen, stop) = (&mut seen[i], stop_after[i]);
-                seq.report(&mut |p| {
-                    *seen += p.new_tokens.len();
-                    if stop.is_some_and(|s| *seen >= s) {
-                        Control::Stop
-                    } else {
-                        Control::Continue
-                    }
-                });
-            }
-            if seqs[i].as_ref().is_some_and(|s| s.is_done()) {
-                outs[i] = seqs[i].take().map(Sequence::finish);
-            }
-        }
-        assert!(stepped < 1000, "the batch never ended");
-    }
+    });
     assert_eq!(ahead, 3 * joins[3], "rows of the three plain sequences' batched steps started ahead before the join");
     for (i, out) in outs.iter().enumerate() {
-        let out = out.as_ref().expect("finished");
         let single = alone(&m, &prompts[i], &o[i]);
         match stop_after[i] {
             Some(n) => {
