@@ -25,18 +25,18 @@ mod webview_language;
 
 use std::sync::Mutex;
 
+use anyhow::Context;
+use tandem::engine::Engine;
+use tandem::registry::Registry;
+use tandem::server::{RunningServer, ServeConfig};
+use tauri::{Manager, RunEvent, WebviewUrl, WebviewWindow, WebviewWindowBuilder, WindowEvent};
+
 /// On Linux the engine here allocates as the `tandem` CLI's does: every allocation of the process, MLX's
 /// C++ ones and the webview's included, goes to mimalloc (the crate's `override` feature), where glibc's
 /// malloc took a quarter of the thread launching MLX's work (docs/PERF.md, session 29). macOS keeps its own.
 #[cfg(target_os = "linux")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-use anyhow::Context;
-use tandem::engine::Engine;
-use tandem::registry::Registry;
-use tandem::server::{RunningServer, ServeConfig};
-use tauri::{Manager, RunEvent, WebviewUrl, WebviewWindow, WebviewWindowBuilder, WindowEvent};
 
 /// The label of the one window.
 pub const MAIN_WINDOW: &str = "main";
