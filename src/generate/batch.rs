@@ -162,7 +162,11 @@ fn plain_step(group: &mut [&mut Sequence<'_>], ahead: bool, run_ahead: bool) -> 
         }
         (rows, tokens)
     };
-    let next_plain = group.iter().all(|s| can_pipeline(&s.sampler) && s.decoder.next_two_plain(s.remaining()));
+    let pipelined = group.iter().all(|s| can_pipeline(&s.sampler));
+    let next_plain = pipelined && group.iter().all(|s| s.decoder.next_two_plain(s.remaining()));
+    // A step's time prices plain decoding where it was started ahead and starts the next, or where
+    // steps are not pipelined at all (`Pipeline::steady`).
+    let steady = !pipelined || (ahead && run_ahead && next_plain);
     if run_ahead && next_plain {
         if !ahead {
             mlx::device::async_eval(&[&tokens])?;
@@ -186,7 +190,7 @@ fn plain_step(group: &mut [&mut Sequence<'_>], ahead: bool, run_ahead: bool) -> 
         let new = match &mut seq.decoder {
             Decoder::Plain(p) => p.after_step(h, next),
             Decoder::Mtp(m) => {
-                let new = m.after_plain_step(h, next, since[i], &mut seq.stats)?;
+                let new = m.after_plain_step(h, next, since[i], steady, &mut seq.stats)?;
                 shadows.extend(m.shadow_due().map(|k| (k, i)));
                 new
             }

@@ -78,6 +78,8 @@ pub fn start(model: &Qwen35, cache: &mut [LayerCache], sampler: &mut Sampler, to
 pub struct Pipeline {
     /// The step that feeds the next `last`, already running.
     ahead: Option<Started>,
+    /// The latest step's [`Pipeline::steady`].
+    steady: bool,
 }
 
 impl Pipeline {
@@ -94,8 +96,10 @@ impl Pipeline {
         start_next: bool,
     ) -> Result<(Array, u32)> {
         if !can_pipeline(sampler) {
+            self.steady = true;
             return step(model, cache, sampler, history, last);
         }
+        self.steady = self.ahead.is_some() && start_next;
         let current = match self.ahead.take() {
             Some(s) => s,
             None => start(model, cache, sampler, &token_input(last)?)?,
@@ -116,6 +120,15 @@ impl Pipeline {
             "pipelined step (ms)"
         );
         Ok((current.hidden, token))
+    }
+
+    /// Whether the latest step's wall time is what a plain step costs in a row of them: it was started
+    /// ahead and started the next (or steps are not pipelined at all). A pipeline's first step builds
+    /// two graphs, one with the device idle, and its last only waits for the device: a probe's two
+    /// steps priced plain decoding at 1.5x and the second alone at 0.3x its cost (tandem-tiny, two
+    /// streams on the CPU: docs/PERF.md, session 31).
+    pub fn steady(&self) -> bool {
+        self.steady
     }
 
     /// The hidden state at the token the step running ahead fed (the caches already hold it).

@@ -221,6 +221,47 @@ fn pipelined_decoding_gives_the_tokens_of_synchronous_steps() {
     }
 }
 
+/// Which plain steps price plain decoding for the adaptive controller (`Pipeline::steady`): in a pipelined
+/// run, those started ahead that start the next; a run's first step (two graphs built) and last (only a
+/// wait) do not, nor a lone step. Where sampling cannot pipeline (a repetition penalty), every step does.
+/// The tokens are the synchronous steps' either way.
+#[test]
+fn only_a_pipelined_runs_middle_steps_are_steady() {
+    use tandem::generate::step::{sample_last, step, Pipeline};
+    use tandem::generate::{prefill, Sampler, SamplingParams};
+    let m =
+        model::load(&tiny_model_dir(), &LoadOptions { dtype: Some(mlx::Dtype::F32), ..Default::default() }).unwrap();
+    let prompt: Vec<u32> = (0..16).map(|i| 30 + (i * 53) % 300).collect();
+    // Whether each step starts the next: runs of 4, 1 and 2 steps.
+    let start_next = [true, true, true, false, false, true, false];
+    let cases = [
+        (SamplingParams::greedy(), vec![false, true, true, false, false, false, false]),
+        (SamplingParams { repetition_penalty: 1.2, ..SamplingParams::greedy() }, vec![true; 7]),
+    ];
+    for (params, want) in cases {
+        let run = |pipelined: bool| {
+            let mut sampler = Sampler::new(params.clone()).unwrap();
+            let mut cache = m.make_cache();
+            let hidden = prefill(&m, &prompt, &mut cache, 512).unwrap();
+            let mut history = prompt.clone();
+            let mut token = sample_last(&m, &mut sampler, &hidden, &history).unwrap();
+            let (mut pipeline, mut tokens, mut steady) = (Pipeline::default(), vec![], vec![]);
+            for &next in &start_next {
+                token = match pipelined {
+                    true => pipeline.step(&m, &mut cache, &mut sampler, &mut history, token, next).unwrap().1,
+                    false => step(&m, &mut cache, &mut sampler, &mut history, token).unwrap().1,
+                };
+                tokens.push(token);
+                steady.push(pipeline.steady());
+            }
+            (tokens, steady)
+        };
+        let (tokens, steady) = run(true);
+        assert_eq!(steady, want, "{params:?}");
+        assert_eq!(tokens, run(false).0, "{params:?}");
+    }
+}
+
 /// A seed pins the tokens, not only their distribution: each position draws with its own key, and
 /// a verify draws each verified position with the key plain decoding uses there. So a seeded
 /// sampled generation gives plain decoding's tokens with MTP at any depth, adaptive or not, with

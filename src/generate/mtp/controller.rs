@@ -43,14 +43,17 @@ pub struct Controller {
     next_park: usize,
     /// Whether probes after a lost park may be shadow probes (the decoder can draft beside a plain step).
     shadows: bool,
-    /// The latest step was a cycle.
-    after_cycle: bool,
+    /// The next plain step does not price plain decoding: it follows a cycle, or opens the run or a
+    /// batch size ([`Controller::after_plain`]).
+    skip_plain: bool,
     pub reason: Option<String>,
 }
 
 /// What steps cost at one batch size.
 struct Costs {
     plain: Window,
+    /// `plain` holds one step that was not steady (`Controller::after_plain`), to be replaced.
+    plain_provisional: bool,
     /// Per depth k (index k - 1): recent cycles' `(ms, tokens)`.
     cycles: Vec<Window>,
     /// Drafting lost at this size when last judged (parked there).
@@ -66,7 +69,7 @@ struct Costs {
 impl Costs {
     fn new(max_depth: usize) -> Costs {
         let cycles = (0..max_depth).map(|_| Window::new(Controller::WINDOW)).collect();
-        Costs { plain: Window::new(16), cycles, lost: false, before_park: vec![None; max_depth] }
+        Costs { plain: Window::new(16), plain_provisional: false, cycles, lost: false, before_park: vec![None; max_depth] }
     }
 }
 
@@ -107,7 +110,9 @@ impl Window {
 }
 
 impl Controller {
-    const PROBE: usize = 2;
+    /// Plain steps a probe of plain decoding takes: a pipeline's first and last steps do not price it
+    /// (`Controller::after_plain`), so three give one steady step.
+    const PROBE: usize = 3;
     const PARK: usize = 16;
     const MAX_PARK: usize = 512;
     const REPROBE_EVERY: usize = 64;
@@ -145,7 +150,7 @@ impl Controller {
             accepted_at_depth: 0,
             next_park: Self::PARK,
             shadows: false,
-            after_cycle: false,
+            skip_plain: true,
             reason: None,
         }
     }
@@ -233,6 +238,7 @@ impl Controller {
             return;
         }
         self.batch = batch;
+        self.skip_plain = true;
         if self.costs.len() < batch {
             self.costs.resize_with(batch, || Costs::new(self.max_depth));
         }
@@ -267,21 +273,33 @@ impl Controller {
         &mut self.costs[self.batch - 1]
     }
 
-    /// After a plain step that took `ms`. The first after a cycle does not price plain decoding: it pays
-    /// for the cycle's rollback (whose state arrays are evaluated with the next forward) and, alone, for
-    /// the pipeline's restart (1.8x a pipelined step on an H100, 2.2x on the 2-core CPU: docs/PERF.md,
-    /// session 28). Where drafting never parks, the re-probes' steps are all the window gets, and with
-    /// that step among them drafting that loses could run on for good.
-    pub fn after_plain(&mut self, ms: f64) {
-        if !std::mem::take(&mut self.after_cycle) {
-            self.now_mut().plain.push(ms, 1);
+    /// After a plain step that took `ms` (its own graph's building counted in, the next one's out:
+    /// `Pipeline::build_shift_ms`). The first after a cycle does not price plain decoding: it pays for
+    /// the cycle's rollback (whose state arrays are evaluated with the next forward) and, alone, builds
+    /// its graph with the device idle (docs/PERF.md, session 28). Where drafting never parks, the
+    /// re-probes' steps are all the window gets, and with that step among them drafting that loses
+    /// could run on for good. Nor do the first steps of the run and of a new batch size, for the same
+    /// reason and for warming up (new shapes).
+    /// `steady`: the step's time is a plain step's in a row of them (`Pipeline::steady`); another step
+    /// prices plain decoding only while nothing else has, until the first steady one.
+    pub fn after_plain(&mut self, ms: f64, steady: bool) {
+        let skip = std::mem::take(&mut self.skip_plain);
+        let costs = self.now_mut();
+        if !skip && steady {
+            if std::mem::take(&mut costs.plain_provisional) {
+                costs.plain.items.clear();
+            }
+            costs.plain.push(ms, 1);
+        } else if !skip && costs.plain.items.is_empty() {
+            costs.plain.push(ms, 1);
+            costs.plain_provisional = true;
         }
         self.parked_left = self.parked_left.saturating_sub(1);
     }
 
     /// Records a cycle that drafted `drafted` tokens, accepted `accepted` of them and took `ms`.
     pub fn after_spec(&mut self, ms: f64, drafted: usize, accepted: usize) {
-        self.after_cycle = true;
+        self.skip_plain = true;
         if (1..=self.max_depth).contains(&drafted) {
             self.now_mut().cycles[drafted - 1].push(ms, accepted + 1);
         }

@@ -320,7 +320,7 @@ impl<'m> MtpDecoder<'m> {
     /// The bookkeeping after a plain step that fed `last`: `hidden` at it, `next` sampled after it.
     /// Where a park ends in a shadow probe, its drafts are built and started here.
     fn after_plain(&mut self, hidden: Array, next: u32, since: Instant, stats: &mut Stats) -> Result<Vec<u32>> {
-        let new = self.after_plain_step(hidden, next, since, stats)?;
+        let new = self.after_plain_step(hidden, next, since, self.steps.steady(), stats)?;
         if let Some(k) = self.shadow_due() {
             start_shadows(&mut [self], k)?;
         }
@@ -328,12 +328,14 @@ impl<'m> MtpDecoder<'m> {
     }
 
     /// [`MtpDecoder::after_plain`] but for the shadow probe, which a batch starts for all its sequences
-    /// whose park ends at this step ([`MtpDecoder::shadow_due`], [`start_shadows`]).
+    /// whose park ends at this step ([`MtpDecoder::shadow_due`], [`start_shadows`]). `steady`: the step's
+    /// time is a plain step's in a row of them ([`Pipeline::steady`]).
     pub(crate) fn after_plain_step(
         &mut self,
         hidden: Array,
         next: u32,
         since: Instant,
+        steady: bool,
         stats: &mut Stats,
     ) -> Result<Vec<u32>> {
         stats.spec.get_or_insert_with(|| SpecStats::new(self.opts.depth)).parked_cycles += 1;
@@ -342,8 +344,8 @@ impl<'m> MtpDecoder<'m> {
         self.last = next;
         self.emitted += 1;
         let now = Instant::now();
-        tracing::trace!(ms = ms(since, now), "mtp: parked step");
-        self.ctl.after_plain(ms(since, now));
+        tracing::trace!(ms = ms(since, now), steady, "mtp: parked step");
+        self.ctl.after_plain(ms(since, now), steady);
         self.returned = Some(now);
         self.check_shadow(next)?;
         Ok(vec![next])

@@ -22,7 +22,7 @@ fn simulate(
     let mut shadow: Option<(usize, usize, usize)> = None;
     while done < tokens {
         if c.parked() {
-            c.after_plain(plain);
+            c.after_plain(plain, true);
             run.ms += plain;
             done += 1;
             if let Some((k, a, left)) = shadow.as_mut() {
@@ -287,8 +287,9 @@ fn a_shadow_probe_resumes_only_drafting_that_would_win() {
     // A park that measured no cycle here (a new batch size's first plain steps) probes by a cycle.
     let mut fresh = Controller::new(true, 3).with_shadow_probes(true);
     assert!(fresh.parked());
-    fresh.after_plain(10.0);
-    fresh.after_plain(10.0);
+    for _ in 0..Controller::PROBE {
+        fresh.after_plain(10.0, true);
+    }
     assert_eq!(fresh.shadow_due(), None);
     assert!(!fresh.parked(), "drafting is tried by a cycle after the first plain steps");
 }
@@ -299,16 +300,16 @@ fn the_step_before_a_shadow_probe_counts_as_parked() {
     let mut c = Controller::new(true, 3).with_shadow_probes(true);
     simulate(&mut c, 40, 10.0, |_| 30.0, |_| 0);
     while c.parked_left > 1 {
-        c.after_plain(10.0);
+        c.after_plain(10.0, true);
     }
     assert!(c.parked_after_this_step());
-    c.after_plain(10.0);
+    c.after_plain(10.0, true);
     assert_eq!(c.shadow_due(), Some(3));
     assert!(c.parked());
     let mut without = Controller::new(true, 3);
     simulate(&mut without, 40, 10.0, |_| 30.0, |_| 0);
     while without.parked_left > 1 {
-        without.after_plain(10.0);
+        without.after_plain(10.0, true);
     }
     assert!(!without.parked_after_this_step(), "a probe by a cycle follows");
 }
@@ -325,7 +326,7 @@ fn the_step_after_a_cycle_does_not_price_plain_decoding() {
     let mut late = 0;
     while done < 8000 {
         if c.parked() {
-            c.after_plain(if previous_cycle { 16.0 } else { 10.0 });
+            c.after_plain(if previous_cycle { 16.0 } else { 10.0 }, true);
             previous_cycle = false;
             done += 1;
         } else {
@@ -353,7 +354,7 @@ fn drafts_that_never_land_park_whatever_plain_steps_cost() {
         let (mut done, mut by_cycles, mut steps) = (0, 0, 0);
         while done < 2000 {
             if c.parked() {
-                c.after_plain(if steps < 2 { 40.0 } else { 10.0 });
+                c.after_plain(if steps < 2 { 40.0 } else { 10.0 }, true);
                 if let Some(k) = c.shadow_due() {
                     c.after_shadow(k, 0);
                 }
@@ -367,5 +368,61 @@ fn drafts_that_never_land_park_whatever_plain_steps_cost() {
         }
         assert!(by_cycles <= 10, "shadows {shadows}: {by_cycles} losing cycles");
         assert!(c.reason.as_deref().is_some_and(|r| r.contains("no draft accepted")), "{:?}", c.reason);
+    }
+}
+
+/// Pipelined plain steps, priced as the decoder reports them: a run's first step builds two graphs (`first`
+/// ms), its last only waits for the device (`last`), those between cost `steady` and are the only ones
+/// reported steady. Each step is started ahead when the one before was plain and knew this one would be.
+fn simulate_pipelined(c: &mut Controller, tokens: usize, [first, steady, last]: [f64; 3], cycle: impl Fn(usize) -> f64, mut accepted: impl FnMut(usize) -> usize) -> Run {
+    let mut run = Run { by_depth: vec![0; c.max_depth], ms: 0.0 };
+    let (mut done, mut started_ahead) = (0, false);
+    while done < tokens {
+        if c.parked() {
+            let starts_next = c.parked_after_this_step();
+            let ms = match (started_ahead, starts_next) {
+                (true, true) => steady,
+                (true, false) => last,
+                (false, true) => first,
+                (false, false) => steady + last,
+            };
+            c.after_plain(ms, started_ahead && starts_next);
+            started_ahead = starts_next;
+            run.ms += ms;
+            done += 1;
+            if let Some(k) = c.shadow_due() {
+                c.after_shadow(k, accepted(k));
+            }
+        } else {
+            started_ahead = false;
+            let k = c.depth();
+            let (ms, a) = (cycle(k), accepted(k));
+            c.after_spec(ms, k, a);
+            run.ms += ms;
+            done += a + 1;
+            run.by_depth[k - 1] += a + 1;
+        }
+    }
+    run
+}
+
+/// A plain run's first step costs 3x a steady one and its last 0.3x, as measured with tandem-tiny at two streams
+/// on the CPU (docs/PERF.md, session 31). Drafting that loses by ~15 % (cycles of 14 + 7k ms at 80 % acceptance
+/// against 10 ms a plain step) is parked at the first judgement; priced by every step but the first after a
+/// cycle, the run's first two steps (warming up, then only waiting) said 16.5 ms, and ~25 % of 1000 tokens
+/// came from losing cycles before the re-probes' last steps brought the price down. Drafting that wins by
+/// ~15 % (10 + 5k ms) keeps drafting.
+#[test]
+fn only_steady_plain_steps_price_plain_decoding() {
+    let costs = [30.0, 10.0, 3.0];
+    for shadows in [false, true] {
+        let mut c = Controller::new(true, 3).with_shadow_probes(shadows);
+        let lost = simulate_pipelined(&mut c, 1000, costs, |k| 14.0 + 7.0 * k as f64, chain(0.8, 12));
+        let by_cycles: usize = lost.by_depth.iter().sum();
+        assert!(by_cycles * 10 < 1000, "shadows {shadows}: {by_cycles} of 1000 tokens by cycles that lose");
+        let mut c = Controller::new(true, 3).with_shadow_probes(shadows);
+        let won = simulate_pipelined(&mut c, 4000, costs, |k| 10.0 + 5.0 * k as f64, chain(0.8, 11));
+        let by_cycles: usize = won.by_depth.iter().sum();
+        assert!(by_cycles * 10 > 4000 * 9, "shadows {shadows}: {by_cycles} of 4000 tokens by cycles that win");
     }
 }
