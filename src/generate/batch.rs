@@ -62,39 +62,36 @@ fn ahead_together(seqs: &[&mut Sequence<'_>]) -> bool {
 /// again their next batched step may be started before this one's tokens are read (as one
 /// sequence's [`super::step::Pipeline`] does).
 pub fn step_batch(seqs: &mut [&mut Sequence<'_>], run_ahead: bool) -> Result<()> {
-    let (mut plain, mut cycle, mut depth, mut parked) = (Vec::new(), Vec::new(), usize::MAX, 0);
     let batch = seqs.len();
     let together = ahead_together(seqs);
     for seq in seqs.iter_mut() {
         seq.decoder.set_batch(batch);
-        match part(seq, together) {
-            Part::Alone => step_alone(seq)?,
-            Part::Plain => plain.push(&mut **seq),
-            Part::Parked => {
-                parked += 1;
-                plain.push(&mut **seq);
-            }
-            Part::Cycle(k) => {
-                depth = depth.min(k);
-                cycle.push(&mut **seq);
-            }
-        }
     }
+    let parts: Vec<Part> = seqs.iter().map(|s| part(s, together)).collect();
+    let mut depth = parts.iter().filter_map(|p| if let Part::Cycle(k) = p { Some(*k) } else { None }).min();
+    let drafting = parts.iter().filter(|p| matches!(p, Part::Cycle(_))).count();
     // Drafting sequences beside parked ones step plainly with them: one forward for the batch, where a
     // step of both would take two (a plain one and a cycle), each sequence's controller judging its own
     // drafting on times that include the other forward. Each controller then parks and probes in step with
     // its neighbours (tandem-tiny on the CPU, 2 adaptive MTP streams: docs/PERF.md, session 22). A plain
     // decoder (MTP off for its request) is not parked and does not hold drafting back.
-    if parked > 0 && !cycle.is_empty() {
-        plain.append(&mut cycle);
+    if parts.iter().any(|p| matches!(p, Part::Parked)) {
+        depth = None;
     }
     // The verify's rows must stay where matmul rows are bit-identical to a plain step's (the
     // verify-width kernels on CUDA): fewer drafts each, or a plain step for all, rather than drafts
     // scored with other bits than plain decoding would score them (docs/MODEL.md §4.7).
-    if let (Some(width), n @ 2..) = (crate::kernels::row_invariant_width(), cycle.len()) {
-        depth = depth.min((width / n).saturating_sub(1));
-        if depth == 0 {
-            plain.append(&mut cycle);
+    if let (Some(width), Some(k), 2..) = (crate::kernels::row_invariant_width(), depth, drafting) {
+        depth = Some(k.min((width / drafting).saturating_sub(1))).filter(|&k| k > 0);
+    }
+    // The plain group keeps the batch's order, so that a step it starts ahead is the next batched step's
+    // rows in order (`ahead_together`) where every sequence steps plainly.
+    let (mut plain, mut cycle) = (Vec::new(), Vec::new());
+    for (seq, part) in seqs.iter_mut().zip(parts) {
+        match part {
+            Part::Alone => step_alone(seq)?,
+            Part::Cycle(_) if depth.is_some() => cycle.push(&mut **seq),
+            _ => plain.push(&mut **seq),
         }
     }
     match plain.as_mut_slice() {
@@ -102,10 +99,10 @@ pub fn step_batch(seqs: &mut [&mut Sequence<'_>], run_ahead: bool) -> Result<()>
         [one] => step_alone(one)?,
         group => plain_step(group, together, run_ahead && cycle.is_empty())?,
     }
-    match cycle.as_mut_slice() {
-        [] => {}
-        [one] => step_alone(one)?,
-        group => cycle_step(group, depth)?,
+    match (cycle.as_mut_slice(), depth) {
+        ([one], _) => step_alone(one)?,
+        (group @ [_, _, ..], Some(k)) => cycle_step(group, k)?,
+        _ => {} // none drafts this step
     }
     Ok(())
 }
@@ -163,7 +160,13 @@ fn plain_step(group: &mut [&mut Sequence<'_>], ahead: bool, run_ahead: bool) -> 
         (rows, tokens)
     };
     let pipelined = group.iter().all(|s| can_pipeline(&s.sampler));
-    let next_plain = pipelined && group.iter().all(|s| s.decoder.next_two_plain(s.remaining()));
+    // The next step is plain for all where each steps plainly next on its own, or where an MTP sequence will
+    // still be parked: its neighbours' drafting then waits (`step_batch`). Without the second, a batch whose
+    // controllers parked out of step took every step unpipelined (tandem-tiny, two streams on the CPU, ~20 %
+    // dearer: docs/PERF.md, session 31).
+    let held = group.iter().any(|s| s.remaining() > 1 && s.decoder.parked_next(s.remaining()));
+    let next_plain =
+        pipelined && group.iter().all(|s| s.remaining() > 1 && (held || s.decoder.next_two_plain(s.remaining())));
     // A step's time prices plain decoding where it was started ahead and starts the next, or where
     // steps are not pipelined at all (`Pipeline::steady`).
     let steady = !pipelined || (ahead && run_ahead && next_plain);

@@ -152,6 +152,12 @@ impl<'m> Decoder<'m> {
         }
     }
 
+    /// Whether this is an MTP decoder whose next step (after the one now running) is a parked plain step,
+    /// which holds its batch's drafting back (`generate::batch`).
+    pub(crate) fn parked_next(&self, remaining: usize) -> bool {
+        matches!(self, Decoder::Mtp(m) if m.next_is_plain(remaining))
+    }
+
     /// Whether the step after the next one may be started with it, `remaining` tokens being left
     /// before the next one: it will be a plain step too (an MTP decoder stays parked) and is needed.
     pub(crate) fn next_two_plain(&self, remaining: usize) -> bool {

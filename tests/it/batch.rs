@@ -267,6 +267,32 @@ fn drafting_beside_a_parked_neighbour_steps_plainly_with_it_and_decodes_as_alone
     );
 }
 
+/// While a neighbour is parked, a drafting sequence's steps are plain too (above), so the batch's plain steps run
+/// ahead (the next one started before this one's tokens are read) as a parked batch's do: an adaptive newcomer
+/// measures plain decoding over three steps, the first two of which start the next. Before, the drafting
+/// sequence's own plan (a cycle next) kept each of them unpipelined. Both decode as they do alone.
+#[test]
+fn a_batch_held_plain_by_a_parked_neighbour_runs_ahead() {
+    let m = tiny();
+    let prompts = vec![probe_tokens(15, 20), probe_tokens(11, 250)];
+    let bare = |n: usize| GenerateOptions { logprobs: None, ..opts(n, true) };
+    let mut adaptive = bare(24);
+    adaptive.mtp.adaptive = true;
+    let o = vec![bare(40), adaptive];
+    let joins = [0, 4];
+    let mut ahead = 0;
+    let outs = batched_with(&m, &prompts, &o, &joins, &[None; 2], |stepped, running| {
+        step_batch(running, true).unwrap();
+        if (joins[1]..joins[1] + 2).contains(&stepped) {
+            ahead += running.iter().filter(|s| s.running_ahead()).count();
+        }
+    });
+    assert_eq!(ahead, 4, "rows started ahead in the newcomer's first two plain steps");
+    for (i, out) in outs.iter().enumerate() {
+        assert_eq!(out.tokens, alone(&m, &prompts[i], &o[i]).tokens, "sequence {i}");
+    }
+}
+
 #[test]
 fn greedy_sequences_without_logprobs_share_one_argmax_and_decode_as_alone() {
     // Without log-probabilities (the other tests record them), plain greedy steps take one argmax for the

@@ -69,7 +69,13 @@ struct Costs {
 impl Costs {
     fn new(max_depth: usize) -> Costs {
         let cycles = (0..max_depth).map(|_| Window::new(Controller::WINDOW)).collect();
-        Costs { plain: Window::new(16), plain_provisional: false, cycles, lost: false, before_park: vec![None; max_depth] }
+        Costs {
+            plain: Window::new(16),
+            plain_provisional: false,
+            cycles,
+            lost: false,
+            before_park: vec![None; max_depth],
+        }
     }
 }
 
@@ -131,6 +137,9 @@ impl Controller {
     /// Cycles remembered per depth and per draft position.
     const WINDOW: usize = 8;
     const ACCEPT_WINDOW: usize = 32;
+    /// How many cycles' worth a shadow probe's verdict counts for among the acceptance windows' (up to
+    /// `ACCEPT_WINDOW`) when it decides whether drafting resumes ([`Controller::after_shadow`]).
+    const SHADOW_WEIGHT: usize = 8;
 
     /// A controller for drafting up to `max_depth` tokens a cycle; without `adaptive` it always
     /// drafts `max_depth`.
@@ -194,17 +203,25 @@ impl Controller {
     }
 
     /// A shadow probe's verdict: of its `drafted` drafts, the first `accepted` were the tokens plain
-    /// decoding produced. Drafting resumes (the verdict joins the acceptance cycles measure) where those drafts,
-    /// at the cycle costs measured before the park, would not lose to plain decoding by more than the
+    /// decoding produced. Drafting resumes (the verdict joins the acceptance cycles measure) where drafts
+    /// accepted at the rate the acceptance windows give with this probe counted [`Controller::SHADOW_WEIGHT`]
+    /// times, at the cycle costs measured before the park, would not lose to plain decoding by more than the
     /// margin (cycles then measure their costs again: one unlucky window must not keep drafting parked);
-    /// otherwise it parks again, twice as long.
+    /// otherwise it parks again, twice as long. Weighted so, a probe whose drafts all land after a park where
+    /// none did resumes at once, and one lucky probe does not resume drafting parked at its usual rate: taken
+    /// alone, every other probe at 80 % acceptance (all three drafts right: p = 0.51) resumed drafting that lost
+    /// at that rate, for four losing cycles each (tandem-tiny, two streams on the CPU: docs/PERF.md, session 31).
     pub fn after_shadow(&mut self, drafted: usize, accepted: usize) {
         let drafted = drafted.min(self.max_depth);
         let Some(plain) = self.now().plain.ms_per_token() else {
             self.parked_left = 0;
             return;
         };
-        let tokens = |k: usize| 1.0 + accepted.min(k) as f64;
+        let mut reached = self.reached.clone();
+        for _ in 0..Self::SHADOW_WEIGHT {
+            record_reached(&mut reached, drafted, accepted);
+        }
+        let tokens = |k: usize| expected_tokens(&reached, k);
         let best = (1..=drafted)
             .filter_map(|k| {
                 let ms = line_through(&self.now().before_park, k, plain)?;
@@ -329,15 +346,8 @@ impl Controller {
         }
     }
 
-    /// Whether each of the first `drafted` draft positions was reached (its draft and those before it
-    /// accepted).
     fn record_reached(&mut self, drafted: usize, accepted: usize) {
-        for (j, seen) in self.reached.iter_mut().enumerate().take(drafted) {
-            if seen.len() == Self::ACCEPT_WINDOW {
-                seen.pop_front();
-            }
-            seen.push_back(j < accepted);
-        }
+        record_reached(&mut self.reached, drafted, accepted);
     }
 
     fn set_depth(&mut self, depth: usize) {
@@ -395,21 +405,7 @@ impl Controller {
 
     /// Expected ms per token of cycles at depth `k`.
     fn ms_per_token(&self, k: usize, plain: f64) -> Option<f64> {
-        let (mut tokens, mut p, mut conditional) = (1.0, 1.0, 1.0);
-        for seen in &self.reached[..k] {
-            // A position not drafted lately keeps the conditional rate of the one before it.
-            let next = if seen.is_empty() {
-                p * conditional
-            } else {
-                seen.iter().filter(|&&a| a).count() as f64 / seen.len() as f64
-            };
-            if p > 0.0 {
-                conditional = next / p;
-            }
-            p = next;
-            tokens += p;
-        }
-        Some(self.cycle_ms(k, plain)? / tokens)
+        Some(self.cycle_ms(k, plain)? / expected_tokens(&self.reached, k))
     }
 
     /// The cost of a cycle at depth `k`: measured, or on a line through the measured depths.
@@ -417,6 +413,36 @@ impl Controller {
         let measured: Vec<Option<f64>> = self.now().cycles.iter().map(Window::ms_per_item).collect();
         line_through(&measured, k, plain)
     }
+}
+
+/// Records in `reached` whether each of the first `drafted` draft positions was reached (its draft and those
+/// before it accepted).
+fn record_reached(reached: &mut [VecDeque<bool>], drafted: usize, accepted: usize) {
+    for (j, seen) in reached.iter_mut().enumerate().take(drafted) {
+        if seen.len() == Controller::ACCEPT_WINDOW {
+            seen.pop_front();
+        }
+        seen.push_back(j < accepted);
+    }
+}
+
+/// Expected tokens of a cycle at depth `k`: 1 + sum over j <= k of P(the first j drafts are accepted), from
+/// `reached` (per draft position, whether it was reached in recent cycles).
+fn expected_tokens(reached: &[VecDeque<bool>], k: usize) -> f64 {
+    let (mut tokens, mut p, mut conditional) = (1.0, 1.0, 1.0);
+    for seen in &reached[..k] {
+        // A position not drafted lately keeps the conditional rate of the one before it.
+        let next = match seen.is_empty() {
+            true => p * conditional,
+            false => seen.iter().filter(|&&a| a).count() as f64 / seen.len() as f64,
+        };
+        if p > 0.0 {
+            conditional = next / p;
+        }
+        p = next;
+        tokens += p;
+    }
+    tokens
 }
 
 /// A cycle's cost at depth `k` from the costs measured per depth (index d - 1): the measured one, or on a
