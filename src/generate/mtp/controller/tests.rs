@@ -14,16 +14,33 @@ fn simulate(
     tokens: usize,
     plain: f64,
     cycle: impl Fn(usize) -> f64,
+    accepted: impl FnMut(usize) -> usize,
+) -> Run {
+    simulate_with(c, tokens, |_, _| (plain, true), plain, cycle, accepted)
+}
+
+/// [`simulate`] with a plain step's cost and whether it is steady given by `plain(started_ahead, starts_next)`
+/// (the step was started by the plain step before it, and starts the next), a shadow probe's head passes
+/// costing [`SHADOW`] times `steady` ms.
+fn simulate_with(
+    c: &mut Controller,
+    tokens: usize,
+    plain: impl Fn(bool, bool) -> (f64, bool),
+    steady: f64,
+    cycle: impl Fn(usize) -> f64,
     mut accepted: impl FnMut(usize) -> usize,
 ) -> Run {
     let mut run = Run { by_depth: vec![0; c.max_depth], ms: 0.0 };
-    let mut done = 0;
+    let (mut done, mut started_ahead) = (0, false);
     // A shadow probe in flight: its depth, drafts accepted, tokens until its verdict.
     let mut shadow: Option<(usize, usize, usize)> = None;
     while done < tokens {
         if c.parked() {
-            c.after_plain(plain, true);
-            run.ms += plain;
+            let starts_next = c.parked_after_this_step();
+            let (ms, is_steady) = plain(started_ahead, starts_next);
+            c.after_plain(ms, is_steady);
+            started_ahead = starts_next;
+            run.ms += ms;
             done += 1;
             if let Some((k, a, left)) = shadow.as_mut() {
                 *left -= 1;
@@ -34,12 +51,12 @@ fn simulate(
             }
             if let Some(k) = c.shadow_due() {
                 // Its head passes beside the plain step.
-                run.ms += SHADOW * plain;
+                run.ms += SHADOW * steady;
                 let a = accepted(k);
                 shadow = Some((k, a, k));
             }
         } else {
-            shadow = None;
+            (shadow, started_ahead) = (None, false);
             let k = c.depth();
             let (ms, a) = (cycle(k), accepted(k));
             c.after_spec(ms, k, a);
@@ -373,43 +390,21 @@ fn drafts_that_never_land_park_whatever_plain_steps_cost() {
 
 /// Pipelined plain steps, priced as the decoder reports them: a run's first step builds two graphs (`first`
 /// ms), its last only waits for the device (`last`), those between cost `steady` and are the only ones
-/// reported steady. Each step is started ahead when the one before was plain and knew this one would be.
+/// reported steady; a lone step costs `steady + last`.
 fn simulate_pipelined(
     c: &mut Controller,
     tokens: usize,
     [first, steady, last]: [f64; 3],
     cycle: impl Fn(usize) -> f64,
-    mut accepted: impl FnMut(usize) -> usize,
+    accepted: impl FnMut(usize) -> usize,
 ) -> Run {
-    let mut run = Run { by_depth: vec![0; c.max_depth], ms: 0.0 };
-    let (mut done, mut started_ahead) = (0, false);
-    while done < tokens {
-        if c.parked() {
-            let starts_next = c.parked_after_this_step();
-            let ms = match (started_ahead, starts_next) {
-                (true, true) => steady,
-                (true, false) => last,
-                (false, true) => first,
-                (false, false) => steady + last,
-            };
-            c.after_plain(ms, started_ahead && starts_next);
-            started_ahead = starts_next;
-            run.ms += ms;
-            done += 1;
-            if let Some(k) = c.shadow_due() {
-                c.after_shadow(k, accepted(k));
-            }
-        } else {
-            started_ahead = false;
-            let k = c.depth();
-            let (ms, a) = (cycle(k), accepted(k));
-            c.after_spec(ms, k, a);
-            run.ms += ms;
-            done += a + 1;
-            run.by_depth[k - 1] += a + 1;
-        }
-    }
-    run
+    let plain = |ahead: bool, next: bool| match (ahead, next) {
+        (true, true) => (steady, true),
+        (true, false) => (last, false),
+        (false, true) => (first, false),
+        (false, false) => (steady + last, false),
+    };
+    simulate_with(c, tokens, plain, steady, cycle, accepted)
 }
 
 /// A plain run's first step costs 3x a steady one and its last 0.3x, as measured with tandem-tiny at two streams
