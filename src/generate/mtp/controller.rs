@@ -43,9 +43,9 @@ pub struct Controller {
     next_park: usize,
     /// Whether probes after a lost park may be shadow probes (the decoder can draft beside a plain step).
     shadows: bool,
-    /// The next plain step does not price plain decoding: it follows a cycle, or opens the run or a
-    /// batch size ([`Controller::after_plain`]).
-    skip_plain: bool,
+    /// How many of the next plain steps do not price plain decoding: they follow a cycle, or open the
+    /// run or a batch size ([`Controller::after_plain`]).
+    skip_plain: usize,
     pub reason: Option<String>,
 }
 
@@ -116,9 +116,12 @@ impl Window {
 }
 
 impl Controller {
-    /// Plain steps a probe of plain decoding takes: a pipeline's first and last steps do not price it
-    /// (`Controller::after_plain`), so three give one steady step.
-    const PROBE: usize = 3;
+    /// Plain steps a probe of plain decoding takes: the first two and a pipeline's last do not price it
+    /// (`Controller::after_plain`), so four give one steady step.
+    const PROBE: usize = 4;
+    /// Plain steps after a cycle, or at the start of the run or of a batch size, that do not price plain
+    /// decoding ([`Controller::after_plain`]).
+    const SETTLING: usize = 2;
     const PARK: usize = 16;
     const MAX_PARK: usize = 512;
     const REPROBE_EVERY: usize = 64;
@@ -159,7 +162,7 @@ impl Controller {
             accepted_at_depth: 0,
             next_park: Self::PARK,
             shadows: false,
-            skip_plain: true,
+            skip_plain: Self::SETTLING,
             reason: None,
         }
     }
@@ -255,7 +258,7 @@ impl Controller {
             return;
         }
         self.batch = batch;
-        self.skip_plain = true;
+        self.skip_plain = Self::SETTLING;
         if self.costs.len() < batch {
             self.costs.resize_with(batch, || Costs::new(self.max_depth));
         }
@@ -290,17 +293,17 @@ impl Controller {
         &mut self.costs[self.batch - 1]
     }
 
-    /// After a plain step that took `ms` (its own graph's building counted in, the next one's out:
-    /// `Pipeline::build_shift_ms`). The first after a cycle does not price plain decoding: it pays for
-    /// the cycle's rollback (whose state arrays are evaluated with the next forward) and, alone, builds
-    /// its graph with the device idle (docs/PERF.md, session 28). Where drafting never parks, the
-    /// re-probes' steps are all the window gets, and with that step among them drafting that loses
-    /// could run on for good. Nor do the first steps of the run and of a new batch size, for the same
-    /// reason and for warming up (new shapes).
-    /// `steady`: the step's time is a plain step's in a row of them (`Pipeline::steady`); another step
-    /// prices plain decoding only while nothing else has, until the first steady one.
+    /// After a plain step that took `ms`; `steady`: its time is a plain step's in a row of them
+    /// (`Pipeline::steady`: started ahead and starting the next, or not pipelined at all). Only steady
+    /// steps price plain decoding (another stands in only while nothing else has, until the first steady
+    /// one), and not the first [`Controller::SETTLING`] after a cycle or at the start of the run or of a
+    /// batch size: the first pays the cycle's rollback (evaluated with the next forward) and builds its
+    /// graph with the device idle (docs/PERF.md, session 28), and the second still ran ~10-15 % over a
+    /// steady step on the CPU (session 31); at a start, shapes are new. Where drafting never parks, the
+    /// re-probes' steps are all the window gets: priced by such steps, drafting that lost ran on.
     pub fn after_plain(&mut self, ms: f64, steady: bool) {
-        let skip = std::mem::take(&mut self.skip_plain);
+        let skip = self.skip_plain > 0;
+        self.skip_plain = self.skip_plain.saturating_sub(1);
         let costs = self.now_mut();
         if !skip && steady {
             if std::mem::take(&mut costs.plain_provisional) {
@@ -316,7 +319,7 @@ impl Controller {
 
     /// Records a cycle that drafted `drafted` tokens, accepted `accepted` of them and took `ms`.
     pub fn after_spec(&mut self, ms: f64, drafted: usize, accepted: usize) {
-        self.skip_plain = true;
+        self.skip_plain = Self::SETTLING;
         if (1..=self.max_depth).contains(&drafted) {
             self.now_mut().cycles[drafted - 1].push(ms, accepted + 1);
         }
