@@ -12,7 +12,7 @@
 //! beside a plain step and its drafts are checked against the tokens plain decoding goes on to
 //! produce, so a probe that loses costs a few head passes, not a losing cycle and the unpipelined
 //! steps around it. Drafting resumes when those drafts, priced at the cycle costs measured before
-//! the park, would win.
+//! the park (in plain steps, so a change of the machine's load between does not decide), would win.
 
 use std::collections::VecDeque;
 
@@ -58,11 +58,14 @@ struct Costs {
     cycles: Vec<Window>,
     /// Drafting lost at this size when last judged (parked there).
     lost: bool,
-    /// Per depth, the median cycle measured before the last park (which clears `cycles`): what a shadow
-    /// probe prices its drafts at. A median, not the judge's mean: a park can follow a window of four
-    /// cycles one of which stalled (a loaded machine), and every shadow probe after it would price its
-    /// drafts at that stall, keeping drafting that pays parked for good (tests/it/mtp_decode.rs under
-    /// `make test`); real cycles judge again with the mean once drafting resumes.
+    /// Per depth, the median cycle measured before the last park (which clears `cycles`), in plain steps
+    /// of that time: what a shadow probe prices its drafts at, in plain steps of its own time. A median, not
+    /// the judge's mean: a park can follow a window of four cycles one of which stalled (a loaded machine),
+    /// and every shadow probe after it would price its drafts at that stall, keeping drafting that pays
+    /// parked for good (tests/it/mtp_decode.rs under `make test`); real cycles judge again with the mean
+    /// once drafting resumes. In plain steps, not ms: where the machine's load falls during a park, plain
+    /// steps measured after it against cycles measured before it kept drafting that pays parked (the
+    /// same test, plain steps 2.5x faster at the end of the park than before it).
     before_park: Vec<Option<f64>>,
 }
 
@@ -208,12 +211,13 @@ impl Controller {
     /// A shadow probe's verdict: of its `drafted` drafts, the first `accepted` were the tokens plain
     /// decoding produced. Drafting resumes (the verdict joins the acceptance cycles measure) where drafts
     /// accepted at the rate the acceptance windows give with this probe counted [`Controller::SHADOW_WEIGHT`]
-    /// times, at the cycle costs measured before the park, would not lose to plain decoding by more than the
-    /// margin (cycles then measure their costs again: one unlucky window must not keep drafting parked);
-    /// otherwise it parks again, twice as long. Weighted so, a probe whose drafts all land after a park where
-    /// none did resumes at once, and one lucky probe does not resume drafting parked at its usual rate: taken
-    /// alone, every other probe at 80 % acceptance (all three drafts right: p = 0.51) resumed drafting that lost
-    /// at that rate, for four losing cycles each (tandem-tiny, two streams on the CPU: docs/PERF.md, session 31).
+    /// times, at the cycle costs measured before the park (in plain steps of then, as plain steps of now),
+    /// would not lose to plain decoding by more than the margin (cycles then measure their costs again: one
+    /// unlucky window must not keep drafting parked); otherwise it parks again, twice as long. Weighted so, a
+    /// probe whose drafts all land after a park where none did resumes at once, and one lucky probe does not
+    /// resume drafting parked at its usual rate: taken alone, every other probe at 80 % acceptance (all three
+    /// drafts right: p = 0.51) resumed drafting that lost at that rate, for four losing cycles each
+    /// (tandem-tiny, two streams on the CPU: docs/PERF.md, session 31).
     pub fn after_shadow(&mut self, drafted: usize, accepted: usize) {
         let drafted = drafted.min(self.max_depth);
         let Some(plain) = self.now().plain.ms_per_token() else {
@@ -227,7 +231,7 @@ impl Controller {
         let tokens = |k: usize| expected_tokens(&reached, k);
         let best = (1..=drafted)
             .filter_map(|k| {
-                let ms = line_through(&self.now().before_park, k, plain)?;
+                let ms = plain * line_through(&self.now().before_park, k, 1.0)?;
                 Some((k, ms / tokens(k)))
             })
             .min_by(|a, b| a.1.total_cmp(&b.1));
@@ -389,7 +393,7 @@ impl Controller {
             self.now_mut().lost = true;
             self.cycles_since_probe = 0;
             let costs = self.now_mut();
-            costs.before_park = costs.cycles.iter().map(Window::median_per_item).collect();
+            costs.before_park = costs.cycles.iter().map(|w| w.median_per_item().map(|ms| ms / plain)).collect();
             for w in &mut costs.cycles {
                 w.items.clear();
             }

@@ -459,3 +459,18 @@ fn a_lucky_shadow_probe_does_not_resume_drafting_that_loses_at_its_usual_rate() 
     }
     assert!(by_cycles <= 60 * runs as usize, "{} tokens by losing cycles a run", by_cycles / runs as usize);
 }
+
+/// Cycles measured on a loaded machine (plain steps 30 ms, a cycle 60) before a park, and the load gone by the
+/// time drafts land again (10 ms and 20): a shadow probe prices its drafts in plain steps of its own time and
+/// resumes drafting, which then pays. Priced in the old milliseconds (60 ms a cycle against 10 a plain step),
+/// no probe ever resumed it (`make test`'s `mtp_decode::shadow_probes_replace_losing_probe_cycles_and_resume_drafting`
+/// under load).
+#[test]
+fn a_park_across_a_change_of_load_prices_its_cycles_in_plain_steps() {
+    let mut c = Controller::new(true, 3).with_shadow_probes(true);
+    simulate(&mut c, 300, 30.0, |_| 60.0, |_| 0);
+    assert!(c.parked());
+    let r = simulate(&mut c, 3000, 10.0, |_| 20.0, |k| k);
+    let by_cycles: usize = r.by_depth.iter().sum();
+    assert!(by_cycles * 10 > 3000 * 8, "only {by_cycles} of 3000 tokens from cycles once drafting pays");
+}
