@@ -20,7 +20,7 @@ use super::decoder::Decoder;
 use super::error::Result;
 use super::mtp::{decide, draft_batch, draw_ahead, ms, start_shadows, verify_input, Drafted, MtpDecoder, Verified};
 use super::sequence::Sequence;
-use super::step::{can_pipeline, BatchRow, Started};
+use super::step::{self, can_pipeline, BatchRow, Started};
 use crate::cache::{LayerCache, Verify};
 use crate::model::launch;
 
@@ -167,9 +167,7 @@ fn plain_step(group: &mut [&mut Sequence<'_>], ahead: bool, run_ahead: bool) -> 
     let held = group.iter().any(|s| s.remaining() > 1 && s.decoder.parked_next(s.remaining()));
     let next_plain =
         pipelined && group.iter().all(|s| s.remaining() > 1 && (held || s.decoder.next_two_plain(s.remaining())));
-    // A step's time prices plain decoding where it was started ahead and starts the next, or where
-    // steps are not pipelined at all (`Pipeline::steady`).
-    let steady = !pipelined || (ahead && run_ahead && next_plain);
+    let steady = step::steady(pipelined, ahead, run_ahead && next_plain);
     if run_ahead && next_plain {
         if !ahead {
             mlx::device::async_eval(&[&tokens])?;

@@ -56,6 +56,12 @@ pub fn can_pipeline(sampler: &Sampler) -> bool {
     !off && !sampler.params.uses_history() && !sampler.is_constrained() && !sampler.records_logprobs()
 }
 
+/// Whether a plain step's wall time is what a plain step costs in a row of them ([`Pipeline::steady`]): steps
+/// are not `pipelined` at all, or this one was `started_ahead` by the step before and `starts_next`.
+pub(crate) fn steady(pipelined: bool, started_ahead: bool, starts_next: bool) -> bool {
+    !pipelined || (started_ahead && starts_next)
+}
+
 /// Builds the step that feeds `token` (`[1, 1]`, possibly still being computed) and starts
 /// computing it (MLX `async_eval`), so that the host can build the following step meanwhile.
 /// Samples exactly as [`step`] does when [`can_pipeline`] holds (the same random keys, in order).
@@ -96,10 +102,10 @@ impl Pipeline {
         start_next: bool,
     ) -> Result<(Array, u32)> {
         if !can_pipeline(sampler) {
-            self.steady = true;
+            self.steady = steady(false, false, false);
             return step(model, cache, sampler, history, last);
         }
-        self.steady = self.ahead.is_some() && start_next;
+        self.steady = steady(true, self.ahead.is_some(), start_next);
         let current = match self.ahead.take() {
             Some(s) => s,
             None => start(model, cache, sampler, &token_input(last)?)?,

@@ -269,7 +269,7 @@ fn drafting_beside_a_parked_neighbour_steps_plainly_with_it_and_decodes_as_alone
 
 /// While a neighbour is parked, a drafting sequence's steps are plain too (above), so the batch's plain steps run
 /// ahead (the next one started before this one's tokens are read) as a parked batch's do: an adaptive newcomer
-/// measures plain decoding over three steps, the first two of which start the next. Before, the drafting
+/// measures plain decoding over four steps, the first three of which start the next (the first two counted). Before, the drafting
 /// sequence's own plan (a cycle next) kept each of them unpipelined. Both decode as they do alone.
 #[test]
 fn a_batch_held_plain_by_a_parked_neighbour_runs_ahead() {

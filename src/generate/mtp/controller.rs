@@ -238,7 +238,7 @@ impl Controller {
         match best {
             // Not clearly losing at the old costs (the park's own rule): real cycles measure again.
             Some((_, ms)) if ms <= plain * (1.0 + Self::MARGIN) => {
-                self.record_reached(drafted, accepted);
+                record_reached(&mut self.reached, drafted, accepted);
                 self.parked_left = 0;
                 self.cycles_since_probe = 0;
                 // Judged lost no longer: cycles judge drafting again, from the depth they ran at (and no
@@ -327,7 +327,7 @@ impl Controller {
         if (1..=self.max_depth).contains(&drafted) {
             self.now_mut().cycles[drafted - 1].push(ms, accepted + 1);
         }
-        self.record_reached(drafted, accepted);
+        record_reached(&mut self.reached, drafted, accepted);
         self.cycles_since_probe += 1;
         self.cycles_at_depth += 1;
         self.accepted_at_depth += accepted;
@@ -351,10 +351,6 @@ impl Controller {
             self.cycles_since_probe = 0;
             self.set_depth(self.max_depth);
         }
-    }
-
-    fn record_reached(&mut self, drafted: usize, accepted: usize) {
-        record_reached(&mut self.reached, drafted, accepted);
     }
 
     fn set_depth(&mut self, depth: usize) {
