@@ -42,6 +42,9 @@
 #            and depth 3 at oracle acceptance 0.8, 512-token prompts, 256 generated per stream
 #   split    issues 16 and 22: host against device time per step (Tandem's trace, mlx-lm by benches/host_split.py),
 #            one stream in 4-bit and bf16, then batched plain steps and cycles (drafts, verify) at 2 / 4 / 8 streams
+#   hostprof where the host's time goes in a plain 4-bit step: `tandem bench` decodes a long run while cuda-gdb
+#            attaches SAMPLES times (default 40) and takes every thread's backtrace; the decoding thread's frames
+#            are counted (self and inclusive, benches/gpu/host_profile.py). PROF_ENV: extra environment
 #   knobs    MLX's CUDA graph settings (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER, MLX_MAX_MB_PER_BUFFER: how
 #            many kernels and bytes one CUDA graph takes before MLX launches it), 4-bit slice, 256 generated:
 #            Tandem plain and at depth 3 oracle 0.8, then mlx-lm, under each setting in KNOBS
@@ -423,6 +426,23 @@ for k, (n, t) in sorted(by.items(), key=lambda x: -x[1][1])[:40]:
     print(f"  {t / steps / 1e6:.3f} ms/step {n / steps:5.1f}/step {k}")
 PY
     done
+    ;;
+  hostprof)
+    env_setup
+    # shellcheck disable=SC2086
+    env ${PROF_ENV:-} $B bench --model $M-4bit --prompt-tokens 512 --gen-tokens ${PROF_TOKENS:-30000} --depths 0 \
+      > "$OUT/hostprof.json" 2> "$OUT/hostprof.err" &
+    pid=$!
+    sleep ${PROF_DELAY:-15}  # past loading, the probes and prefill
+    : > "$OUT/hostprof.txt"
+    for _ in $(seq "${SAMPLES:-40}"); do
+      kill -0 $pid 2>/dev/null || break
+      echo "=== sample" >> "$OUT/hostprof.txt"
+      timeout 30 cuda-gdb -q -nx -p $pid -batch -iex 'set auto-solib-add off' -ex 'sharedlibrary libmlx' \
+        -ex 'sharedlibrary libc.so' -ex 'thread apply all bt 60' >> "$OUT/hostprof.txt" 2>&1
+    done
+    kill $pid 2>/dev/null; wait $pid 2>/dev/null
+    python3 benches/gpu/host_profile.py "$OUT/hostprof.txt" | sed "s|^|hostprof ${PROF_ENV:-} |" | tee -a "$S"
     ;;
   knobs)
     env_setup

@@ -4,5 +4,6 @@
 mod compile;
 mod distributed;
 mod host;
+mod kernel;
 mod ops;
 mod reference;
