@@ -45,6 +45,8 @@
 #   hostprof where the host's time goes in a plain 4-bit step: `tandem bench` decodes a long run while cuda-gdb
 #            attaches SAMPLES times (default 40) and takes every thread's backtrace; the decoding thread's frames
 #            are counted (self and inclusive, benches/gpu/host_profile.py). PROF_ENV: extra environment
+#   hostcost MLX's own host cost per operation on CUDA (benches/gpu/mlx_host_cost.py): elementwise ops,
+#            reshapes and custom kernels with a tiny and a 16 KB header, with CUDA graphs on and off
 #   knobs    MLX's CUDA graph settings (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER, MLX_MAX_MB_PER_BUFFER: how
 #            many kernels and bytes one CUDA graph takes before MLX launches it), 4-bit slice, 256 generated:
 #            Tandem plain and at depth 3 oracle 0.8, then mlx-lm, under each setting in KNOBS
@@ -443,6 +445,12 @@ PY
     done
     kill $pid 2>/dev/null; wait $pid 2>/dev/null
     python3 benches/gpu/host_profile.py "$OUT/hostprof.txt" | sed "s|^|hostprof ${PROF_ENV:-} |" | tee -a "$S"
+    ;;
+  hostcost)
+    env_setup
+    for g in 1 0; do
+      MLX_USE_CUDA_GRAPHS=$g python3 benches/gpu/mlx_host_cost.py 2>&1 | tail -6 | tee -a "$S"
+    done
     ;;
   knobs)
     env_setup
