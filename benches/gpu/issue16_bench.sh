@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 16's measurements on the lent H200 in as few calls as the carry limit allows, by phases:
 #   gen      the 27B-shaped random slice (benches/gpu/random_qwen35.py --preset 27b-slice, torch only: runs
-#            before MLX has arrived) into /tmp/s27
+#            before MLX has arrived) into /tmp/s27; SLICE_DIR and GEN_ARGS: another shape in another folder
+#            for every phase (e.g. GEN_ARGS="--preset 27b-slice --hidden 1024 --intermediate 3072": the same
+#            layers and operations with a tenth of the bytes, where the host's part of a step stands alone)
 #   setup    MLX's CUDA wheel, mlx, mlx-lm (as benches/gpu/cuda_bench.sh's header says) into /tmp/site
 #   kernels  the gated-delta kernel's Python parity and timings (benches/gpu/gdn_kernel.py)
 #   rust     the Rust suite's kernels:: tests (.devcarry/it.xz: the integration-test binary built on the CPU
@@ -75,7 +77,7 @@ OUT=/tmp/raw
 PHASES=${*:-gen setup kernels rust convert q4 q8 bf16}
 mkdir -p /tmp/site /tmp/keep "$OUT" "$DEST" target/release
 cp -n .devcarry/* /tmp/keep/ 2>/dev/null || true
-M=/tmp/s27
+M=${SLICE_DIR:-/tmp/s27}  # another folder (with GEN_ARGS) for another shape, e.g. a narrow slice
 ARGS="--prompt-tokens 512 --gen-tokens 512"
 B=/tmp/keep/tandem
 S="$DEST/summary.txt"
@@ -121,7 +123,8 @@ for phase in $PHASES; do
   case $phase in
   gen)
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$S"
-    [ -d $M ] || time python3 benches/gpu/random_qwen35.py $M --preset 27b-slice
+    # shellcheck disable=SC2086
+    [ -d $M ] || time python3 benches/gpu/random_qwen35.py $M ${GEN_ARGS:---preset 27b-slice}
     ;;
   setup)
     cat /tmp/keep/mlxcuda.tar.xz.part* | xz -d | tar x -C /tmp/site
