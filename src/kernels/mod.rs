@@ -92,7 +92,8 @@ pub(crate) fn cuda_allows(name: Option<&str>, tested: &[(u32, u32)]) -> bool {
     {
         return false;
     }
-    let allowed = policy() == Policy::On || CLASS.get_or_init(cuda_compute_capability).is_some_and(|cc| tested.contains(&cc));
+    let allowed =
+        policy() == Policy::On || CLASS.get_or_init(cuda_compute_capability).is_some_and(|cc| tested.contains(&cc));
     if allowed {
         static HEADERS: std::sync::Once = std::sync::Once::new();
         HEADERS.call_once(|| match mlx::kernel::cuda_headers_in_files() {

@@ -164,7 +164,8 @@ pub mod header_file {
             &[&x],
             &Launch { outputs: &[(&[1], Dtype::F32)], grid: [1, 1, 1], threadgroup: [1, 1, 1], template: &[] },
         )?;
-        let got = y.first().ok_or_else(|| crate::Error::Invalid("the header check gave no output".into()))?.item::<f32>()?;
+        let got =
+            y.first().ok_or_else(|| crate::Error::Invalid("the header check gave no output".into()))?.item::<f32>()?;
         if got == 4.5 {
             Ok(())
         } else {
