@@ -7,7 +7,7 @@ import sys
 for path in sys.argv[1:]:
     d = json.load(open(path))
     print(f"{path}: {d.get('backend')}, mlx {d.get('mlx')}, oracle {d.get('oracle_acceptance')}, "
-          f"compiled {d.get('compiled')}")
+          f"compiled {d.get('compiled')}" + (f", CUDA headers {d['cuda_headers']}" if d.get("cuda_headers") else ""))
     for g in d.get("graph_ops", []):
         top = ", ".join(f"{n} {c}" for n, c in g["by_op"][:8])
         draft = f", an MTP draft {g['draft_ops']} more" if g.get("draft_ops") is not None else ""

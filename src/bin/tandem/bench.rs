@@ -76,6 +76,10 @@ struct Report {
     graph_ops: Vec<GraphOps>,
     /// Whether the elementwise chains ran compiled (`TANDEM_COMPILE`).
     compiled: bool,
+    /// On CUDA, how custom kernels took their headers: `files` (included) or `inline: why`
+    /// (`mlx::kernel::cuda_headers_in_files`, `TANDEM_KERNEL_HEADERS`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cuda_headers: Option<String>,
     runs: Vec<Run>,
     /// `--streams`: sequences decoded together.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -225,6 +229,12 @@ impl Report {
             oracle_acceptance: a.oracle_acceptance,
             graph_ops: Vec::new(),
             compiled: tandem::kernels::fused::enabled(),
+            cuda_headers: (mlx::device::backend() == mlx::device::Backend::Cuda).then(|| {
+                match mlx::kernel::cuda_headers_in_files() {
+                    Ok(()) => "files".to_string(),
+                    Err(why) => format!("inline: {why}"),
+                }
+            }),
             runs: Vec::new(),
             streams: Vec::new(),
         }
