@@ -46,7 +46,8 @@
 #            one stream in 4-bit and bf16, then batched plain steps and cycles (drafts, verify) at 2 / 4 / 8 streams
 #   hostprof where the host's time goes in a plain 4-bit step: `tandem bench` decodes a long run while cuda-gdb
 #            attaches SAMPLES times (default 40) and takes every thread's backtrace; the decoding thread's frames
-#            are counted (self and inclusive, benches/gpu/host_profile.py). PROF_ENV: extra environment
+#            are counted (self and inclusive, benches/gpu/host_profile.py). PROF_ENV: extra environment;
+#            PROF_ARGS: other bench arguments (default --depths 0; an MTP run decodes its plain oracle first)
 #   hostcost MLX's own host cost per operation on CUDA (benches/gpu/mlx_host_cost.py): elementwise ops,
 #            reshapes and custom kernels with a tiny and a 16 KB header, with CUDA graphs on and off
 #   knobs    MLX's CUDA graph settings (MLX_USE_CUDA_GRAPHS, MLX_MAX_OPS_PER_BUFFER, MLX_MAX_MB_PER_BUFFER: how
@@ -435,7 +436,7 @@ PY
   hostprof)
     env_setup
     # shellcheck disable=SC2086
-    env ${PROF_ENV:-} $B bench --model $M-4bit --prompt-tokens 512 --gen-tokens ${PROF_TOKENS:-30000} --depths 0 \
+    env ${PROF_ENV:-} $B bench --model $M-4bit --prompt-tokens 512 --gen-tokens ${PROF_TOKENS:-30000} ${PROF_ARGS:---depths 0} \
       > "$OUT/hostprof.json" 2> "$OUT/hostprof.err" &
     pid=$!
     sleep ${PROF_DELAY:-15}  # past loading, the probes and prefill
