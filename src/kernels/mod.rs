@@ -96,9 +96,12 @@ pub(crate) fn cuda_allows(name: Option<&str>, tested: &[(u32, u32)]) -> bool {
         policy() == Policy::On || CLASS.get_or_init(cuda_compute_capability).is_some_and(|cc| tested.contains(&cc));
     if allowed {
         static HEADERS: std::sync::Once = std::sync::Once::new();
-        HEADERS.call_once(|| match mlx::kernel::cuda_headers_in_files() {
-            Ok(()) => tracing::info!("CUDA kernel headers included from {}", mlx::kernel::header_file::dir().display()),
-            Err(why) => tracing::info!("CUDA kernel headers pasted into each kernel's source ({why})"),
+        HEADERS.call_once(|| {
+            tracing::info!(
+                "CUDA kernel headers: {} ({})",
+                mlx::kernel::cuda_headers_mode(),
+                mlx::kernel::header_file::dir().display()
+            )
         });
     }
     allowed

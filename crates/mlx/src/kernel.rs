@@ -100,6 +100,14 @@ pub fn cuda_headers_in_files() -> &'static std::result::Result<(), String> {
     })
 }
 
+/// [`cuda_headers_in_files`] in words, for logs and reports: `files`, or `inline: why`.
+pub fn cuda_headers_mode() -> String {
+    match cuda_headers_in_files() {
+        Ok(()) => "files".to_string(),
+        Err(why) => format!("inline: {why}"),
+    }
+}
+
 /// Kernel headers as files named by their contents, and the `#include` line that reads one.
 pub mod header_file {
     use super::*;

@@ -229,12 +229,7 @@ impl Report {
             oracle_acceptance: a.oracle_acceptance,
             graph_ops: Vec::new(),
             compiled: tandem::kernels::fused::enabled(),
-            cuda_headers: (mlx::device::backend() == mlx::device::Backend::Cuda).then(|| {
-                match mlx::kernel::cuda_headers_in_files() {
-                    Ok(()) => "files".to_string(),
-                    Err(why) => format!("inline: {why}"),
-                }
-            }),
+            cuda_headers: (mlx::device::backend() == mlx::device::Backend::Cuda).then(mlx::kernel::cuda_headers_mode),
             runs: Vec::new(),
             streams: Vec::new(),
         }
