@@ -95,14 +95,18 @@ pub(super) struct StreamOptions {
     pub(super) include_usage: Option<bool>,
 }
 
+/// A field it does not know is refused, never ignored: `{"dept": 2}` would otherwise run the model's depth.
 #[derive(Debug, Deserialize, TS)]
+#[serde(deny_unknown_fields)]
 #[ts(optional_fields, rename = "RequestMtp")]
 pub(super) struct MtpIn {
     pub(super) enabled: Option<bool>,
     pub(super) depth: Option<usize>,
 }
 
+/// Only `enable_thinking` reaches the template; any other key is refused rather than dropped.
 #[derive(Debug, Deserialize, TS)]
+#[serde(deny_unknown_fields)]
 #[ts(optional_fields, rename = "ChatTemplateKwargs")]
 struct TemplateKwargs {
     enable_thinking: Option<bool>,

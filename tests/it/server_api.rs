@@ -346,6 +346,42 @@ async fn bad_requests_get_json_errors() {
     server.shutdown().await.unwrap();
 }
 
+/// Tandem's own objects in a generation request (`mtp`, `chat_template_kwargs`) refuse a key they do
+/// not read, naming it, as the top level does: a typo must not run the model's default silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn extension_objects_refuse_keys_they_do_not_read() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config(), 16).await;
+    let a = server.addr();
+    let with = |route: &str, extra: Value| {
+        let mut body = match route {
+            "/v1/completions" => json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2}),
+            _ => chat_body("Hi", 2, false),
+        };
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    for route in ["/v1/chat/completions", "/v1/completions"] {
+        let m = post_json(a, route, &with(route, json!({"mtp": {"dept": 2}}))).await.error(400, "invalid_value");
+        assert!(m.contains("mtp") && m.contains("dept"), "{route}: names the key: {m}");
+        let ok = post_json(a, route, &with(route, json!({"mtp": {"enabled": true, "depth": 2}}))).await;
+        assert_eq!(ok.status, 200, "{route}: {}", ok.text());
+    }
+    let m = post_json(
+        a,
+        "/v1/chat/completions",
+        &with("", json!({"chat_template_kwargs": {"add_generation_prompt": false}})),
+    )
+    .await
+    .error(400, "invalid_value");
+    assert!(m.contains("add_generation_prompt"), "names the key: {m}");
+    let ok =
+        post_json(a, "/v1/chat/completions", &with("", json!({"chat_template_kwargs": {"enable_thinking": false}})))
+            .await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    server.shutdown().await.unwrap();
+}
+
 fn base64_decode(s: &str) -> Vec<u8> {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.decode(s).unwrap()
