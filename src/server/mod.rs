@@ -416,6 +416,7 @@ fn router(state: Arc<AppState>) -> Router {
         .max_age(Duration::from_secs(600));
     Router::new()
         .route("/v1/models", get(openai::list_models))
+        .route("/v1/models/{*id}", get(openai::get_model))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/messages", post(anthropic::messages))

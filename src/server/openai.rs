@@ -1,11 +1,11 @@
-//! The OpenAI-compatible API: `GET /v1/models` and `POST /v1/chat/completions`, streaming (SSE
-//! chunks as OpenAI writes them, ending with `data: [DONE]`) and not.
+//! The OpenAI-compatible API: `GET /v1/models`, `GET /v1/models/{model}` and `POST /v1/chat/completions`,
+//! streaming (SSE chunks as OpenAI writes them, ending with `data: [DONE]`) and not.
 
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -24,7 +24,8 @@ use super::wire::{
 use super::{security, AppState};
 use crate::chat::tools::{self as calls, CallStream, Tool, ToolCall, ToolChoice, ToolUse};
 use crate::engine::{
-    ChatMessage, Completion, Event, Generation, Image, Input, MtpOverrides, Part, Request, SamplingOverrides,
+    ChatMessage, Completion, EngineError, Event, Generation, Image, Input, MtpOverrides, Part, Request,
+    SamplingOverrides,
 };
 use crate::generate::FinishReason;
 
@@ -35,11 +36,28 @@ pub async fn list_models(State(state): State<Arc<AppState>>) -> Result<Json<Open
     let default = registry.default_model().ok().map(|m| m.name);
     let mut models = registry.list();
     models.sort_by_key(|m| Some(&m.name) != default.as_ref());
-    let data = models
-        .into_iter()
-        .map(|m| OpenAiModel { id: m.name, object: "model".into(), created, owned_by: "tandem".into() })
-        .collect();
+    let data = models.into_iter().map(|m| openai_model(m.name, created)).collect();
     Ok(Json(OpenAiModelList { object: "list".into(), data }))
+}
+
+/// `GET /v1/models/{model}`: OpenAI's "retrieve model" (`client.models.retrieve`). A name with a `/`
+/// (`ORG/NAME`) may come percent-encoded, as the clients send it, or as it is.
+pub async fn get_model(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<OpenAiModel>, ApiError> {
+    let registry = state.engine.registry();
+    match registry.get(&id) {
+        Some(m) => Ok(Json(openai_model(m.name, state.started_unix))),
+        None => {
+            let known = registry.list().into_iter().map(|m| m.name).collect();
+            Err(EngineError::UnknownModel { name: id, known }.into())
+        }
+    }
+}
+
+fn openai_model(id: String, created: u64) -> OpenAiModel {
+    OpenAiModel { id, object: "model".into(), created, owned_by: "tandem".into() }
 }
 
 /// `POST /v1/chat/completions` (OpenAI's fields that Tandem reads, and its extensions).

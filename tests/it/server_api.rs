@@ -382,6 +382,25 @@ async fn extension_objects_refuse_keys_they_do_not_read() {
     server.shutdown().await.unwrap();
 }
 
+/// OpenAI's "retrieve model" (`client.models.retrieve`): the list's entry for a known name, 404
+/// `model_not_found` naming an unknown one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_model_is_retrieved_by_name() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config(), 16).await;
+    let a = server.addr();
+    let listed = get(a, "/v1/models").await.json()["data"][0].clone();
+    let r = get(a, &format!("/v1/models/{MODEL}")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json(), listed, "the same object as in the list");
+    let m = get(a, "/v1/models/no-such-model").await.error(404, "model_not_found");
+    assert!(m.contains("no-such-model") && m.contains(MODEL), "names it and the known ones: {m}");
+    // An `ORG/NAME`, percent-encoded as the clients send it, or not.
+    get(a, "/v1/models/org%2Fname").await.error(404, "model_not_found");
+    assert!(get(a, "/v1/models/org/name").await.error(404, "model_not_found").contains("org/name"));
+    server.shutdown().await.unwrap();
+}
+
 fn base64_decode(s: &str) -> Vec<u8> {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.decode(s).unwrap()

@@ -4,7 +4,7 @@ tests/server_api.rs, test `openai_python_client`).
     python tests/server/openai_client.py --base-url http://127.0.0.1:PORT/v1 --model NAME --model-dir DIR
 
 Checks, with Hugging Face `transformers` as the independent oracle for token counts:
-- /v1/models lists the model;
+- /v1/models lists the model, and `models.retrieve` finds it (an unknown name is NotFoundError);
 - non-streaming: content arrives, `usage` is right (prompt tokens equal transformers' count of the
   chat template's ids; completion tokens equal max_tokens when the finish reason is "length"),
   Tandem's `stats` object is present and agrees with `usage`;
@@ -50,6 +50,12 @@ def main():
 
     ids = [m.id for m in client.models.list().data]
     check(args.model in ids, f"/v1/models lists {args.model} ({ids})")
+    check(client.models.retrieve(args.model).id == args.model, f"models.retrieve({args.model!r})")
+    try:
+        client.models.retrieve("no-such-model")
+        check(False, "models.retrieve of an unknown name fails")
+    except openai.NotFoundError as e:
+        check("no-such-model" in str(e), f"models.retrieve of an unknown name is NotFoundError ({e})")
 
     # Non-streaming, greedy, long enough to run into the length limit.
     r = client.chat.completions.create(
