@@ -103,8 +103,10 @@ fn write(buffer: Option<Array>, x: &Array, start: i32, end: i32) -> Result<Array
 pub struct Recording {
     /// `old conv state (K-1 rows) ++ the pass's pre-conv rows`, `[B, K-1+T, C]`.
     pub conv_input: Array,
-    /// The recurrence's `q, k, v, decay, beta` for the pass's tokens (`[B, T, ...]`).
-    pub inputs: [Array; 5],
+    /// The recurrence's `q, k, v, decay, beta` for the pass's tokens (`[B, T, ...]`), where MLX's operations
+    /// made q, k and v; None where one kernel read them from the conv's output (`kernels::gated_delta_qkv`),
+    /// which also gives `steps`.
+    pub inputs: Option<[Array; 5]>,
     /// The recurrent state before the pass.
     pub initial: Array,
     /// The recurrent state after the whole pass.
@@ -117,7 +119,12 @@ pub struct Recording {
 impl Recording {
     /// Tokens in the recorded pass.
     pub fn len(&self) -> usize {
-        self.inputs[0].dim(1).max(0) as usize
+        let tokens = match (&self.inputs, &self.steps) {
+            (Some(inputs), _) => inputs[0].dim(1),
+            (None, Some(steps)) => steps.dim(0),
+            (None, None) => 0,
+        };
+        tokens.max(0) as usize
     }
 
     pub fn is_empty(&self) -> bool {
@@ -136,7 +143,9 @@ impl Recording {
             return crate::kernels::gated_delta::step_state(steps, keep);
         }
         let k = keep as i32;
-        let [q, kk, v, decay, beta] = &self.inputs;
+        let Some([q, kk, v, decay, beta]) = &self.inputs else {
+            return Err(mlx::Error::Invalid("a verify's recording has neither its inputs nor its steps".into()));
+        };
         let at = |a: &Array| a.slice_axis(1, 0, k);
         // The forward's own selection (kernels::gated_delta), so the prefix gets a decode step's bits.
         let update = crate::kernels::gated_delta::gated_delta_update(
@@ -154,10 +163,13 @@ impl Recording {
     fn row(&self, i: usize) -> Result<Recording> {
         let i = i as i32;
         let row = |a: &Array| a.slice_axis(0, i, i + 1);
-        let [q, k, v, decay, beta] = &self.inputs;
+        let inputs = match &self.inputs {
+            Some([q, k, v, decay, beta]) => Some([row(q)?, row(k)?, row(v)?, row(decay)?, row(beta)?]),
+            None => None,
+        };
         Ok(Recording {
             conv_input: row(&self.conv_input)?,
-            inputs: [row(q)?, row(k)?, row(v)?, row(decay)?, row(beta)?],
+            inputs,
             initial: row(&self.initial)?,
             final_state: row(&self.final_state)?,
             steps: self.steps.as_ref().map(|s| s.slice_axis(1, i, i + 1)).transpose()?,
@@ -562,11 +574,30 @@ mod tests {
         let zeros = Array::zeros(&[3, 4, 1, 1], Dtype::F32).unwrap();
         Recording {
             conv_input: seq(&[3, 7, 2], 0.0),
-            inputs: [zeros.clone(), zeros.clone(), zeros.clone(), zeros.clone(), zeros],
+            inputs: Some([zeros.clone(), zeros.clone(), zeros.clone(), zeros.clone(), zeros]),
             initial: seq(&[3, 2, 2, 2], 500.0),
             final_state: steps.slice_axis(0, 3, 4).unwrap().squeeze(&[0]).unwrap(),
             steps: with_steps.then_some(steps),
         }
+    }
+
+    /// A pass whose kernel read q, k and v from the conv's output (`kernels::gated_delta_qkv`) records no inputs:
+    /// its per-token states alone roll it back, to the states a recording with inputs gives; a recording with
+    /// neither cannot roll back part of a pass.
+    #[test]
+    fn a_recording_without_inputs_rolls_back_by_its_steps() {
+        let values = |x: Array| x.to_f32_vec().unwrap();
+        let with = batched_recording(true);
+        let without = Recording { inputs: None, ..batched_recording(true) };
+        assert_eq!(without.len(), 4);
+        for keep in 0..=4 {
+            assert_eq!(values(without.state_after(keep).unwrap()), values(with.state_after(keep).unwrap()), "{keep}");
+        }
+        let row = without.row(1).unwrap();
+        assert_eq!((row.len(), row.inputs.is_none()), (4, true));
+        assert_eq!(values(row.state_after(2).unwrap()), values(with.row(1).unwrap().state_after(2).unwrap()));
+        let neither = Recording { inputs: None, ..batched_recording(false) };
+        assert!(neither.state_after(2).is_err());
     }
 
     /// Committing a batch's verifies at once leaves each sequence the state its own commit leaves, and

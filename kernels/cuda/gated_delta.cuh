@@ -21,6 +21,8 @@
 // Inputs (fp32, row-contiguous): q, k [B, T, HK, DK]; v [B, T, HV, DV]; g, beta [B, T, HV]; state
 // [B, HV, DV, DK]. Outputs: y [B, T, HV, DV]; states [T, B, HV, DV, DK]. Launch: threads (32, DV, B * HV),
 // blocks of (32, ROWS, 1). The body is gated_delta.cu; the Rust glue src/kernels/gated_delta.rs.
+// recurrence_qkv (body gated_delta_qkv.cu, glue src/kernels/gated_delta_qkv.rs) takes the layer's conv output
+// instead of q, k and v, and normalises q and k itself.
 
 namespace tandem_gdn {
 
@@ -32,6 +34,81 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// One token's update of a warp's state row s (lane l holding elements l + 32 i) from its key and query
+// elements kk, qq, the gate gt, the row's value vt and beta: returns y = S q (the same in every lane).
+template <int PER>
+__device__ __forceinline__ float token_step(float (&s)[PER], const float (&kk)[PER], const float (&qq)[PER],
+                                            float gt, float vt, float betat) {
+  float kv = 0.0f;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    s[i] = s[i] * gt;
+    kv = fmaf(s[i], kk[i], kv);
+  }
+  kv = warp_sum(kv);
+  const float delta = (vt - kv) * betat;
+  float out = 0.0f;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    s[i] = fmaf(kk[i], delta, s[i]);
+    out = fmaf(s[i], qq[i], out);
+  }
+  return warp_sum(out);
+}
+
+// L2 normalisation of a warp's row of DK = 32 PER elements, times scale [DK]: what MLX's rms_norm(x, scale,
+// eps) computes in fp32 (x * rsqrt(mean(x^2) + eps) * scale), the squares summed in a fixed order (each lane
+// its elements in turn, then the butterfly), so every warp that reads the row gets the same bits.
+template <int PER>
+__device__ __forceinline__ void normalise(float (&x)[PER], const float* scale, float eps, int lane) {
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    ss = fmaf(x[i], x[i], ss);
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / static_cast<float>(32 * PER) + eps);
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    x[i] = (x[i] * r) * scale[lane + 32 * i];
+  }
+}
+
+// Where a warp's state row lies: its batch b, value head h (and key head hk), value row dv, and the row's
+// offset in the state; false for a thread past the last row.
+struct Row {
+  int b, h, hk, dv;
+  size_t at, per_step;
+};
+
+template <int DV>
+__device__ __forceinline__ bool locate(Row& r, int B, int HK, int HV, int DK) {
+  r.dv = blockIdx.y * blockDim.y + threadIdx.y;
+  const int n = blockIdx.z;  // b * HV + h
+  if (r.dv >= DV || n >= B * HV) {
+    return false;
+  }
+  r.b = n / HV, r.h = n % HV, r.hk = r.h / (HV / HK);
+  r.at = (static_cast<size_t>(n) * DV + r.dv) * DK;
+  r.per_step = static_cast<size_t>(B) * HV * DV * DK;
+  return true;
+}
+
+// Token t's output and the state after it, stored.
+template <int PER, int DV>
+__device__ __forceinline__ void store_step(const float (&s)[PER], float out, const Row& r, size_t bt, int t,
+                                           int HV, float* y, float* states) {
+  const int lane = threadIdx.x;
+  if (lane == 0) {
+    y[(bt * HV + r.h) * DV + r.dv] = out;
+  }
+  float* st = states + t * r.per_step + r.at;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    st[lane + 32 * i] = s[i];
+  }
+}
+
 template <int DK, int DV>
 __device__ __forceinline__ void recurrence(const float* q, const float* k, const float* v, const float* g,
                                            const float* beta, const float* state, float* y, float* states,
@@ -39,52 +116,69 @@ __device__ __forceinline__ void recurrence(const float* q, const float* k, const
   static_assert(DK % 32 == 0 && DK <= 256, "DK: a multiple of 32, at most 256");
   constexpr int PER = DK / 32;
   const int lane = threadIdx.x;
-  const int dv = blockIdx.y * blockDim.y + threadIdx.y;
-  const int n = blockIdx.z;  // b * HV + h
-  if (dv >= DV || n >= B * HV) {
+  Row r;
+  if (!locate<DV>(r, B, HK, HV, DK)) {
     return;
   }
-  const int b = n / HV, h = n % HV, hk = h / (HV / HK);
-  const size_t row = (static_cast<size_t>(n) * DV + dv) * DK;
-  const size_t per_step = static_cast<size_t>(B) * HV * DV * DK;
-
   float s[PER];
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
-    s[i] = state[row + lane + 32 * i];
+    s[i] = state[r.at + lane + 32 * i];
   }
   for (int t = 0; t < T; ++t) {
-    const size_t bt = static_cast<size_t>(b) * T + t;
-    const float* qt = q + (bt * HK + hk) * DK;
-    const float* kt = k + (bt * HK + hk) * DK;
-    const float gt = g[bt * HV + h];
-    const float betat = beta[bt * HV + h];
-    const float vt = v[(bt * HV + h) * DV + dv];
-    float kk[PER];
-    float kv = 0.0f;
+    const size_t bt = static_cast<size_t>(r.b) * T + t;
+    const float* qt = q + (bt * HK + r.hk) * DK;
+    const float* kt = k + (bt * HK + r.hk) * DK;
+    float kk[PER], qq[PER];
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
       kk[i] = kt[lane + 32 * i];
-      s[i] = s[i] * gt;
-      kv = fmaf(s[i], kk[i], kv);
+      qq[i] = qt[lane + 32 * i];
     }
-    kv = warp_sum(kv);
-    const float delta = (vt - kv) * betat;
-    float out = 0.0f;
+    const float vt = v[(bt * HV + r.h) * DV + r.dv];
+    const float out = token_step(s, kk, qq, g[bt * HV + r.h], vt, beta[bt * HV + r.h]);
+    store_step<PER, DV>(s, out, r, bt, t, HV, y, states);
+  }
+}
+
+// The same recurrence read straight from the causal conv's output qkv [B, T, 2 HK DK + HV DV] (the q, k and v
+// channels in that order), with q and k L2-normalised here, each times its scale (qs [DK]: 1 / DK, which also
+// takes q's 1 / sqrt(DK); ks [DK]: 1 / sqrt(DK)) under eps: the split, three reshapes and two norms a Gated
+// DeltaNet layer otherwise runs as MLX operations before the recurrence, six launches a layer. A token's
+// results still depend on that token's inputs and the state before it only.
+template <int DK, int DV, int HK>
+__device__ __forceinline__ void recurrence_qkv(const float* qkv, const float* qs, const float* ks, float eps,
+                                               const float* g, const float* beta, const float* state, float* y,
+                                               float* states, int B, int T, int HV) {
+  static_assert(DK % 32 == 0 && DK <= 256, "DK: a multiple of 32, at most 256");
+  constexpr int PER = DK / 32;
+  const int lane = threadIdx.x;
+  Row r;
+  if (!locate<DV>(r, B, HK, HV, DK)) {
+    return;
+  }
+  const size_t channels = static_cast<size_t>(2 * HK * DK) + static_cast<size_t>(HV) * DV;
+  float s[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    s[i] = state[r.at + lane + 32 * i];
+  }
+  for (int t = 0; t < T; ++t) {
+    const size_t bt = static_cast<size_t>(r.b) * T + t;
+    const float* row = qkv + bt * channels;
+    const float* qt = row + r.hk * DK;
+    const float* kt = row + (HK + r.hk) * DK;
+    float kk[PER], qq[PER];
 #pragma unroll
     for (int i = 0; i < PER; ++i) {
-      s[i] = fmaf(kk[i], delta, s[i]);
-      out = fmaf(s[i], qt[lane + 32 * i], out);
+      kk[i] = kt[lane + 32 * i];
+      qq[i] = qt[lane + 32 * i];
     }
-    out = warp_sum(out);
-    if (lane == 0) {
-      y[(bt * HV + h) * DV + dv] = out;
-    }
-    float* st = states + t * per_step + row;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      st[lane + 32 * i] = s[i];
-    }
+    normalise(kk, ks, eps, lane);
+    normalise(qq, qs, eps, lane);
+    const float vt = row[2 * HK * DK + r.h * DV + r.dv];
+    const float out = token_step(s, kk, qq, g[bt * HV + r.h], vt, beta[bt * HV + r.h]);
+    store_step<PER, DV>(s, out, r, bt, t, HV, y, states);
   }
 }
 

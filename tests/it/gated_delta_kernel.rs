@@ -1,5 +1,5 @@
-//! The gated-delta kernels (kernels/cuda/gated_delta.cu{,h}, kernels/cpu/gated_delta.{h,cc},
-//! src/kernels/gated_delta.rs) against MLX's op, and their exactness across the number of tokens. The CUDA
+//! The gated-delta kernels (kernels/cuda/gated_delta{,_qkv}.cu, gated_delta.cuh, kernels/cpu/gated_delta.{h,cc},
+//! src/kernels/gated_delta{,_qkv}.rs) against MLX's op, and their exactness across the number of tokens. The CUDA
 //! tests print why they are skipped elsewhere (this CPU machine, CI); benches/gpu/kernels_bench.sh runs them
 //! on a GPU. The host kernel's tests run wherever MLX computes on the CPU.
 
@@ -7,6 +7,7 @@ use crate::common::rel_err;
 use mlx::device::{backend, cuda_compute_capability, default_device, Backend, Device};
 use mlx::{Array, Dtype};
 use tandem::kernels::gated_delta as gd;
+use tandem::kernels::gated_delta_qkv::{self as gq, Layout};
 
 fn cuda_or_skip(test: &str) -> bool {
     if backend() == Backend::Cuda {
@@ -296,5 +297,153 @@ fn gated_delta_host_lossless_through_the_model() {
     rollbacks_match_clean_runs(&m, |keep, i, a, b| {
         let same = a.to_bytes().unwrap() == b.to_bytes().unwrap();
         assert!(same, "keep {keep}: cache array {i} differs from a run that saw only the kept tokens");
+    });
+}
+
+/// On any machine with a C++ compiler: the CUDA source of both recurrence entries (over q, k, v; and over the
+/// conv's output with q and k normalised inside, `gated_delta_qkv`), run by a CPU emulation
+/// (tests/it/emulate/gated_delta.cpp: a thread per CUDA thread, barriers for the warp shuffles) against
+/// double-precision references, each token of a 4-token call bit-identical to its one-token call.
+#[test]
+fn gated_delta_source_emulated_on_cpu() {
+    let defines =
+        [("GDN_CUH", "gated_delta.cuh"), ("GDN_BODY", "gated_delta.cu"), ("GDN_QKV_BODY", "gated_delta_qkv.cu")];
+    if let Some(out) = crate::common::run_emulation("gated_delta", &defines) {
+        assert!(out.contains("recurrence_qkv: worst") && out.contains("identical alone"), "{out}");
+    }
+}
+
+/// The fused kernel's selection rule on any backend: which shapes it computes, never off CUDA, and on CUDA
+/// not on an untested machine class unless `TANDEM_KERNELS=on`.
+#[test]
+fn gated_delta_qkv_selection_rules() {
+    let big = Layout { hk: 16, hv: 48, dk: 128, dv: 128 };
+    let tiny = Layout { hk: 2, hv: 4, dk: 64, dv: 64 };
+    let ok = |b, t, l: &Layout| {
+        let (qkv, s, g, beta, st) = gq::random_inputs(b, t, l, 1).unwrap();
+        gq::applicable(&qkv, l, &s, &g, &beta, &st)
+    };
+    for t in 1..=gd::MAX_TOKENS {
+        assert!(ok(1, t, &big) && ok(2, t, &tiny), "T = {t}");
+    }
+    assert!(!ok(1, gd::MAX_TOKENS + 1, &tiny), "prefill widths: MLX's operations");
+    assert!(!ok(1, 2, &Layout { hk: 4, hv: 6, dk: 128, dv: 128 }), "value heads not a multiple of key heads");
+    assert!(!ok(1, 2, &Layout { hk: 2, hv: 4, dk: 48, dv: 64 }), "Dk not a multiple of 32");
+    let (qkv, s, g, beta, st) = gq::random_inputs(1, 2, &tiny, 2).unwrap();
+    let other = Layout { dv: 32, ..tiny };
+    assert!(!gq::applicable(&qkv, &other, &s, &g, &beta, &st), "channels that are not the layout's");
+    let bf = qkv.as_dtype(Dtype::BF16).unwrap();
+    assert!(!gq::applicable(&bf, &tiny, &s, &g, &beta, &st), "not f32");
+    let selected = gq::selected(&qkv, &tiny, &s, &g, &beta, &st);
+    let cc = cuda_compute_capability();
+    let allowed =
+        tandem::kernels::policy() == tandem::kernels::Policy::On || cc.is_some_and(|c| gq::TESTED_CLASSES.contains(&c));
+    if backend() != Backend::Cuda {
+        assert!(!selected, "selected without CUDA");
+    } else if !allowed {
+        assert!(!selected, "selected on the untested class {cc:?}");
+    }
+}
+
+/// The fallback (MLX's operations: split, heads, norms) gives q, k and v as the layer defines them: q and k
+/// the first two blocks of channels L2-normalised (norms 1/sqrt(Dk) and 1), v the last block as it is, per
+/// token and head; and the recurrence on them.
+#[test]
+fn gated_delta_qkv_fallback_splits_and_normalises() {
+    let l = Layout { hk: 2, hv: 6, dk: 64, dv: 32 };
+    let eps = 1e-6 / l.dk as f32;
+    let (qkv, s, g, beta, st) = gq::random_inputs(2, 3, &l, 5).unwrap();
+    let r = gq::fallback(&qkv, &l, &s, eps, &g, &beta, &st).unwrap();
+    let [q, k, v] = r.qkv.expect("the fallback returns its q, k, v");
+    assert_eq!((q.shape(), k.shape(), v.shape()), (vec![2, 3, 2, 64], vec![2, 3, 2, 64], vec![2, 3, 6, 32]));
+    let raw = qkv.to_f32_vec().unwrap();
+    let (qv, kv, vv) = (q.to_f32_vec().unwrap(), k.to_f32_vec().unwrap(), v.to_f32_vec().unwrap());
+    let c = l.channels() as usize;
+    let (dk, kd) = (l.dk as usize, (l.hk * l.dk) as usize);
+    for bt in 0..6 {
+        let row = &raw[bt * c..(bt + 1) * c];
+        for h in 0..l.hk as usize {
+            for (got, start, want_norm) in [(&qv, h * dk, 1.0 / (dk as f32).sqrt()), (&kv, kd + h * dk, 1.0)] {
+                let x = &row[start..start + dk];
+                let y = &got[(bt * l.hk as usize + h) * dk..][..dk];
+                let (nx, ny) =
+                    (x.iter().map(|e| e * e).sum::<f32>().sqrt(), y.iter().map(|e| e * e).sum::<f32>().sqrt());
+                assert!((ny - want_norm).abs() < 1e-4 * want_norm, "token {bt} head {h}: norm {ny}, want {want_norm}");
+                let cos = x.iter().zip(y).map(|(a, b)| a * b).sum::<f32>() / (nx * ny);
+                assert!(cos > 1.0 - 1e-5, "token {bt} head {h}: not the channels' direction ({cos})");
+            }
+        }
+        assert_eq!(&vv[bt * (c - 2 * kd)..(bt + 1) * (c - 2 * kd)], &row[2 * kd..], "token {bt}: v");
+    }
+    let direct = gd::gated_delta_update(&q, &k, &v, &g, &beta, &st).unwrap();
+    assert_eq!(r.update.y.to_bytes().unwrap(), direct.y.to_bytes().unwrap());
+}
+
+/// On CUDA: the fused kernel against its fallback for T = 1..9 at the 27B shape, tandem-tiny's and mixed
+/// shapes, within `gated_delta::TOLERANCE`; every token's output and state the same bits whatever T and when
+/// decoded alone from the state before it. Its probe passes.
+#[test]
+fn gated_delta_qkv_cuda_parity() {
+    if !cuda_or_skip("gated_delta_qkv_cuda_parity") {
+        return;
+    }
+    let err = gq::probe().unwrap();
+    assert!(err <= gd::TOLERANCE, "probe error {err:.2e}");
+    let f = |a: &Array| a.to_f32_vec().unwrap();
+    let at = |a: &Array, t: i32| a.slice_axis(1, 0, t).unwrap();
+    let max_t = gd::MAX_TOKENS;
+    let layouts = [(1, 16, 48, 128, 128), (1, 2, 4, 64, 64), (2, 2, 6, 128, 128), (1, 4, 8, 128, 64)];
+    for (i, &(b, hk, hv, dk, dv)) in layouts.iter().enumerate() {
+        let l = Layout { hk, hv, dk, dv };
+        let eps = 1e-6 / dk as f32;
+        let (qkv, s, g, beta, s0) = gq::random_inputs(b, max_t, &l, 60 + i as u64).unwrap();
+        let full = gq::cuda(&qkv, &l, &s, eps, &g, &beta, &s0).unwrap();
+        let (mut worst_y, mut worst_s) = (0.0f32, 0.0f32);
+        for t in 1..=max_t {
+            let case = format!("{l:?} B={b} T={t}");
+            let kern = gq::cuda(&at(&qkv, t), &l, &s, eps, &at(&g, t), &at(&beta, t), &s0).unwrap();
+            let fb = gq::fallback(&at(&qkv, t), &l, &s, eps, &at(&g, t), &at(&beta, t), &s0).unwrap().update;
+            let (ey, es) = (rel_err(&f(&kern.y), &f(&fb.y)), rel_err(&f(&kern.state), &f(&fb.state)));
+            assert!(ey <= gd::TOLERANCE && es <= gd::TOLERANCE, "{case}: outputs {ey:.2e}, state {es:.2e}");
+            (worst_y, worst_s) = (worst_y.max(ey), worst_s.max(es));
+            assert_eq!(kern.y.to_bytes().unwrap(), at(&full.y, t).to_bytes().unwrap(), "{case}: outputs vs T = 9");
+        }
+        let mut state = s0.clone();
+        for t in 0..max_t {
+            let one = |a: &Array| a.slice_axis(1, t, t + 1).unwrap();
+            let u = gq::cuda(&one(&qkv), &l, &s, eps, &one(&g), &one(&beta), &state).unwrap();
+            let want = full.y.slice_axis(1, t, t + 1).unwrap();
+            assert_eq!(u.y.to_bytes().unwrap(), want.to_bytes().unwrap(), "{l:?}: token {t} decoded alone");
+            state = u.state;
+        }
+        assert_eq!(state.to_bytes().unwrap(), full.state.to_bytes().unwrap());
+        println!(
+            "gated_delta_qkv parity {l:?} B={b}: outputs {worst_y:.2e}, states {worst_s:.2e} from its fallback \
+             (worst over T = 1..{max_t}; tolerance {:.0e}); bit-identical across T",
+            gd::TOLERANCE
+        );
+    }
+}
+
+/// On CUDA with the fused kernel selected (`TANDEM_KERNELS=on` until its class is tested): through the model
+/// (tandem-tiny in f32, the kernel at every decode and verify, rollbacks by its steps) greedy MTP output
+/// equals plain greedy output at depths 1-3, and a rollback leaves the caches of a run that never saw the
+/// drafts (within 1e-3, as for the recurrence kernel).
+#[test]
+fn gated_delta_qkv_cuda_lossless() {
+    if !cuda_or_skip("gated_delta_qkv_cuda_lossless") {
+        return;
+    }
+    let l = Layout { hk: 2, hv: 4, dk: 64, dv: 64 };
+    let (qkv, s, g, beta, st) = gq::random_inputs(1, 4, &l, 3).unwrap();
+    let selected = gq::selected(&qkv, &l, &s, &g, &beta, &st);
+    println!("gated_delta_qkv selected at tandem-tiny's shape: {selected}");
+    if tandem::kernels::policy() == tandem::kernels::Policy::On && !tandem::kernels::disabled(gq::NAME) {
+        assert!(selected, "TANDEM_KERNELS=on: the fused kernel is taken");
+    }
+    let m = crate::common::tiny_mtp_matches_plain(Dtype::F32, true);
+    rollbacks_match_clean_runs(&m, |keep, i, a, b| {
+        let e = rel_err(&a.to_f32_vec().unwrap(), &b.to_f32_vec().unwrap());
+        assert!(e < 1e-3, "keep {keep}: cache array {i} differs by {e:.2e}");
     });
 }

@@ -4,7 +4,7 @@ use mlx::{concatenate, Array, Dtype};
 
 use super::{mlx_err, Config};
 use crate::cache::{LinearState, Recording};
-use crate::kernels::{fused, gated_delta, norm};
+use crate::kernels::{fused, gated_delta, gated_delta_qkv, norm};
 use crate::model::layers::{Fused, Linear, Result, Tap};
 use crate::model::parallel::{Cut, Parallel};
 use crate::model::store::Store;
@@ -144,29 +144,21 @@ impl GatedDeltaNet {
         let conv = crate::kernels::conv::conv_silu(&conv_input, &self.conv_weight)?;
         let window = conv_input.slice_axis(1, t, t + self.kernel - 1)?;
 
-        let kd = self.hk * self.dk;
-        let parts = conv.split_at(&[kd, 2 * kd], 2)?;
-        let q = parts[0].reshape(&[b, t, self.hk, self.dk])?.as_dtype(Dtype::F32)?;
-        let k = parts[1].reshape(&[b, t, self.hk, self.dk])?.as_dtype(Dtype::F32)?;
-        let v = parts[2].reshape(&[b, t, self.hv, self.dv])?.as_dtype(Dtype::F32)?;
-        // L2 normalisation x / sqrt(sum x^2 + eps) == rms_norm(x, eps / D) / sqrt(D); q also takes 1/sqrt(Dk).
-        // MLX's norm (`norm::fallback`: f32 in and out here, compiled on the CPU).
-        let eps = 1e-6 / self.dk as f32;
-        let q = norm::fallback(&q, &self.qk_scales[0], eps)?;
-        let k = norm::fallback(&k, &self.qk_scales[1], eps)?;
-        // The recurrence (docs/MODEL.md §3.2) with MLX's fused kernel; its state is [B, Hv, Dv, Dk] and
-        // it maps value heads to key heads itself. A verify pass records what a rollback needs to
+        // q, k and v are the conv output's channels, by heads; q and k L2-normalised: x / sqrt(sum x^2 + eps) ==
+        // rms_norm(x, eps / D) / sqrt(D), q also taking 1/sqrt(Dk). Then the recurrence (docs/MODEL.md §3.2),
+        // its state [B, Hv, Dv, Dk], value heads mapped to key heads inside. On CUDA at decode and verify widths
+        // one kernel does all of it and returns every token's state too (kernels::gated_delta_qkv); else MLX's
+        // operations, the recurrence by kernels::gated_delta. A verify pass records what a rollback needs to
         // recompute the state of a shorter prefix (cache::Recording).
-        // On CUDA at decode and verify widths a kernel that also returns every token's state
-        // (kernels::gated_delta); MLX's op otherwise.
-        let gated_delta::Update { y: o, state, steps } =
-            gated_delta::gated_delta_update(&q, &k, &v, &decay, &beta, &initial)?;
+        let layout = gated_delta_qkv::Layout { hk: self.hk, hv: self.hv, dk: self.dk, dv: self.dv };
+        let eps = 1e-6 / self.dk as f32;
+        let gated_delta_qkv::Recurrence { update, qkv } =
+            gated_delta_qkv::update(&conv, &layout, &self.qk_scales, eps, &decay, &beta, &initial)?;
+        let gated_delta::Update { y: o, state, steps } = update;
         if states.iter().any(|st| st.verifying()) {
             let final_state = state.clone();
-            LinearState::record(
-                states,
-                Recording { conv_input, inputs: [q, k, v, decay, beta], initial, final_state, steps },
-            );
+            let inputs = qkv.map(|[q, k, v]| [q, k, v, decay, beta]);
+            LinearState::record(states, Recording { conv_input, inputs, initial, final_state, steps });
         }
         LinearState::set_rows(states, &window, &state)?;
 
