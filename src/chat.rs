@@ -56,10 +56,12 @@ pub enum ChatError {
     MissingDir { dir: PathBuf },
     #[error("{}: no tokenizer.json in this folder", dir.display())]
     MissingTokenizer { dir: PathBuf },
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: io::Error },
-    #[error("{}: invalid JSON: {source}", path.display())]
-    Json { path: PathBuf, source: serde_json::Error },
+    // The cause is part of the message and not also a `source`, or a chain printed whole (the CLI's
+    // `{:#}`) would say it twice.
+    #[error("{}: {error}", path.display())]
+    Io { path: PathBuf, error: io::Error },
+    #[error("{}: invalid JSON: {error}", path.display())]
+    Json { path: PathBuf, error: serde_json::Error },
     #[error("{}: cannot load the tokenizer: {message}", path.display())]
     Tokenizer { path: PathBuf, message: String },
     #[error("{}: field `{field}`: {message}", path.display())]
@@ -205,7 +207,7 @@ impl Tokenizer {
             return Err(ChatError::MissingTokenizer { dir: dir.to_owned() });
         }
         let bytes =
-            files::read(&tokenizer_path).map_err(|source| ChatError::Io { path: tokenizer_path.clone(), source })?;
+            files::read(&tokenizer_path).map_err(|error| ChatError::Io { path: tokenizer_path.clone(), error })?;
         // The tokenizers crate panics on some malformed files (deeply nested decoders): caught here.
         let mut inner = no_panic(|| tokenizers::Tokenizer::from_bytes(&bytes))
             .map_err(|message| ChatError::Tokenizer { path: tokenizer_path.clone(), message })?
@@ -681,9 +683,9 @@ fn read_json_if_present(path: &Path) -> Result<Option<Json>> {
     let text = match files::read_if_present(path) {
         Ok(Some(text)) => text,
         Ok(None) => return Ok(None),
-        Err(source) => return Err(ChatError::Io { path: path.to_owned(), source }),
+        Err(error) => return Err(ChatError::Io { path: path.to_owned(), error }),
     };
-    serde_json::from_str(&text).map(Some).map_err(|source| ChatError::Json { path: path.to_owned(), source })
+    serde_json::from_str(&text).map(Some).map_err(|error| ChatError::Json { path: path.to_owned(), error })
 }
 
 fn field_error(path: &Path, field: &str, message: String) -> ChatError {
@@ -783,7 +785,7 @@ fn find_template(dir: &Path, config: &Json, config_path: &Path) -> Result<Option
     match files::read_if_present(&jinja_path) {
         Ok(Some(source)) => return Ok(Some(("chat_template.jinja".into(), source))),
         Ok(None) => {}
-        Err(source) => return Err(ChatError::Io { path: jinja_path, source }),
+        Err(error) => return Err(ChatError::Io { path: jinja_path, error }),
     }
     let json_path = dir.join("chat_template.json");
     if let Some(json) = read_json_if_present(&json_path)? {

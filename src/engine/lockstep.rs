@@ -111,7 +111,7 @@ fn receive(tp: &Parallel) -> mlx::Result<Command> {
 /// any rank fails on all (the others drop theirs).
 pub fn load(tp: &Parallel, model: &str, dir: &Path, opts: &LoadOptions) -> Result<Qwen35, LoadError> {
     let identity = model::identity(dir, opts)?;
-    let collective = |e: mlx::Error| LoadError::Mlx { context: "the group's agreement on a load".into(), source: e };
+    let collective = |e: mlx::Error| LoadError::Mlx { context: "the group's agreement on a load".into(), error: e };
     send(tp, &Command::Load { model: model.to_owned(), identity }).map_err(collective)?;
     if agree_stop(tp, false).map_err(collective)? {
         return Err(LoadError::Config(format!(

@@ -23,8 +23,10 @@ pub use weights::Layout;
 pub enum LoadError {
     #[error("the load was cancelled")]
     Cancelled,
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    // The cause is part of the message and not also a `source`, or a chain printed whole (the CLI's
+    // `{:#}`) would say it twice.
+    #[error("{path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("{path}: invalid JSON: {message}")]
     Json { path: PathBuf, message: String },
     #[error("{path}: not a valid safetensors file: {message}")]
@@ -53,15 +55,15 @@ pub enum LoadError {
     Unexpected(Vec<String>),
     #[error("tensor `{name}`: {message}")]
     Quantization { name: String, message: String },
-    #[error("{context}: {source}")]
-    Mlx { context: String, source: mlx::Error },
+    #[error("{context}: {error}")]
+    Mlx { context: String, error: mlx::Error },
     #[error("{tensor} holds {what}: the file is corrupt or the weights diverged, and the model would answer nothing")]
     NotFinite { tensor: String, what: &'static str },
 }
 
 impl LoadError {
-    pub(crate) fn io(path: &Path, source: std::io::Error) -> LoadError {
-        LoadError::Io { path: path.to_path_buf(), source }
+    pub(crate) fn io(path: &Path, error: std::io::Error) -> LoadError {
+        LoadError::Io { path: path.to_path_buf(), error }
     }
 }
 

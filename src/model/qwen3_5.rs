@@ -291,7 +291,7 @@ pub struct Qwen35 {
 }
 
 fn mlx_err(context: &str, e: mlx::Error) -> LoadError {
-    LoadError::Mlx { context: context.to_string(), source: e }
+    LoadError::Mlx { context: context.to_string(), error: e }
 }
 
 impl Qwen35 {

@@ -154,7 +154,7 @@ impl Store {
     fn check_batch(&self, batch: &[(&str, &Array)]) -> Result<(), LoadError> {
         let err = |name: &str, e: mlx::Error| LoadError::Mlx {
             context: format!("checking tensor `{name}` for NaN/Inf"),
-            source: e,
+            error: e,
         };
         let sums = batch
             .iter()
@@ -192,7 +192,7 @@ impl Store {
     fn cast(&self, a: Array, name: &str) -> Result<Array, LoadError> {
         match self.dtype {
             Some(dt) if a.dtype().is_float() && a.dtype() != dt => {
-                a.as_dtype(dt).map_err(|e| LoadError::Mlx { context: name.to_string(), source: e })
+                a.as_dtype(dt).map_err(|e| LoadError::Mlx { context: name.to_string(), error: e })
             }
             _ => Ok(a),
         }
@@ -215,7 +215,7 @@ impl Store {
         if *cut == Cut::All {
             return Ok(whole);
         }
-        let part = cut.apply(&whole).map_err(|e| LoadError::Mlx { context: prefix.to_string(), source: e })?;
+        let part = cut.apply(&whole).map_err(|e| LoadError::Mlx { context: prefix.to_string(), error: e })?;
         let mut unchecked = self.unchecked.borrow_mut();
         let dot = format!("{prefix}.");
         // The part's arrays replace the whole ones `raw` registered under the same names.
@@ -277,13 +277,13 @@ impl Store {
 
     pub fn norm_with(&self, name: &str, dim: i32, eps: f32, conv: NormConvention) -> Result<RmsNorm, LoadError> {
         let w = self.raw(name, &[dim])?;
-        RmsNorm::new(&w, conv, eps).map_err(|e| LoadError::Mlx { context: name.to_string(), source: e })
+        RmsNorm::new(&w, conv, eps).map_err(|e| LoadError::Mlx { context: name.to_string(), error: e })
     }
 
     /// An RMSNorm whose scale is the stored weight plus `add` (see [`RmsNorm::with_added`]).
     pub fn norm_added(&self, name: &str, dim: i32, eps: f32, add: f32) -> Result<RmsNorm, LoadError> {
         let w = self.raw(name, &[dim])?;
-        RmsNorm::with_added(&w, add, eps).map_err(|e| LoadError::Mlx { context: name.to_string(), source: e })
+        RmsNorm::with_added(&w, add, eps).map_err(|e| LoadError::Mlx { context: name.to_string(), error: e })
     }
 
     /// The mean of a stored 1-D tensor (for norm-convention checks).
@@ -293,7 +293,7 @@ impl Store {
         a.as_dtype(Dtype::F32)
             .and_then(|a| a.mean(&[], false))
             .and_then(|m| m.item::<f32>())
-            .map_err(|e| LoadError::Mlx { context: name.to_string(), source: e })
+            .map_err(|e| LoadError::Mlx { context: name.to_string(), error: e })
     }
 
     /// Fails if any tensor was neither used nor deliberately skipped.

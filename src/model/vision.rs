@@ -401,5 +401,5 @@ pub fn rope_index(
 }
 
 fn mlx_err(context: &str, e: mlx::Error) -> LoadError {
-    LoadError::Mlx { context: context.to_string(), source: e }
+    LoadError::Mlx { context: context.to_string(), error: e }
 }

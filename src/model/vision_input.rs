@@ -17,8 +17,9 @@ use super::vision::GridThw;
 
 #[derive(Debug, Error)]
 pub enum ImageError {
-    #[error("{path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    // The cause is part of the message and not also a `source` (a chain printed whole would say it twice).
+    #[error("{path}: {error}")]
+    Read { path: PathBuf, error: std::io::Error },
     #[error("{name}: the file is {bytes} bytes, over the limit of {limit} bytes for an image")]
     FileTooLarge { name: String, bytes: u64, limit: u64 },
     #[error("{name}: not an image in a supported format (JPEG, PNG, WebP, GIF)")]
@@ -131,7 +132,7 @@ impl ImageProcessor {
             return Ok(ImageProcessor::default());
         }
         let text = crate::model::files::read_to_string(&path)
-            .map_err(|e| ImageError::Read { path: path.clone(), source: e })?;
+            .map_err(|e| ImageError::Read { path: path.clone(), error: e })?;
         let v: Value = serde_json::from_str(&text).map_err(|e| ImageError::Config {
             path: path.clone(),
             field: "(file)".into(),
@@ -208,11 +209,11 @@ impl ImageProcessor {
     /// Reads, decodes and preprocesses an image file.
     pub fn load_file(&self, path: &Path) -> Result<ImageInput> {
         let name = path.display().to_string();
-        let meta = std::fs::metadata(path).map_err(|e| ImageError::Read { path: path.to_path_buf(), source: e })?;
+        let meta = std::fs::metadata(path).map_err(|e| ImageError::Read { path: path.to_path_buf(), error: e })?;
         if meta.len() > self.limits.max_file_bytes {
             return Err(ImageError::FileTooLarge { name, bytes: meta.len(), limit: self.limits.max_file_bytes });
         }
-        let bytes = std::fs::read(path).map_err(|e| ImageError::Read { path: path.to_path_buf(), source: e })?;
+        let bytes = std::fs::read(path).map_err(|e| ImageError::Read { path: path.to_path_buf(), error: e })?;
         self.load_bytes(&bytes, &name)
     }
 

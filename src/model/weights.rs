@@ -77,7 +77,7 @@ impl TensorRef {
         // SAFETY: the bytes live inside `owner`'s memory map, which is read-only and kept alive by
         // the owner until MLX releases it; the length was checked against shape and dtype on open.
         unsafe { Array::from_external(bytes.as_ptr(), bytes.len(), &self.shape, self.dtype, owner) }
-            .map_err(|e| LoadError::Mlx { context: format!("{}", self.file.path.display()), source: e })
+            .map_err(|e| LoadError::Mlx { context: format!("{}", self.file.path.display()), error: e })
     }
 }
 

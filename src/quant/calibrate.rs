@@ -156,7 +156,7 @@ pub fn measure(
 }
 
 fn mlx_err(context: &str, e: mlx::Error) -> ConvertError {
-    ConvertError::Mlx { context: context.to_string(), source: e }
+    ConvertError::Mlx { context: context.to_string(), error: e }
 }
 
 /// At most `MAX_ROWS` evenly spaced rows of `x` flattened to `[rows, in]`, in f32.

@@ -116,12 +116,14 @@ pub enum ConvertError {
     Calibration(String),
     #[error("cancelled")]
     Cancelled,
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    // The cause is part of the message and not also a `source`, or a chain printed whole (the CLI's
+    // `{:#}`) would say it twice.
+    #[error("{}: {error}", path.display())]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("cannot write {}: {why}; the partial output was removed", path.display())]
     NoRoom { path: PathBuf, why: &'static str },
-    #[error("{context}: {source}")]
-    Mlx { context: String, source: mlx::Error },
+    #[error("{context}: {error}")]
+    Mlx { context: String, error: mlx::Error },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -150,7 +152,7 @@ impl ConvertError {
         };
         match why {
             Some(why) => ConvertError::NoRoom { path: path.to_path_buf(), why },
-            None => ConvertError::Io { path: path.to_path_buf(), source },
+            None => ConvertError::Io { path: path.to_path_buf(), error: source },
         }
     }
 }

@@ -117,9 +117,10 @@ impl Source {
             message: format!("missing tensor `{name}`"),
         })?;
         let a = t.tensor.to_array()?;
-        a.as_dtype(Dtype::F32).and_then(|a| a.mean(&[], false)).and_then(|m| m.item::<f32>()).map_err(|e| {
-            ConvertError::Mlx { context: format!("{}: tensor `{}`", t.file().display(), t.key), source: e }
-        })
+        a.as_dtype(Dtype::F32)
+            .and_then(|a| a.mean(&[], false))
+            .and_then(|m| m.item::<f32>())
+            .map_err(|e| ConvertError::Mlx { context: format!("{}: tensor `{}`", t.file().display(), t.key), error: e })
     }
 }
 

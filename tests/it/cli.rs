@@ -99,6 +99,32 @@ fn models_with_nothing_to_list_says_how_to_get_one() {
     assert!(err.contains("No models") && err.contains("tandem convert") && err.contains("models.toml"), "{err}");
 }
 
+/// An error of reading a model folder says its cause once: the CLI prints the whole chain of causes,
+/// so an error whose message already holds its cause must not also hand it on as a `source`
+/// (`...: No such file or directory (os error 2): No such file or directory (os error 2)`).
+#[test]
+fn a_failed_read_says_its_cause_once() {
+    let dir = tempdir();
+    let model = dir.path().join("m");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::copy(tiny_model_dir().join("config.json"), model.join("config.json")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("gone"), model.join("model.safetensors")).unwrap();
+    let model = model.to_str().unwrap();
+    let missing = dir.path().join("no-such-folder");
+    let out = dir.path().join("out");
+    let runs: [&[&str]; 3] = [
+        &["inspect", model],
+        &["chat", "--model", model, "--prompt", "hi"],
+        &["convert", missing.to_str().unwrap(), "--out", out.to_str().unwrap()],
+    ];
+    for args in runs {
+        let run = Command::new(env!("CARGO_BIN_EXE_tandem")).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "tandem {args:?} fails: {err}");
+        assert_eq!(err.matches("(os error 2)").count(), 1, "tandem {args:?} says the cause once: {err}");
+    }
+}
+
 /// `-h` of every command: each option and argument says what it does (none is a bare flag).
 #[test]
 fn every_option_of_every_command_says_what_it_does() {

@@ -209,7 +209,7 @@ fn candidates(decision: &HeadDecision) -> Vec<NormPlan> {
 }
 
 fn mlx_err(e: mlx::Error) -> LoadError {
-    LoadError::Mlx { context: "MTP probe".into(), source: e }
+    LoadError::Mlx { context: "MTP probe".into(), error: e }
 }
 
 /// Probes the head the loader decided (`current`, None when the decision refused it) and, where
