@@ -12,6 +12,11 @@
 //! its GPU parity test, `tests/it/gated_delta_kernel.rs::gated_delta_qkv_cuda_parity`, has not run), or under
 //! `TANDEM_KERNELS=on`; `TANDEM_KERNELS=-gated_delta_qkv` turns it off. The CUDA source is checked on every
 //! machine by a CPU emulation (`gated_delta_source_emulated_on_cpu`).
+//!
+//! On MLX's CPU backend the host kernel (kernels/cpu/gated_delta.cc, `gated_delta_qkv`) does the same with the
+//! fallback's own bits: the host norm's arithmetic (kernels/cpu/elementwise.cc) and the host recurrence, so it
+//! is taken wherever both would be and its probe finds the fallback's bits ([`host_selected`]);
+//! `-cpu_gated_delta_qkv` turns it off.
 
 use std::sync::OnceLock;
 
@@ -29,6 +34,8 @@ const SOURCE: &str = include_str!("../../kernels/cuda/gated_delta_qkv.cu");
 
 /// This kernel's name for `TANDEM_KERNELS=-gated_delta_qkv`.
 pub const NAME: &str = "gated_delta_qkv";
+/// The host kernel's name for `TANDEM_KERNELS=-cpu_gated_delta_qkv`.
+pub const HOST_NAME: &str = "cpu_gated_delta_qkv";
 /// Compute capabilities (major, minor) where the parity test passed: none yet.
 pub const TESTED_CLASSES: &[(u32, u32)] = &[];
 /// State rows (warps) per block, as the recurrence kernel's.
@@ -72,7 +79,89 @@ pub fn update(
     if selected(qkv, layout, scales, g, beta, state) {
         return Ok(Recurrence { update: cuda(qkv, layout, scales, eps, g, beta, state)?, qkv: None });
     }
+    if host_selected(qkv, layout, scales, g, beta, state) {
+        return Ok(Recurrence { update: host(qkv, layout, scales, eps, g, beta, state)?, qkv: None });
+    }
     fallback(qkv, layout, scales, eps, g, beta, state)
+}
+
+/// Whether a call takes the host kernel: MLX computing on the CPU, decode and verify widths (T in
+/// 1..=[`MAX_TOKENS`], so every token's state comes back for a rollback), all f32 in the layout's shapes,
+/// neither it nor the host recurrence and norm it is made of switched off, and its probe found the fallback's
+/// bits on this machine.
+pub fn host_selected(
+    qkv: &Array,
+    layout: &Layout,
+    scales: &[Array; 2],
+    g: &Array,
+    beta: &Array,
+    state: &Array,
+) -> bool {
+    super::policy() != super::Policy::Off
+        && ![HOST_NAME, gd::HOST_NAME, "cpu_elementwise"].iter().any(|n| super::disabled(n))
+        && mlx::device::default_device() == mlx::device::Device::Cpu
+        && host_applicable(qkv, layout, scales, g, beta, state)
+        && host_probe_passed()
+}
+
+/// The shapes the host kernel computes: [`applicable`]'s without the CUDA kernel's limits on Dk and Dv.
+pub fn host_applicable(
+    qkv: &Array,
+    layout: &Layout,
+    scales: &[Array; 2],
+    g: &Array,
+    beta: &Array,
+    state: &Array,
+) -> bool {
+    let fits = |d: i32| (1..=65536).contains(&d);
+    fits(layout.dk) && fits(layout.dv) && shapes_fit(qkv, layout, scales, g, beta, state)
+}
+
+/// Runs the host kernel (MLX's CPU stream). The parity tests call this.
+pub fn host(
+    qkv: &Array,
+    layout: &Layout,
+    scales: &[Array; 2],
+    eps: f32,
+    g: &Array,
+    beta: &Array,
+    state: &Array,
+) -> Result<Update> {
+    let t = qkv.dim(1);
+    let (y, steps) = mlx::host::gated_delta_qkv(qkv, &scales[0], &scales[1], g, beta, state, layout.hk, eps, true)?;
+    Ok(Update { y, state: step_state(&steps, t as usize)?, steps: Some(steps) })
+}
+
+/// The host kernel's verdict, once per process: on a small random problem (three tokens, two sequences) the
+/// fallback's bits, outputs and every step's state.
+fn host_probe_passed() -> bool {
+    static PROBE: OnceLock<bool> = OnceLock::new();
+    *PROBE.get_or_init(|| {
+        probe_verdict("host gated_delta_qkv kernel (outputs off the fallback's bits)", host_probe(), 0.0)
+    })
+}
+
+/// How many of the host kernel's outputs and states differ in their bits from the fallback's on a small random
+/// problem (three tokens, two sequences, three value heads a key head).
+pub fn host_probe() -> Result<f32> {
+    let layout = Layout { hk: 2, hv: 6, dk: 64, dv: 32 };
+    let eps = 1e-6 / layout.dk as f32;
+    let (qkv, scales, g, beta, state) = random_inputs(2, 3, &layout, 0x6764_6e03)?;
+    let kernel = host(&qkv, &layout, &scales, eps, &g, &beta, &state)?;
+    let fb = fallback(&qkv, &layout, &scales, eps, &g, &beta, &state)?.update;
+    let differ = |a: &Array, b: &Array| -> Result<usize> {
+        let (a, b) = (a.to_f32_vec()?, b.to_f32_vec()?);
+        Ok(if a.len() != b.len() {
+            a.len().max(1)
+        } else {
+            a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
+        })
+    };
+    let mut n = differ(&kernel.y, &fb.y)? + differ(&kernel.state, &fb.state)?;
+    if let (Some(k), Some(f)) = (&kernel.steps, &fb.steps) {
+        n += differ(k, f)?;
+    }
+    Ok(n as f32)
 }
 
 /// MLX's operations the kernel replaces: the split into q, k, v, their heads, q's and k's norms (MLX's norm
@@ -111,6 +200,15 @@ pub fn selected(qkv: &Array, layout: &Layout, scales: &[Array; 2], g: &Array, be
 /// multiple of 32 up to 256, Dv up to 256, Hv a multiple of Hk; scales `[Dk]`; g and beta `[B, T, Hv]`; the
 /// state `[B, Hv, Dv, Dk]`.
 pub fn applicable(qkv: &Array, layout: &Layout, scales: &[Array; 2], g: &Array, beta: &Array, state: &Array) -> bool {
+    let Layout { dk, dv, .. } = *layout;
+    dk % 32 == 0
+        && (32..=256).contains(&dk)
+        && (1..=256).contains(&dv)
+        && shapes_fit(qkv, layout, scales, g, beta, state)
+}
+
+/// All f32 and of the layout's shapes, T in 1..=[`MAX_TOKENS`], Hv a multiple of Hk.
+fn shapes_fit(qkv: &Array, layout: &Layout, scales: &[Array; 2], g: &Array, beta: &Array, state: &Array) -> bool {
     let Layout { hk, hv, dk, dv } = *layout;
     let all_f32 = [qkv, &scales[0], &scales[1], g, beta, state].iter().all(|a| a.dtype() == Dtype::F32);
     if !all_f32 || qkv.ndim() != 3 || hk < 1 || hv % hk != 0 {
@@ -119,9 +217,6 @@ pub fn applicable(qkv: &Array, layout: &Layout, scales: &[Array; 2], g: &Array, 
     let (b, t) = (qkv.dim(0), qkv.dim(1));
     b >= 1
         && (1..=MAX_TOKENS).contains(&t)
-        && dk % 32 == 0
-        && (32..=256).contains(&dk)
-        && (1..=256).contains(&dv)
         && qkv.dim(2) == layout.channels()
         && scales.iter().all(|s| s.shape() == [dk])
         && g.shape() == [b, t, hv]

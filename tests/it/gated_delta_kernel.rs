@@ -284,7 +284,8 @@ fn first_y(y: &Array, t: i32) -> Array {
 }
 
 /// On the CPU, through the model (tandem-tiny in f32 and bf16, the host kernel at every step, verify and
-/// rollback): greedy MTP output equals plain greedy output at depths 1-3, and a verify committed at any
+/// rollback; unless switched off, the fused entry's, whose verifies record no q, k and v and roll back by their
+/// per-step states): greedy MTP output equals plain greedy output at depths 1-3, and a verify committed at any
 /// prefix leaves the caches of a run that saw only that prefix, bit for bit (every path on the CPU gives a
 /// row the same bits whatever the number of rows).
 #[test]
@@ -446,4 +447,39 @@ fn gated_delta_qkv_cuda_lossless() {
         let e = rel_err(&a.to_f32_vec().unwrap(), &b.to_f32_vec().unwrap());
         assert!(e < 1e-3, "keep {keep}: cache array {i} differs by {e:.2e}");
     });
+}
+
+/// On the CPU: the host kernel of the fused entry gives its fallback's bits (the host norms, then the host
+/// recurrence) for T = 1..9 at tandem-tiny's shape, two sequences and odd sizes: outputs, the last state and
+/// every step's state; it is selected at tandem-tiny's shape (unless switched off) and its probe finds no
+/// differing bit.
+#[test]
+fn gated_delta_qkv_host_parity() {
+    if !cpu_or_skip("gated_delta_qkv_host_parity") {
+        return;
+    }
+    assert_eq!(gq::host_probe().unwrap(), 0.0, "host probe: bits off the fallback's");
+    let bytes = |a: &Array| a.to_bytes().unwrap();
+    for (i, &(b, hk, hv, dk, dv)) in [(1, 2, 4, 64, 64), (2, 2, 6, 64, 32), (2, 1, 3, 20, 5)].iter().enumerate() {
+        let l = Layout { hk, hv, dk, dv };
+        let eps = 1e-6 / dk as f32;
+        let (qkv, s, g, beta, s0) = gq::random_inputs(b, gd::MAX_TOKENS, &l, 70 + i as u64).unwrap();
+        for t in 1..=gd::MAX_TOKENS {
+            let case = format!("{l:?} B={b} T={t}");
+            let at = |a: &Array| a.slice_axis(1, 0, t).unwrap();
+            assert!(gq::host_applicable(&at(&qkv), &l, &s, &at(&g), &at(&beta), &s0), "{case}");
+            let kern = gq::host(&at(&qkv), &l, &s, eps, &at(&g), &at(&beta), &s0).unwrap();
+            let fb = gq::fallback(&at(&qkv), &l, &s, eps, &at(&g), &at(&beta), &s0).unwrap().update;
+            assert_eq!(bytes(&kern.y), bytes(&fb.y), "{case}: outputs");
+            assert_eq!(bytes(&kern.state), bytes(&fb.state), "{case}: state");
+            assert_eq!(bytes(kern.steps.as_ref().unwrap()), bytes(fb.steps.as_ref().unwrap()), "{case}: steps");
+        }
+        let long = gq::random_inputs(b, gd::MAX_TOKENS + 1, &l, 1).unwrap();
+        assert!(!gq::host_applicable(&long.0, &l, &long.1, &long.2, &long.3, &long.4), "prefill widths: the fallback");
+    }
+    let tiny = Layout { hk: 2, hv: 4, dk: 64, dv: 64 };
+    let (qkv, s, g, beta, st) = gq::random_inputs(1, 4, &tiny, 2).unwrap();
+    let off = tandem::kernels::policy() == tandem::kernels::Policy::Off
+        || [gq::HOST_NAME, gd::HOST_NAME, "cpu_elementwise"].iter().any(|n| tandem::kernels::disabled(n));
+    assert_eq!(gq::host_selected(&qkv, &tiny, &s, &g, &beta, &st), !off, "selected at tandem-tiny's shape");
 }

@@ -191,6 +191,43 @@ class GatedDeltaSteps : public mx::Primitive {
   bool all_steps_;
 };
 
+// tandem_kernels::gated_delta_qkv as a primitive of two outputs, as GatedDeltaSteps: the recurrence from a
+// layer's conv output, q and k normalised on the way.
+class GatedDeltaQkv : public mx::Primitive {
+ public:
+  GatedDeltaQkv(mx::Stream s, int hk, float eps, bool all_steps)
+      : mx::Primitive(s), hk_(hk), eps_(eps), all_steps_(all_steps) {}
+  const char* name() const override { return "TandemGatedDeltaQkv"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const GatedDeltaQkv&>(other);
+    return o.hk_ == hk_ && o.eps_ == eps_ && o.all_steps_ == all_steps_;
+  }
+  void eval_gpu(const std::vector<Array>&, std::vector<Array>&) override {
+    throw std::runtime_error("TandemGatedDeltaQkv runs on the CPU only");
+  }
+  void eval_cpu(const std::vector<Array>& in, std::vector<Array>& out) override {
+    auto& enc = encoder_for(stream(), in, {&out[0], &out[1]});
+    const int64_t b = in[0].shape(0), t = in[0].shape(1), dk = in[1].shape(0);
+    const int64_t hv = in[5].shape(1), dv = in[5].shape(2);
+    enc.dispatch([b, t, hk = int64_t(hk_), hv, dk, dv, eps = eps_, all = all_steps_,
+                  qkv = Array::unsafe_weak_copy(in[0]), qs = Array::unsafe_weak_copy(in[1]),
+                  ks = Array::unsafe_weak_copy(in[2]), g = Array::unsafe_weak_copy(in[3]),
+                  beta = Array::unsafe_weak_copy(in[4]), s = Array::unsafe_weak_copy(in[5]),
+                  y = out[0].data<float>(), st = out[1].data<float>()]() {
+      std::vector<uint8_t> p[6];
+      const auto f = [](const void* d) { return static_cast<const float*>(d); };
+      tandem_kernels::gated_delta_qkv(f(row_major(qkv, p[0])), f(row_major(qs, p[1])), f(row_major(ks, p[2])), eps,
+                                      1.0f / static_cast<float>(dk), f(row_major(g, p[3])), f(row_major(beta, p[4])),
+                                      f(row_major(s, p[5])), y, st, b, t, hk, hv, dk, dv, all);
+    });
+  }
+
+ private:
+  int hk_;
+  float eps_;
+  bool all_steps_;
+};
+
 // tandem_kernels::attention as DenseMatmulNT is: T queries over the first `len` rows of a cache's buffers.
 class AttentionHost : public mx::UnaryPrimitive {
  public:
@@ -403,6 +440,33 @@ ArrayPtr host_elementwise(int32_t chain, const Array& a, const Array& b) {
   auto s = mx::default_stream(mx::Device::cpu);
   const std::vector<Array> in = c == Chain::Silu ? std::vector<Array>{a} : std::vector<Array>{a, b};
   return wrap(Array(a.shape(), t, std::make_shared<ElementwiseHost>(s, c), in));
+}
+
+std::unique_ptr<ArrayVec> host_gated_delta_qkv(const Array& qkv, const Array& qs, const Array& ks, const Array& g,
+                                               const Array& beta, const Array& state, int hk, float eps,
+                                               bool all_steps) {
+  for (const Array* a : {&qkv, &qs, &ks, &g, &beta, &state}) {
+    if (a->dtype() != mx::float32) throw std::invalid_argument("host gated delta qkv: every input must be f32");
+  }
+  const bool ranks = qkv.ndim() == 3 && qs.ndim() == 1 && g.ndim() == 3 && state.ndim() == 4;
+  const int b = ranks ? qkv.shape(0) : 0, t = ranks ? qkv.shape(1) : 0, dk = ranks ? qs.shape(0) : 0;
+  const int hv = ranks ? state.shape(1) : 0, dv = ranks ? state.shape(2) : 0;
+  const bool ok = ranks && hk > 0 && hv % hk == 0 && dk > 0 && ks.shape() == qs.shape() &&
+                  qkv.shape(2) == 2 * hk * dk + hv * dv && g.shape() == mx::Shape{b, t, hv} &&
+                  beta.shape() == g.shape() && state.shape() == mx::Shape{b, hv, dv, dk} && t > 0;
+  if (!ok) {
+    throw std::invalid_argument("host gated delta qkv: qkv [B, T, 2 Hk Dk + Hv Dv] (T > 0), qs, ks [Dk], g, beta "
+                                "[B, T, Hv], state [B, Hv, Dv, Dk] with Hv a multiple of Hk = " + std::to_string(hk) +
+                                " needed; got qkv " + shape_text(qkv) + ", qs " + shape_text(qs) + ", ks " +
+                                shape_text(ks) + ", g " + shape_text(g) + ", beta " + shape_text(beta) + ", state " +
+                                shape_text(state));
+  }
+  auto s = mx::default_stream(mx::Device::cpu);
+  auto outs = Array::make_arrays({{b, t, hv, dv}, {all_steps ? t : 1, b, hv, dv, dk}}, {mx::float32, mx::float32},
+                                 std::make_shared<GatedDeltaQkv>(s, hk, eps, all_steps), {qkv, qs, ks, g, beta, state});
+  auto out = std::make_unique<ArrayVec>();
+  out->items = std::move(outs);
+  return out;
 }
 
 ArrayPtr host_rms_norm(const Array& x, const Array& w, float eps, float inv_d) {

@@ -217,6 +217,18 @@ pub(crate) mod ffi {
             state: &Array,
             all_steps: bool,
         ) -> Result<UniquePtr<ArrayVec>>;
+        #[allow(clippy::too_many_arguments)]
+        fn host_gated_delta_qkv(
+            qkv: &Array,
+            qs: &Array,
+            ks: &Array,
+            g: &Array,
+            beta: &Array,
+            state: &Array,
+            hk: i32,
+            eps: f32,
+            all_steps: bool,
+        ) -> Result<UniquePtr<ArrayVec>>;
         fn conv1d(
             x: &Array,
             w: &Array,

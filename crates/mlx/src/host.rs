@@ -48,6 +48,30 @@ pub fn gated_delta(
     }
 }
 
+/// The same recurrence from a Gated DeltaNet layer's conv output `qkv [B, T, 2·hk·Dk + Hv·Dv]` (f32), q and k
+/// normalised by `qs`, `ks` `[Dk]` under `eps` as [`rms_norm`] does (kernels/cpu/gated_delta.h,
+/// `gated_delta_qkv`); the state `[B, Hv, Dv, Dk]` gives Hv and Dv. The bits of those norms and [`gated_delta`].
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_qkv(
+    qkv: &Array,
+    qs: &Array,
+    ks: &Array,
+    g: &Array,
+    beta: &Array,
+    state: &Array,
+    hk: i32,
+    eps: f32,
+    all_steps: bool,
+) -> Result<(Array, Array)> {
+    let parts =
+        ffi::host_gated_delta_qkv(qkv.raw(), qs.raw(), ks.raw(), g.raw(), beta.raw(), state.raw(), hk, eps, all_steps)?;
+    let mut parts = crate::vec_from(parts)?.into_iter();
+    match (parts.next(), parts.next()) {
+        (Some(y), Some(states)) => Ok((y, states)),
+        _ => Err(crate::Error::Invalid("host gated delta qkv returned fewer than two arrays".into())),
+    }
+}
+
 /// Causal attention of q `[1, Hq, T, D]` over the first `len` rows of a KV cache's buffers `[1, Hkv, CAP, D]`
 /// (one float dtype for all, Hq a multiple of Hkv, `T <= len <= CAP`): query t sees keys `0..len - T + t + 1`;
 /// softmax and sums in fp32 (kernels/cpu/attention.h). A query's bits depend only on its row and its keys.
