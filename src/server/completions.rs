@@ -13,8 +13,8 @@ use serde::Deserialize;
 use ts_rs::TS;
 
 use super::error::{ApiError, ApiJson};
-use super::openai::{cancelled, data, finish_reason, now_unix, MtpIn, StopIn, StreamOptions};
-use super::request::{count, model_or_default, one_choice, unsupported, ResponseFormat};
+use super::openai::{cancelled, data, finish_reason, now_unix, strings, MtpIn, StopIn, StreamOptions};
+use super::request::{count, json_kind, model_or_default, one_choice, unsupported, ResponseFormat};
 use super::wire::{FinishReasonName, TextChoice, TextCompletion, TextLogprobs, Usage};
 use super::AppState;
 use crate::engine::{Completion, Event, Generation, Input, MtpOverrides, Request, SamplingOverrides};
@@ -64,12 +64,27 @@ pub struct CompletionRequest {
     other: serde_json::Map<String, serde_json::Value>,
 }
 
-#[derive(Debug, Deserialize, TS)]
-#[serde(untagged)]
-#[ts(rename = "CompletionPrompt")]
+// Text, or a list of texts (read by [`PromptIn::deserialize`]).
+#[derive(Debug, TS)]
+#[ts(untagged, rename = "CompletionPrompt")]
 enum PromptIn {
     One(String),
     Many(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for PromptIn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        use serde_json::Value;
+        match Value::deserialize(d)? {
+            Value::String(p) => Ok(PromptIn::One(p)),
+            Value::Array(v) if v.first().is_some_and(|t| t.is_number() || t.is_array()) => {
+                Err(D::Error::custom("token ids are not taken: send the prompt as text"))
+            }
+            Value::Array(v) => Ok(PromptIn::Many(strings(v)?)),
+            other => Err(D::Error::custom(format!("expected text, not {}", json_kind(&other)))),
+        }
+    }
 }
 
 struct Parsed {

@@ -11,12 +11,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
 use futures::{Stream, StreamExt};
+use serde::de::Error as _;
 use serde::Deserialize;
 use serde::Serialize;
 use ts_rs::TS;
 
 use super::error::{ApiError, ApiJson};
-use super::request::{count, image_kind, model_or_default, one_choice, stops, unsupported, ResponseFormat};
+use super::request::{count, image_kind, json_kind, model_or_default, one_choice, stops, unsupported, ResponseFormat};
 use super::wire::{
     AssistantMessage, ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice, ChunkDelta, CompletionChoice,
     FunctionCallOut, OpenAiModel, OpenAiModelList, ToolCallOut, Usage,
@@ -130,12 +131,35 @@ struct TemplateKwargs {
     enable_thinking: Option<bool>,
 }
 
-#[derive(Debug, Deserialize, TS)]
-#[serde(untagged)]
-#[ts(rename = "Stop")]
+// A string or a list of strings (read by [`StopIn::deserialize`]).
+#[derive(Debug, TS)]
+#[ts(untagged, rename = "Stop")]
 pub(super) enum StopIn {
     One(String),
     Many(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for StopIn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(s) => Ok(StopIn::One(s)),
+            serde_json::Value::Array(v) => Ok(StopIn::Many(strings(v)?)),
+            other => {
+                Err(D::Error::custom(format!("expected a string or a list of strings, not {}", json_kind(&other))))
+            }
+        }
+    }
+}
+
+/// Each item a string, or an error naming the first that is not.
+pub(super) fn strings<E: serde::de::Error>(v: Vec<serde_json::Value>) -> Result<Vec<String>, E> {
+    v.into_iter()
+        .enumerate()
+        .map(|(i, s)| match s {
+            serde_json::Value::String(s) => Ok(s),
+            other => Err(E::custom(format!("item {i} is {}, not a string", json_kind(&other)))),
+        })
+        .collect()
 }
 
 impl StopIn {
@@ -170,15 +194,34 @@ struct FunctionIn {
     strict: Option<bool>,
 }
 
-#[derive(Debug, Deserialize, TS)]
-#[serde(untagged)]
-#[ts(rename = "RequestToolChoice")]
+// A mode or a named function (read by [`ToolChoiceIn::deserialize`]).
+#[derive(Debug, TS)]
+#[ts(untagged, rename = "RequestToolChoice")]
 enum ToolChoiceIn {
     /// none, auto or required.
     Mode(String),
     Named {
         function: NamedFunction,
     },
+}
+
+impl<'de> Deserialize<'de> for ToolChoiceIn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Named {
+            function: NamedFunction,
+        }
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(mode) => Ok(ToolChoiceIn::Mode(mode)),
+            o @ serde_json::Value::Object(_) => serde_json::from_value::<Named>(o)
+                .map(|n| ToolChoiceIn::Named { function: n.function })
+                .map_err(|e| D::Error::custom(format!("a named function, `{{\"function\": {{\"name\": ...}}}}`: {e}"))),
+            other => Err(D::Error::custom(format!(
+                "expected none, auto, required or a named function, not {}",
+                json_kind(&other)
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, TS)]
@@ -266,12 +309,36 @@ struct InMessage {
     other: serde_json::Map<String, serde_json::Value>,
 }
 
-#[derive(Debug, Deserialize, TS)]
-#[serde(untagged)]
-#[ts(rename = "RequestContent")]
+// Text or a list of parts (read by [`InContent::deserialize`], whose errors name the part and what is
+// wrong with it, where serde's untagged enums only say that nothing matched).
+#[derive(Debug, TS)]
+#[ts(untagged, rename = "RequestContent")]
 enum InContent {
     Text(String),
     Parts(Vec<InPart>),
+}
+
+impl<'de> Deserialize<'de> for InContent {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(text) => Ok(InContent::Text(text)),
+            serde_json::Value::Array(parts) => parts
+                .into_iter()
+                .enumerate()
+                .map(|(j, p)| match p {
+                    p @ serde_json::Value::Object(_) => {
+                        serde_json::from_value(p).map_err(|e| D::Error::custom(format!("part {j}: {e}")))
+                    }
+                    other => Err(D::Error::custom(format!(
+                        "part {j} is {}, not an object such as {{\"type\": \"text\", \"text\": ...}}",
+                        json_kind(&other)
+                    ))),
+                })
+                .collect::<Result<_, _>>()
+                .map(InContent::Parts),
+            other => Err(D::Error::custom(format!("expected text or a list of parts, not {}", json_kind(&other)))),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, TS)]
@@ -282,12 +349,29 @@ enum InPart {
     ImageUrl { image_url: ImageUrlIn },
 }
 
-#[derive(Debug, Deserialize, TS)]
-#[serde(untagged)]
-#[ts(rename = "ImageUrl")]
+// `{"url": ...}` (other keys, such as `detail`, change nothing) or the URL itself.
+#[derive(Debug, TS)]
+#[ts(untagged, rename = "ImageUrl")]
 enum ImageUrlIn {
     Object { url: String },
     Url(String),
+}
+
+impl<'de> Deserialize<'de> for ImageUrlIn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde_json::Value;
+        match Value::deserialize(d)? {
+            Value::String(url) => Ok(ImageUrlIn::Url(url)),
+            Value::Object(mut o) => match o.remove("url") {
+                Some(Value::String(url)) => Ok(ImageUrlIn::Object { url }),
+                Some(other) => Err(D::Error::custom(format!("`image_url.url` is {}, not a string", json_kind(&other)))),
+                None => Err(D::Error::custom("`image_url` has no `url`")),
+            },
+            other => {
+                Err(D::Error::custom(format!("`image_url` is {}, not a URL or {{\"url\": ...}}", json_kind(&other))))
+            }
+        }
+    }
 }
 
 /// What the handler needs besides the engine request.

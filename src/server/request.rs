@@ -41,6 +41,19 @@ pub(super) fn unsupported(
     }
 }
 
+/// What kind of JSON value `v` is, for errors: "a number", "an object"...
+pub(super) fn json_kind(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
 /// The model a request names, or the registry's default when it names none.
 pub(super) fn model_or_default(state: &AppState, model: String) -> Result<String, ApiError> {
     if model.trim().is_empty() {

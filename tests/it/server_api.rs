@@ -382,6 +382,58 @@ async fn extension_objects_refuse_keys_they_do_not_read() {
     server.shutdown().await.unwrap();
 }
 
+/// A field that may take one of several shapes (content, image_url, stop, tool_choice, prompt) says, when
+/// it has none of them, which part is wrong and what it takes, not serde's "data did not match any
+/// variant of untagged enum ...".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_value_of_no_accepted_shape_says_what_is_taken() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config(), 16).await;
+    let a = server.addr();
+    let content = |c: Value| json!({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": c}]});
+    let with = |extra: Value| {
+        let mut body = chat_body("hi", 2, false);
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let chat = "/v1/chat/completions";
+    let cases = [
+        (
+            chat,
+            content(json!([{"type": "input_audio", "input_audio": {}}])),
+            vec!["part 0", "input_audio", "image_url"],
+        ),
+        (chat, content(json!([{"type": "text", "text": "a"}, {"type": "text"}])), vec!["part 1", "`text`"]),
+        (chat, content(json!(["hi"])), vec!["part 0 is a string"]),
+        (chat, content(json!(5)), vec!["content", "a number"]),
+        (chat, content(json!([{"type": "image_url", "image_url": {}}])), vec!["part 0", "`url`"]),
+        (chat, content(json!([{"type": "image_url", "image_url": {"url": 5}}])), vec!["image_url.url", "a number"]),
+        (chat, with(json!({"stop": 5})), vec!["`stop`", "a string or a list of strings"]),
+        (chat, with(json!({"stop": ["\n", 5]})), vec!["`stop`", "item 1"]),
+        (chat, with(json!({"tool_choice": 5})), vec!["`tool_choice`", "auto"]),
+        ("/v1/completions", json!({"model": MODEL, "prompt": [1, 2, 3]}), vec!["`prompt`", "token ids"]),
+        ("/v1/completions", json!({"model": MODEL, "prompt": {"text": "hi"}}), vec!["`prompt`", "an object"]),
+    ];
+    for (route, body, says) in cases {
+        let m = post_json(a, route, &body).await.error(400, "invalid_value");
+        assert!(!m.contains("untagged") && !m.contains("variant of"), "{body}: {m}");
+        for s in says {
+            assert!(m.contains(s), "{body}: the message says {s:?}: {m}");
+        }
+    }
+    // The shapes that are taken still are, `image_url`'s `detail` included.
+    let png = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+    let image =
+        json!([{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": png, "detail": "low"}}]);
+    post_json(a, chat, &content(image)).await.error(400, "model_not_multimodal");
+    for body in [content(json!([{"type": "text", "text": "hi"}])), with(json!({"stop": ["\n"], "tool_choice": "none"}))]
+    {
+        let r = post_json(a, chat, &body).await;
+        assert_eq!(r.status, 200, "{body}: {}", r.text());
+    }
+    server.shutdown().await.unwrap();
+}
+
 /// OpenAI's "retrieve model" (`client.models.retrieve`): the list's entry for a known name, 404
 /// `model_not_found` naming an unknown one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
