@@ -194,7 +194,8 @@ impl Live {
             uptime_s: self.started.elapsed().as_secs_f64(),
             generating: running.is_some(),
             model,
-            tok_s: state.running.values().map(|r| r.stats.decode_tok_s).sum(),
+            // `+ 0.0`: a sum of no f64 is -0.0, which JSON would carry as `-0.0`.
+            tok_s: state.running.values().map(|r| r.stats.decode_tok_s).sum::<f64>() + 0.0,
             streams: state.running.len(),
             acceptance: stats.as_ref().and_then(acceptance),
             tok_per_cycle: spec.filter(|s| s.cycles > 0).map(|s| {
@@ -281,4 +282,19 @@ fn push_point(series: &mut VecDeque<SeriesPoint>, point: SeriesPoint) {
         series.pop_front();
     }
     series.push_back(point);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Nothing running is 0 tok/s, not the -0.0 of an empty float sum (`"tok_s": -0.0` in /api/stats).
+    #[test]
+    fn an_idle_snapshot_is_zero_tok_s() {
+        let snapshot = Live::new().snapshot(Vec::new());
+        assert_eq!(snapshot.streams, 0);
+        assert!(snapshot.tok_s == 0.0 && snapshot.tok_s.is_sign_positive(), "{}", snapshot.tok_s);
+        let json = serde_json::to_value(&snapshot).unwrap();
+        assert_eq!(json["tok_s"].to_string(), "0.0");
+    }
 }
