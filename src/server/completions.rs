@@ -94,7 +94,12 @@ struct Parsed {
     logprobs: bool,
 }
 
-fn parse(req: CompletionRequest, state: &AppState) -> Result<Parsed, ApiError> {
+fn parse(mut req: CompletionRequest, state: &AppState) -> Result<Parsed, ApiError> {
+    // `best_of: 1` is OpenAI's default, one candidate that is the answer itself: clients that write out
+    // their defaults send it, as they send `n: 1`. More candidates are refused by name below.
+    if req.other.get("best_of").and_then(serde_json::Value::as_u64) == Some(1) {
+        req.other.remove("best_of");
+    }
     unsupported(&req.other, "", &["user"])?;
     one_choice(req.n)?;
     let prompt = match req.prompt {

@@ -434,6 +434,26 @@ async fn a_value_of_no_accepted_shape_says_what_is_taken() {
     server.shutdown().await.unwrap();
 }
 
+/// `/v1/completions` takes OpenAI's defaults as clients write them out (`best_of: 1`, `echo: false`,
+/// `n: 1`), and refuses by name what it does not do (`best_of` above 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_completion_takes_the_defaults_clients_send() {
+    let setup = Setup::new();
+    let server = setup.start(setup.config(), 16).await;
+    let a = server.addr();
+    let body = |extra: Value| {
+        let mut body = json!({"model": MODEL, "prompt": "Once", "max_tokens": 2});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let r = post_json(a, "/v1/completions", &body(json!({"best_of": 1, "echo": false, "n": 1, "suffix": null}))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["completion_tokens"], 2);
+    let m = post_json(a, "/v1/completions", &body(json!({"best_of": 3}))).await.error(400, "unsupported_parameter");
+    assert!(m.contains("best_of"), "{m}");
+    server.shutdown().await.unwrap();
+}
+
 /// OpenAI's "retrieve model" (`client.models.retrieve`): the list's entry for a known name, 404
 /// `model_not_found` naming an unknown one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
