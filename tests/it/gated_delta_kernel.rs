@@ -7,7 +7,7 @@ use crate::common::rel_err;
 use mlx::device::{backend, cuda_compute_capability, default_device, Backend, Device};
 use mlx::{Array, Dtype};
 use tandem::kernels::gated_delta as gd;
-use tandem::kernels::gated_delta_qkv::{self as gq, Layout};
+use tandem::kernels::gated_delta_qkv::{self as gq, Layout, Sample};
 
 fn cuda_or_skip(test: &str) -> bool {
     if backend() == Backend::Cuda {
@@ -320,22 +320,19 @@ fn gated_delta_source_emulated_on_cpu() {
 fn gated_delta_qkv_selection_rules() {
     let big = Layout { hk: 16, hv: 48, dk: 128, dv: 128 };
     let tiny = Layout { hk: 2, hv: 4, dk: 64, dv: 64 };
-    let ok = |b, t, l: &Layout| {
-        let (qkv, s, g, beta, st) = gq::random_inputs(b, t, l, 1).unwrap();
-        gq::applicable(&qkv, l, &s, &g, &beta, &st)
-    };
+    let ok = |b, t, l: Layout| gq::applicable(&Sample::random(b, t, l, 1).unwrap().call());
     for t in 1..=gd::MAX_TOKENS {
-        assert!(ok(1, t, &big) && ok(2, t, &tiny), "T = {t}");
+        assert!(ok(1, t, big) && ok(2, t, tiny), "T = {t}");
     }
-    assert!(!ok(1, gd::MAX_TOKENS + 1, &tiny), "prefill widths: MLX's operations");
-    assert!(!ok(1, 2, &Layout { hk: 4, hv: 6, dk: 128, dv: 128 }), "value heads not a multiple of key heads");
-    assert!(!ok(1, 2, &Layout { hk: 2, hv: 4, dk: 48, dv: 64 }), "Dk not a multiple of 32");
-    let (qkv, s, g, beta, st) = gq::random_inputs(1, 2, &tiny, 2).unwrap();
-    let other = Layout { dv: 32, ..tiny };
-    assert!(!gq::applicable(&qkv, &other, &s, &g, &beta, &st), "channels that are not the layout's");
-    let bf = qkv.as_dtype(Dtype::BF16).unwrap();
-    assert!(!gq::applicable(&bf, &tiny, &s, &g, &beta, &st), "not f32");
-    let selected = gq::selected(&qkv, &tiny, &s, &g, &beta, &st);
+    assert!(!ok(1, gd::MAX_TOKENS + 1, tiny), "prefill widths: MLX's operations");
+    assert!(!ok(1, 2, Layout { hk: 4, hv: 6, dk: 128, dv: 128 }), "value heads not a multiple of key heads");
+    assert!(!ok(1, 2, Layout { hk: 2, hv: 4, dk: 48, dv: 64 }), "Dk not a multiple of 32");
+    let sample = Sample::random(1, 2, tiny, 2).unwrap();
+    let other = gq::Call { layout: Layout { dv: 32, ..tiny }, ..sample.call() };
+    assert!(!gq::applicable(&other) && !gq::host_applicable(&other), "channels that are not the layout's");
+    let bf = sample.qkv.as_dtype(Dtype::BF16).unwrap();
+    assert!(!gq::applicable(&gq::Call { qkv: &bf, ..sample.call() }), "not f32");
+    let selected = gq::selected(&sample.call());
     let cc = cuda_compute_capability();
     let allowed =
         tandem::kernels::policy() == tandem::kernels::Policy::On || cc.is_some_and(|c| gq::TESTED_CLASSES.contains(&c));
@@ -352,12 +349,11 @@ fn gated_delta_qkv_selection_rules() {
 #[test]
 fn gated_delta_qkv_fallback_splits_and_normalises() {
     let l = Layout { hk: 2, hv: 6, dk: 64, dv: 32 };
-    let eps = 1e-6 / l.dk as f32;
-    let (qkv, s, g, beta, st) = gq::random_inputs(2, 3, &l, 5).unwrap();
-    let r = gq::fallback(&qkv, &l, &s, eps, &g, &beta, &st).unwrap();
+    let sample = Sample::random(2, 3, l, 5).unwrap();
+    let r = gq::fallback(&sample.call()).unwrap();
     let [q, k, v] = r.qkv.expect("the fallback returns its q, k, v");
     assert_eq!((q.shape(), k.shape(), v.shape()), (vec![2, 3, 2, 64], vec![2, 3, 2, 64], vec![2, 3, 6, 32]));
-    let raw = qkv.to_f32_vec().unwrap();
+    let raw = sample.qkv.to_f32_vec().unwrap();
     let (qv, kv, vv) = (q.to_f32_vec().unwrap(), k.to_f32_vec().unwrap(), v.to_f32_vec().unwrap());
     let c = l.channels() as usize;
     let (dk, kd) = (l.dk as usize, (l.hk * l.dk) as usize);
@@ -367,8 +363,8 @@ fn gated_delta_qkv_fallback_splits_and_normalises() {
             for (got, start, want_norm) in [(&qv, h * dk, 1.0 / (dk as f32).sqrt()), (&kv, kd + h * dk, 1.0)] {
                 let x = &row[start..start + dk];
                 let y = &got[(bt * l.hk as usize + h) * dk..][..dk];
-                let (nx, ny) =
-                    (x.iter().map(|e| e * e).sum::<f32>().sqrt(), y.iter().map(|e| e * e).sum::<f32>().sqrt());
+                let norm = |a: &[f32]| a.iter().map(|e| e * e).sum::<f32>().sqrt();
+                let (nx, ny) = (norm(x), norm(y));
                 assert!((ny - want_norm).abs() < 1e-4 * want_norm, "token {bt} head {h}: norm {ny}, want {want_norm}");
                 let cos = x.iter().zip(y).map(|(a, b)| a * b).sum::<f32>() / (nx * ny);
                 assert!(cos > 1.0 - 1e-5, "token {bt} head {h}: not the channels' direction ({cos})");
@@ -376,7 +372,7 @@ fn gated_delta_qkv_fallback_splits_and_normalises() {
         }
         assert_eq!(&vv[bt * (c - 2 * kd)..(bt + 1) * (c - 2 * kd)], &row[2 * kd..], "token {bt}: v");
     }
-    let direct = gd::gated_delta_update(&q, &k, &v, &g, &beta, &st).unwrap();
+    let direct = gd::gated_delta_update(&q, &k, &v, &sample.g, &sample.beta, &sample.state).unwrap();
     assert_eq!(r.update.y.to_bytes().unwrap(), direct.y.to_bytes().unwrap());
 }
 
@@ -391,28 +387,27 @@ fn gated_delta_qkv_cuda_parity() {
     let err = gq::probe().unwrap();
     assert!(err <= gd::TOLERANCE, "probe error {err:.2e}");
     let f = |a: &Array| a.to_f32_vec().unwrap();
-    let at = |a: &Array, t: i32| a.slice_axis(1, 0, t).unwrap();
     let max_t = gd::MAX_TOKENS;
     let layouts = [(1, 16, 48, 128, 128), (1, 2, 4, 64, 64), (2, 2, 6, 128, 128), (1, 4, 8, 128, 64)];
     for (i, &(b, hk, hv, dk, dv)) in layouts.iter().enumerate() {
         let l = Layout { hk, hv, dk, dv };
-        let eps = 1e-6 / dk as f32;
-        let (qkv, s, g, beta, s0) = gq::random_inputs(b, max_t, &l, 60 + i as u64).unwrap();
-        let full = gq::cuda(&qkv, &l, &s, eps, &g, &beta, &s0).unwrap();
+        let sample = Sample::random(b, max_t, l, 60 + i as u64).unwrap();
+        let full = gq::cuda(&sample.call()).unwrap();
         let (mut worst_y, mut worst_s) = (0.0f32, 0.0f32);
         for t in 1..=max_t {
             let case = format!("{l:?} B={b} T={t}");
-            let kern = gq::cuda(&at(&qkv, t), &l, &s, eps, &at(&g, t), &at(&beta, t), &s0).unwrap();
-            let fb = gq::fallback(&at(&qkv, t), &l, &s, eps, &at(&g, t), &at(&beta, t), &s0).unwrap().update;
+            let first = sample.tokens(0, t, &sample.state).unwrap();
+            let kern = gq::cuda(&first.call()).unwrap();
+            let fb = gq::fallback(&first.call()).unwrap().update;
             let (ey, es) = (rel_err(&f(&kern.y), &f(&fb.y)), rel_err(&f(&kern.state), &f(&fb.state)));
             assert!(ey <= gd::TOLERANCE && es <= gd::TOLERANCE, "{case}: outputs {ey:.2e}, state {es:.2e}");
             (worst_y, worst_s) = (worst_y.max(ey), worst_s.max(es));
-            assert_eq!(kern.y.to_bytes().unwrap(), at(&full.y, t).to_bytes().unwrap(), "{case}: outputs vs T = 9");
+            let want = full.y.slice_axis(1, 0, t).unwrap();
+            assert_eq!(kern.y.to_bytes().unwrap(), want.to_bytes().unwrap(), "{case}: outputs vs T = 9");
         }
-        let mut state = s0.clone();
+        let mut state = sample.state.clone();
         for t in 0..max_t {
-            let one = |a: &Array| a.slice_axis(1, t, t + 1).unwrap();
-            let u = gq::cuda(&one(&qkv), &l, &s, eps, &one(&g), &one(&beta), &state).unwrap();
+            let u = gq::cuda(&sample.tokens(t, t + 1, &state).unwrap().call()).unwrap();
             let want = full.y.slice_axis(1, t, t + 1).unwrap();
             assert_eq!(u.y.to_bytes().unwrap(), want.to_bytes().unwrap(), "{l:?}: token {t} decoded alone");
             state = u.state;
@@ -435,9 +430,8 @@ fn gated_delta_qkv_cuda_lossless() {
     if !cuda_or_skip("gated_delta_qkv_cuda_lossless") {
         return;
     }
-    let l = Layout { hk: 2, hv: 4, dk: 64, dv: 64 };
-    let (qkv, s, g, beta, st) = gq::random_inputs(1, 4, &l, 3).unwrap();
-    let selected = gq::selected(&qkv, &l, &s, &g, &beta, &st);
+    let sample = Sample::random(1, 4, Layout { hk: 2, hv: 4, dk: 64, dv: 64 }, 3).unwrap();
+    let selected = gq::selected(&sample.call());
     println!("gated_delta_qkv selected at tandem-tiny's shape: {selected}");
     if tandem::kernels::policy() == tandem::kernels::Policy::On && !tandem::kernels::disabled(gq::NAME) {
         assert!(selected, "TANDEM_KERNELS=on: the fused kernel is taken");
@@ -462,24 +456,22 @@ fn gated_delta_qkv_host_parity() {
     let bytes = |a: &Array| a.to_bytes().unwrap();
     for (i, &(b, hk, hv, dk, dv)) in [(1, 2, 4, 64, 64), (2, 2, 6, 64, 32), (2, 1, 3, 20, 5)].iter().enumerate() {
         let l = Layout { hk, hv, dk, dv };
-        let eps = 1e-6 / dk as f32;
-        let (qkv, s, g, beta, s0) = gq::random_inputs(b, gd::MAX_TOKENS, &l, 70 + i as u64).unwrap();
+        let sample = Sample::random(b, gd::MAX_TOKENS, l, 70 + i as u64).unwrap();
         for t in 1..=gd::MAX_TOKENS {
             let case = format!("{l:?} B={b} T={t}");
-            let at = |a: &Array| a.slice_axis(1, 0, t).unwrap();
-            assert!(gq::host_applicable(&at(&qkv), &l, &s, &at(&g), &at(&beta), &s0), "{case}");
-            let kern = gq::host(&at(&qkv), &l, &s, eps, &at(&g), &at(&beta), &s0).unwrap();
-            let fb = gq::fallback(&at(&qkv), &l, &s, eps, &at(&g), &at(&beta), &s0).unwrap().update;
+            let first = sample.tokens(0, t, &sample.state).unwrap();
+            assert!(gq::host_applicable(&first.call()), "{case}");
+            let kern = gq::host(&first.call()).unwrap();
+            let fb = gq::fallback(&first.call()).unwrap().update;
             assert_eq!(bytes(&kern.y), bytes(&fb.y), "{case}: outputs");
             assert_eq!(bytes(&kern.state), bytes(&fb.state), "{case}: state");
             assert_eq!(bytes(kern.steps.as_ref().unwrap()), bytes(fb.steps.as_ref().unwrap()), "{case}: steps");
         }
-        let long = gq::random_inputs(b, gd::MAX_TOKENS + 1, &l, 1).unwrap();
-        assert!(!gq::host_applicable(&long.0, &l, &long.1, &long.2, &long.3, &long.4), "prefill widths: the fallback");
+        let long = Sample::random(b, gd::MAX_TOKENS + 1, l, 1).unwrap();
+        assert!(!gq::host_applicable(&long.call()), "prefill widths: the fallback");
     }
-    let tiny = Layout { hk: 2, hv: 4, dk: 64, dv: 64 };
-    let (qkv, s, g, beta, st) = gq::random_inputs(1, 4, &tiny, 2).unwrap();
+    let tiny = Sample::random(1, 4, Layout { hk: 2, hv: 4, dk: 64, dv: 64 }, 2).unwrap();
     let off = tandem::kernels::policy() == tandem::kernels::Policy::Off
         || [gq::HOST_NAME, gd::HOST_NAME, "cpu_elementwise"].iter().any(|n| tandem::kernels::disabled(n));
-    assert_eq!(gq::host_selected(&qkv, &tiny, &s, &g, &beta, &st), !off, "selected at tandem-tiny's shape");
+    assert_eq!(gq::host_selected(&tiny.call()), !off, "selected at tandem-tiny's shape");
 }

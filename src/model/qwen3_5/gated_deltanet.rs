@@ -151,9 +151,9 @@ impl GatedDeltaNet {
         // operations, the recurrence by kernels::gated_delta. A verify pass records what a rollback needs to
         // recompute the state of a shorter prefix (cache::Recording).
         let layout = gated_delta_qkv::Layout { hk: self.hk, hv: self.hv, dk: self.dk, dv: self.dv };
-        let eps = 1e-6 / self.dk as f32;
-        let gated_delta_qkv::Recurrence { update, qkv } =
-            gated_delta_qkv::update(&conv, &layout, &self.qk_scales, eps, &decay, &beta, &initial)?;
+        let (eps, scales) = (1e-6 / self.dk as f32, &self.qk_scales);
+        let call = gated_delta_qkv::Call { layout, eps, qkv: &conv, scales, g: &decay, beta: &beta, state: &initial };
+        let gated_delta_qkv::Recurrence { update, qkv } = gated_delta_qkv::update(&call)?;
         let gated_delta::Update { y: o, state, steps } = update;
         if states.iter().any(|st| st.verifying()) {
             let final_state = state.clone();
