@@ -475,3 +475,24 @@ fn gated_delta_qkv_host_parity() {
         || [gq::HOST_NAME, gd::HOST_NAME, "cpu_elementwise"].iter().any(|n| tandem::kernels::disabled(n));
     assert_eq!(gq::host_selected(&tiny.call()), !off, "selected at tandem-tiny's shape");
 }
+
+/// The path a Mac takes (and any GPU without a tested kernel, and `TANDEM_KERNELS=off`): q, k and v split and
+/// normalised by MLX's operations, MLX's own recurrence, verifies that record their inputs and roll back by
+/// running it again over the kept prefix. On the CPU the host kernels replace all of it, so the through-the-model
+/// test above runs again in a child process of this binary with every kernel off: MTP output equal to plain
+/// greedy output, every rollback bit-equal to a run that saw only the kept tokens.
+#[test]
+fn mlx_ops_path_lossless_through_the_model() {
+    if !cpu_or_skip("mlx_ops_path_lossless_through_the_model") {
+        return;
+    }
+    let test = "gated_delta_kernel::gated_delta_host_lossless_through_the_model";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads", "1"])
+        .env("TANDEM_KERNELS", "off")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("1 passed"), "{test} with TANDEM_KERNELS=off:\n{text}");
+    assert!(text.contains("depth 3"), "the child decoded with MTP: {text}");
+}
