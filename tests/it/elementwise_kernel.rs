@@ -190,3 +190,45 @@ fn elementwise_bad_inputs_are_errors() {
     let err = host::rms_norm(&a, &rand(&[8], Dtype::BF16, 3, 1.0), 1e-6, 0.125).unwrap_err().to_string();
     assert!(err.contains("w f32"), "{err}");
 }
+
+/// The gated norm's host kernel (`kernels::gated_norm`, on MLX's CPU) carries its fallback's bits (MLX's norm as
+/// the host computes it, then the SiLU gate): f32 and bf16 z, z a slice of a wider array (the in-projection's
+/// split) and z contiguous, one and several rows; against an independent f32 reference within bf16's rounding;
+/// selected on the CPU unless switched off; a shape it does not compute is refused by name.
+#[test]
+fn gated_norm_host_kernel_has_the_fallbacks_bits() {
+    use tandem::kernels::gated_norm as gn;
+    if mlx::device::default_device() != mlx::device::Device::Cpu {
+        println!("gated_norm_host_kernel_has_the_fallbacks_bits: SKIPPED: MLX computes on the GPU here");
+        return;
+    }
+    assert_eq!(gn::host_probe().unwrap(), 0.0, "host probe: bits off the fallback's");
+    for (i, dtype) in [Dtype::F32, Dtype::BF16].into_iter().enumerate() {
+        for &(b, t, h, d) in &[(1, 1, 4, 64), (2, 3, 6, 32), (1, 9, 3, 20)] {
+            let what = format!("{dtype:?} [{b}, {t}, {h}, {d}]");
+            let (o, z, w) = gn::random_inputs(b, t, h, d, dtype, 90 + i as u64).unwrap();
+            let eps = 1e-6;
+            let got = gn::host(&o, &z, &w, eps).unwrap();
+            assert_same_bits(&what, &got, &gn::fallback(&o, &z, &w, eps).unwrap());
+            let packed = z.contiguous().unwrap();
+            assert_same_bits(&format!("{what}, z packed"), &gn::host(&o, &packed, &w, eps).unwrap(), &got);
+            // w * x / sqrt(mean(x^2) + eps) * z * sigmoid(z), per head, in f32 from the inputs' values.
+            let z32 = z.as_dtype(Dtype::F32).unwrap().reshape(&o.shape()).unwrap();
+            let ms = o.square().unwrap().mean(&[-1], true).unwrap();
+            let n = o.multiply(&ms.add(&Array::f32(eps)).unwrap().rsqrt().unwrap()).unwrap().multiply(&w).unwrap();
+            let want = n.multiply(&z32.multiply(&z32.sigmoid().unwrap()).unwrap()).unwrap();
+            let (g, r) = (got.as_dtype(Dtype::F32).unwrap().to_f32_vec().unwrap(), want.to_f32_vec().unwrap());
+            let worst = g.iter().zip(&r).map(|(a, b)| (a - b).abs() / b.abs().max(1e-3)).fold(0.0f32, f32::max);
+            let bound = if dtype == Dtype::BF16 { 8e-3 } else { 1e-5 };
+            assert!(worst <= bound, "{what}: {worst:e} from the f32 reference");
+        }
+    }
+    let (o, z, w) = gn::random_inputs(1, 2, 4, 32, Dtype::BF16, 1).unwrap();
+    let off = tandem::kernels::policy() == tandem::kernels::Policy::Off
+        || [gn::HOST_NAME, "cpu_elementwise"].iter().any(|n| tandem::kernels::disabled(n));
+    assert_eq!(gn::host_selected(&o, &z, &w), !off, "selected on the CPU");
+    let wrong = z.slice_axis(2, 0, 64).unwrap();
+    assert!(!gn::host_applicable(&o, &wrong, &w));
+    let err = gn::host(&o, &wrong, &w, 1e-6).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("gated norm") && err.contains("z [1, 2, 64]"), "{err}");
+}

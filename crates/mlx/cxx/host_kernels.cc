@@ -333,6 +333,37 @@ class RmsNormHost : public mx::UnaryPrimitive {
   float eps_, inv_d_;
 };
 
+// tandem_kernels::gated_norm as a primitive: o [R..., H, D] f32, z [R..., H * D] (a last-axis slice read in
+// place), w [D] f32; out like z.
+class GatedNormHost : public mx::UnaryPrimitive {
+ public:
+  GatedNormHost(mx::Stream s, float eps, float inv_d) : mx::UnaryPrimitive(s), eps_(eps), inv_d_(inv_d) {}
+  const char* name() const override { return "TandemGatedNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const GatedNormHost&>(other);
+    return o.eps_ == eps_ && o.inv_d_ == inv_d_;
+  }
+  void eval_gpu(const std::vector<Array>&, Array&) override {
+    throw std::runtime_error("TandemGatedNorm runs on the CPU only");
+  }
+  void eval_cpu(const std::vector<Array>& in, Array& out) override {
+    auto& enc = encoder_for(stream(), in, {&out});
+    const int64_t cols = in[0].shape(-1), heads = in[0].shape(-2), width = out.shape(-1);
+    const int64_t rows = width == 0 ? 0 : out.size() / width;
+    enc.dispatch([rows, heads, cols, width, eps = eps_, inv_d = inv_d_, t = elem(out.dtype()),
+                  o = Array::unsafe_weak_copy(in[0]), z = Array::unsafe_weak_copy(in[1]),
+                  w = Array::unsafe_weak_copy(in[2]), out = out.data<void>()]() {
+      std::vector<uint8_t> op, zp, wp;
+      const auto [zd, sz] = rows_of(z, width, zp);
+      tandem_kernels::gated_norm(t, static_cast<const float*>(row_major(o, op)), zd, sz,
+                                 static_cast<const float*>(row_major(w, wp)), out, rows, heads, cols, eps, inv_d);
+    });
+  }
+
+ private:
+  float eps_, inv_d_;
+};
+
 } // namespace
 
 ArrayPtr host_quantized_matmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
@@ -467,6 +498,21 @@ std::unique_ptr<ArrayVec> host_gated_delta_qkv(const Array& qkv, const Array& qs
   auto out = std::make_unique<ArrayVec>();
   out->items = std::move(outs);
   return out;
+}
+
+ArrayPtr host_gated_norm(const Array& o, const Array& z, const Array& w, float eps, float inv_d) {
+  const auto t = z.dtype();
+  if (o.dtype() != mx::float32 || (t != mx::float32 && t != mx::bfloat16) || w.dtype() != mx::float32) {
+    throw std::invalid_argument("host gated norm: o f32, z f32 or bf16 and w f32 needed");
+  }
+  bool ok = o.ndim() >= 2 && w.ndim() == 1 && w.shape(0) == o.shape(-1) && z.ndim() == o.ndim() - 1;
+  for (int d = 0; ok && d + 2 < static_cast<int>(o.ndim()); ++d) ok = z.shape(d) == o.shape(d);
+  if (!ok || z.shape(-1) != o.shape(-1) * o.shape(-2)) {
+    throw std::invalid_argument("host gated norm: o [..., H, D], z [..., H * D] and w [D] needed; got o " +
+                                shape_text(o) + ", z " + shape_text(z) + ", w " + shape_text(w));
+  }
+  auto s = mx::default_stream(mx::Device::cpu);
+  return wrap(Array(z.shape(), t, std::make_shared<GatedNormHost>(s, eps, inv_d), {o, z, w}));
 }
 
 ArrayPtr host_rms_norm(const Array& x, const Array& w, float eps, float inv_d) {

@@ -105,3 +105,10 @@ pub fn elementwise(chain: Chain, a: &Array, b: &Array) -> Result<Array> {
 pub fn rms_norm(x: &Array, w: &Array, eps: f32, inv_d: f32) -> Result<Array> {
     Array::wrap(ffi::host_rms_norm(x.raw(), w.raw(), eps, inv_d))
 }
+
+/// A Gated DeltaNet layer's gated norm with the bits of [`rms_norm`] followed by [`Chain::SiluGate`]: each head
+/// of o `[..., H, D]` (f32) normalised with w `[D]`, times `silu(z)` (z `[..., H·D]`, f32 or bf16; a last-axis
+/// slice read in place), rounded once to z's dtype; out like z (kernels/cpu/elementwise.h, `gated_norm`).
+pub fn gated_norm(o: &Array, z: &Array, w: &Array, eps: f32, inv_d: f32) -> Result<Array> {
+    Array::wrap(ffi::host_gated_norm(o.raw(), z.raw(), w.raw(), eps, inv_d))
+}

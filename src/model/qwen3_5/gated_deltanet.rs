@@ -4,7 +4,7 @@ use mlx::{concatenate, Array, Dtype};
 
 use super::{mlx_err, Config};
 use crate::cache::{LinearState, Recording};
-use crate::kernels::{fused, gated_delta, gated_delta_qkv, norm};
+use crate::kernels::{fused, gated_delta, gated_delta_qkv, gated_norm};
 use crate::model::layers::{Fused, Linear, Result, Tap};
 use crate::model::parallel::{Cut, Parallel};
 use crate::model::store::Store;
@@ -125,7 +125,6 @@ impl GatedDeltaNet {
         let mut next =
             || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
         let (qkv, z, b_in, a_in) = (next()?, next()?, next()?, next()?);
-        let z = z.reshape(&[b, t, self.hv, self.dv])?;
         let (beta, decay) = fused::delta_gates(&b_in, &a_in, &self.dt_bias, &self.neg_a)?;
 
         // Causal depthwise conv over [window ++ new rows]; the window keeps the last K-1 rows.
@@ -165,9 +164,7 @@ impl GatedDeltaNet {
         // Gated RMSNorm per head, w * rmsnorm(o) * silu(z), in f32 from the recurrence's f32 output
         // [B,T,Hv,Dv] and rounded once. Rounding o and then w * rmsnorm(o) to bf16 first (transformers'
         // order of casts) amplified the error of positions whose output nearly cancels (small rms).
-        let n = norm::fallback(&o, &self.norm_weight, self.eps)?;
-        let gated = fused::silu_gate(&n, &z)?;
-        let gated = gated.reshape(&[b, t, self.hv * self.dv])?;
+        let gated = gated_norm::gated_norm(&o, &z, &self.norm_weight, self.eps)?;
         self.tap.see("out_proj", &gated);
         self.out_proj.forward(&gated)
     }
