@@ -183,13 +183,10 @@ void elementwise(Chain chain, Elem t, const void* a, int64_t sa, const void* b, 
 void gated_norm(Elem t, const float* o, const void* z, int64_t sz, const float* w, void* out, int64_t rows,
                 int64_t heads, int64_t cols, float eps, float inv_d) {
   if (rows <= 0 || heads <= 0 || cols <= 0 || (t != Elem::F32 && t != Elem::BF16)) return;
-  const int64_t width = heads * cols, size = t == Elem::F32 ? 4 : 2;
-  std::vector<float> n(width);
-  for (int64_t r = 0; r < rows; ++r) {
-    rms_norm(Elem::F32, o + r * width, cols, w, n.data(), heads, cols, eps, inv_d);
-    elementwise(Chain::SiluGate, t, n.data(), width, static_cast<const char*>(z) + r * sz * size, sz,
-                static_cast<char*>(out) + r * width * size, 1, width);
-  }
+  const int64_t width = heads * cols;
+  std::vector<float> n(rows * width);
+  rms_norm(Elem::F32, o, cols, w, n.data(), rows * heads, cols, eps, inv_d);
+  elementwise(Chain::SiluGate, t, n.data(), width, z, sz, out, rows, width);
 }
 
 } // namespace tandem_kernels

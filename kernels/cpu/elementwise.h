@@ -35,7 +35,7 @@ void rms_norm(Elem t, const void* x, int64_t sx, const float* w, void* out, int6
 // A Gated DeltaNet layer's gated norm, out = SiluGate(rms_norm(o), z) per head: o f32 [R, H, D] (contiguous),
 // z T [R, H * D] with row stride sz, w f32 [D]; each head's D values normalised as rms_norm does (f32 out), then
 // the SiluGate chain with z rounding to T once. The bits of those two, without the reshapes and the normalised
-// array between them. out is T [R, H * D], contiguous. Scratch: one row of H * D floats.
+// array between them. out is T [R, H * D], contiguous. Scratch: the normalised o.
 void gated_norm(Elem t, const float* o, const void* z, int64_t sz, const float* w, void* out, int64_t rows,
                 int64_t heads, int64_t cols, float eps, float inv_d);
 

@@ -104,11 +104,8 @@ void gated_delta(const float* q, const float* k, const float* v, const float* g,
 
 void gated_delta_qkv(const float* qkv, const float* qs, const float* ks, float eps, float inv_d, const float* g,
                      const float* beta, const float* state, float* y, float* states, int64_t B, int64_t T, int64_t HK,
-                     int64_t HV, int64_t DK, int64_t DV, bool all_steps) {
-  if (B <= 0 || T <= 0 || HK <= 0 || HV <= 0 || DK <= 0 || DV <= 0) {
-    gated_delta(nullptr, nullptr, nullptr, g, beta, state, y, states, B, T, HK, HV, DK, DV, all_steps);
-    return;
-  }
+                     int64_t HV, int64_t DK, int64_t DV) {
+  if (B <= 0 || T <= 0 || HK <= 0 || HV <= 0 || DK <= 0 || DV <= 0) return;
   const int64_t kd = HK * DK, vd = HV * DV, channels = 2 * kd + vd;
   std::vector<float> q(B * T * kd), k(B * T * kd), v(B * T * vd);
   for (int64_t bt = 0; bt < B * T; ++bt) {
@@ -117,7 +114,7 @@ void gated_delta_qkv(const float* qkv, const float* qs, const float* ks, float e
     rms_norm(Elem::F32, row + kd, DK, ks, k.data() + bt * kd, HK, DK, eps, inv_d);
     std::memcpy(v.data() + bt * vd, row + 2 * kd, vd * sizeof(float));
   }
-  gated_delta(q.data(), k.data(), v.data(), g, beta, state, y, states, B, T, HK, HV, DK, DV, all_steps);
+  gated_delta(q.data(), k.data(), v.data(), g, beta, state, y, states, B, T, HK, HV, DK, DV, true);
 }
 
 } // namespace tandem_kernels

@@ -25,9 +25,10 @@ void gated_delta(const float* q, const float* k, const float* v, const float* g,
 // The same from a Gated DeltaNet layer's conv output qkv [B, T, 2 HK DK + HV DV] (f32, row-major): q and k are
 // its first two blocks of channels by heads, each row normalised as rms_norm (elementwise.h) computes it with
 // the scales qs, ks [DK], eps and inv_d = 1 / DK; v the last block. The bits of those norms followed by
-// gated_delta, without the layer's split, reshapes and norms as operations of their own. Scratch: q, k and v.
+// gated_delta, without the layer's split, reshapes and norms as operations of their own; every step's state
+// (decode and verify widths: all_steps). Scratch: q, k and v.
 void gated_delta_qkv(const float* qkv, const float* qs, const float* ks, float eps, float inv_d, const float* g,
                      const float* beta, const float* state, float* y, float* states, int64_t B, int64_t T, int64_t HK,
-                     int64_t HV, int64_t DK, int64_t DV, bool all_steps);
+                     int64_t HV, int64_t DK, int64_t DV);
 
 } // namespace tandem_kernels

@@ -125,6 +125,13 @@ pub fn same_bits(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
 }
 
+/// How many elements of `got` differ in their bits from `want`'s ([`same_bits`], both read as f32), the
+/// elements one has and the other lacks counted too: the host kernels' probes against their fallbacks.
+pub fn differing_bits(got: &Array, want: &Array) -> Result<usize> {
+    let (got, want) = (got.as_dtype(Dtype::F32)?.to_f32_vec()?, want.as_dtype(Dtype::F32)?.to_f32_vec()?);
+    Ok(got.iter().zip(&want).filter(|(g, w)| !same_bits(**g, **w)).count() + got.len().abs_diff(want.len()))
+}
+
 /// How many outputs of the host kernels differ in their bits from MLX's op-by-op chains and norm, over
 /// [`probe_values`].
 pub fn host_probe() -> Result<usize> {
@@ -134,9 +141,7 @@ pub fn host_probe() -> Result<usize> {
     let y = Array::from_slice(&values.iter().rev().copied().collect::<Vec<_>>(), &[2, n / 2])?;
     // Outputs of `got` whose bits differ from the reference chain's first output (or that one lacks).
     let differing = |got: Array, want: Vec<Array>| -> Result<usize> {
-        let want = want.first().ok_or_else(|| mlx::Error::Invalid("empty reference".into()))?;
-        let (got, want) = (got.as_dtype(Dtype::F32)?.to_f32_vec()?, want.as_dtype(Dtype::F32)?.to_f32_vec()?);
-        Ok(got.iter().zip(&want).filter(|(g, w)| !same_bits(**g, **w)).count() + got.len().abs_diff(want.len()))
+        differing_bits(&got, want.first().ok_or_else(|| mlx::Error::Invalid("empty reference".into()))?)
     };
     let mut differ = 0;
     for t in [Dtype::F32, Dtype::BF16] {

@@ -23,6 +23,7 @@ use std::sync::OnceLock;
 use mlx::kernel::{Kernel, KernelBackend, Launch};
 use mlx::{random, Array, Dtype};
 
+use super::fused::differing_bits;
 use super::gated_delta::{self as gd, step_state, Update, MAX_TOKENS, TESTED_DIMS, TOLERANCE};
 use super::quantized_matmul::relative_error;
 use super::{norm, probe_verdict, with_cached, KernelCache};
@@ -204,7 +205,7 @@ pub fn host_selected(x: &Call<'_>) -> bool {
 pub fn host(x: &Call<'_>) -> Result<Update> {
     let t = x.qkv.dim(1);
     let (qs, ks) = (&x.scales[0], &x.scales[1]);
-    let (y, steps) = mlx::host::gated_delta_qkv(x.qkv, qs, ks, x.g, x.beta, x.state, x.layout.hk, x.eps, true)?;
+    let (y, steps) = mlx::host::gated_delta_qkv(x.qkv, qs, ks, x.g, x.beta, x.state, x.layout.hk, x.eps)?;
     Ok(Update { y, state: step_state(&steps, t as usize)?, steps: Some(steps) })
 }
 
@@ -221,14 +222,9 @@ pub fn host_probe() -> Result<f32> {
     let sample = Sample::random(2, 3, Layout { hk: 2, hv: 6, dk: 64, dv: 32 }, 0x6764_6e03)?;
     let x = sample.call();
     let (kernel, fb) = (host(&x)?, fallback(&x)?.update);
-    let differ = |a: &Array, b: &Array| -> Result<usize> {
-        let (a, b) = (a.to_f32_vec()?, b.to_f32_vec()?);
-        let same = |(p, q): (&f32, &f32)| p.to_bits() == q.to_bits();
-        Ok(if a.len() != b.len() { a.len().max(1) } else { a.iter().zip(&b).filter(|&e| !same(e)).count() })
-    };
-    let mut n = differ(&kernel.y, &fb.y)? + differ(&kernel.state, &fb.state)?;
+    let mut n = differing_bits(&kernel.y, &fb.y)? + differing_bits(&kernel.state, &fb.state)?;
     if let (Some(k), Some(f)) = (&kernel.steps, &fb.steps) {
-        n += differ(k, f)?;
+        n += differing_bits(k, f)?;
     }
     Ok(n as f32)
 }

@@ -87,13 +87,7 @@ pub fn host_probe() -> Result<f32> {
     let mut n = 0usize;
     for (i, dtype) in [Dtype::F32, Dtype::BF16].into_iter().enumerate() {
         let (o, z, w) = random_inputs(2, 3, 4, 32, dtype, 0x676e_0000 + i as u64)?;
-        let (a, b) = (host(&o, &z, &w, 1e-6)?, fallback(&o, &z, &w, 1e-6)?);
-        let (a, b) = (a.as_dtype(Dtype::F32)?.to_f32_vec()?, b.as_dtype(Dtype::F32)?.to_f32_vec()?);
-        n += if a.len() != b.len() {
-            a.len().max(1)
-        } else {
-            a.iter().zip(&b).filter(|(x, y)| !fused::same_bits(**x, **y)).count()
-        };
+        n += fused::differing_bits(&host(&o, &z, &w, 1e-6)?, &fallback(&o, &z, &w, 1e-6)?)?;
     }
     Ok(n as f32)
 }

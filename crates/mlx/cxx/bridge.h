@@ -148,8 +148,7 @@ ArrayPtr host_gated_norm(const Array& o, const Array& z, const Array& w, float e
 ArrayPtr host_attention(const Array& q, const Array& keys, const Array& values, int32_t len, float scale);
 std::unique_ptr<ArrayVec> host_gated_delta(const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta, const Array& state, bool all_steps);
 std::unique_ptr<ArrayVec> host_gated_delta_qkv(const Array& qkv, const Array& qs, const Array& ks, const Array& g,
-                                               const Array& beta, const Array& state, int hk, float eps,
-                                               bool all_steps);
+                                               const Array& beta, const Array& state, int hk, float eps);
 
 // --- quantization ---
 std::unique_ptr<ArrayVec> quantize(const Array& w, int32_t group_size, int32_t bits, rust::Str mode);

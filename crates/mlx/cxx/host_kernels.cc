@@ -191,16 +191,15 @@ class GatedDeltaSteps : public mx::Primitive {
   bool all_steps_;
 };
 
-// tandem_kernels::gated_delta_qkv as a primitive of two outputs, as GatedDeltaSteps: the recurrence from a
-// layer's conv output, q and k normalised on the way.
+// tandem_kernels::gated_delta_qkv as a primitive of two outputs, as GatedDeltaSteps with every step's state:
+// the recurrence from a layer's conv output, q and k normalised on the way.
 class GatedDeltaQkv : public mx::Primitive {
  public:
-  GatedDeltaQkv(mx::Stream s, int hk, float eps, bool all_steps)
-      : mx::Primitive(s), hk_(hk), eps_(eps), all_steps_(all_steps) {}
+  GatedDeltaQkv(mx::Stream s, int hk, float eps) : mx::Primitive(s), hk_(hk), eps_(eps) {}
   const char* name() const override { return "TandemGatedDeltaQkv"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const GatedDeltaQkv&>(other);
-    return o.hk_ == hk_ && o.eps_ == eps_ && o.all_steps_ == all_steps_;
+    return o.hk_ == hk_ && o.eps_ == eps_;
   }
   void eval_gpu(const std::vector<Array>&, std::vector<Array>&) override {
     throw std::runtime_error("TandemGatedDeltaQkv runs on the CPU only");
@@ -209,7 +208,7 @@ class GatedDeltaQkv : public mx::Primitive {
     auto& enc = encoder_for(stream(), in, {&out[0], &out[1]});
     const int64_t b = in[0].shape(0), t = in[0].shape(1), dk = in[1].shape(0);
     const int64_t hv = in[5].shape(1), dv = in[5].shape(2);
-    enc.dispatch([b, t, hk = int64_t(hk_), hv, dk, dv, eps = eps_, all = all_steps_,
+    enc.dispatch([b, t, hk = int64_t(hk_), hv, dk, dv, eps = eps_,
                   qkv = Array::unsafe_weak_copy(in[0]), qs = Array::unsafe_weak_copy(in[1]),
                   ks = Array::unsafe_weak_copy(in[2]), g = Array::unsafe_weak_copy(in[3]),
                   beta = Array::unsafe_weak_copy(in[4]), s = Array::unsafe_weak_copy(in[5]),
@@ -218,14 +217,13 @@ class GatedDeltaQkv : public mx::Primitive {
       const auto f = [](const void* d) { return static_cast<const float*>(d); };
       tandem_kernels::gated_delta_qkv(f(row_major(qkv, p[0])), f(row_major(qs, p[1])), f(row_major(ks, p[2])), eps,
                                       1.0f / static_cast<float>(dk), f(row_major(g, p[3])), f(row_major(beta, p[4])),
-                                      f(row_major(s, p[5])), y, st, b, t, hk, hv, dk, dv, all);
+                                      f(row_major(s, p[5])), y, st, b, t, hk, hv, dk, dv);
     });
   }
 
  private:
   int hk_;
   float eps_;
-  bool all_steps_;
 };
 
 // tandem_kernels::attention as DenseMatmulNT is: T queries over the first `len` rows of a cache's buffers.
@@ -474,8 +472,7 @@ ArrayPtr host_elementwise(int32_t chain, const Array& a, const Array& b) {
 }
 
 std::unique_ptr<ArrayVec> host_gated_delta_qkv(const Array& qkv, const Array& qs, const Array& ks, const Array& g,
-                                               const Array& beta, const Array& state, int hk, float eps,
-                                               bool all_steps) {
+                                               const Array& beta, const Array& state, int hk, float eps) {
   for (const Array* a : {&qkv, &qs, &ks, &g, &beta, &state}) {
     if (a->dtype() != mx::float32) throw std::invalid_argument("host gated delta qkv: every input must be f32");
   }
@@ -493,8 +490,8 @@ std::unique_ptr<ArrayVec> host_gated_delta_qkv(const Array& qkv, const Array& qs
                                 shape_text(state));
   }
   auto s = mx::default_stream(mx::Device::cpu);
-  auto outs = Array::make_arrays({{b, t, hv, dv}, {all_steps ? t : 1, b, hv, dv, dk}}, {mx::float32, mx::float32},
-                                 std::make_shared<GatedDeltaQkv>(s, hk, eps, all_steps), {qkv, qs, ks, g, beta, state});
+  auto outs = Array::make_arrays({{b, t, hv, dv}, {t, b, hv, dv, dk}}, {mx::float32, mx::float32},
+                                 std::make_shared<GatedDeltaQkv>(s, hk, eps), {qkv, qs, ks, g, beta, state});
   auto out = std::make_unique<ArrayVec>();
   out->items = std::move(outs);
   return out;

@@ -228,7 +228,6 @@ pub(crate) mod ffi {
             state: &Array,
             hk: i32,
             eps: f32,
-            all_steps: bool,
         ) -> Result<UniquePtr<ArrayVec>>;
         fn conv1d(
             x: &Array,

@@ -50,7 +50,8 @@ pub fn gated_delta(
 
 /// The same recurrence from a Gated DeltaNet layer's conv output `qkv [B, T, 2·hk·Dk + Hv·Dv]` (f32), q and k
 /// normalised by `qs`, `ks` `[Dk]` under `eps` as [`rms_norm`] does (kernels/cpu/gated_delta.h,
-/// `gated_delta_qkv`); the state `[B, Hv, Dv, Dk]` gives Hv and Dv. The bits of those norms and [`gated_delta`].
+/// `gated_delta_qkv`); the state `[B, Hv, Dv, Dk]` gives Hv and Dv. The bits of those norms and [`gated_delta`]
+/// with every step's state `[T, B, Hv, Dv, Dk]`.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_qkv(
     qkv: &Array,
@@ -61,10 +62,8 @@ pub fn gated_delta_qkv(
     state: &Array,
     hk: i32,
     eps: f32,
-    all_steps: bool,
 ) -> Result<(Array, Array)> {
-    let parts =
-        ffi::host_gated_delta_qkv(qkv.raw(), qs.raw(), ks.raw(), g.raw(), beta.raw(), state.raw(), hk, eps, all_steps)?;
+    let parts = ffi::host_gated_delta_qkv(qkv.raw(), qs.raw(), ks.raw(), g.raw(), beta.raw(), state.raw(), hk, eps)?;
     let mut parts = crate::vec_from(parts)?.into_iter();
     match (parts.next(), parts.next()) {
         (Some(y), Some(states)) => Ok((y, states)),
