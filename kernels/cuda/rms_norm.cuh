@@ -70,4 +70,42 @@ __device__ __forceinline__ void rms_norm(const T* h, const T* m, const float* w,
   }
 }
 
+// A Gated DeltaNet layer's gated norm (gated_norm.cu): each value head of the recurrence's output o [B, T, H, D]
+// (f32) RMS-normalised with the f32 scale w [D], times silu(z) for z [B, T, H·D] (bf16, f16 or f32: a slice of
+// the in-projection), rounded once to z's dtype into y [B, T, H·D] (row-contiguous). The inputs are read
+// through their strides (the kernel is built with MLX's row-contiguity copy off), so z's slice is not copied.
+// One warp per (row, head), GATED_HEADS heads a block; a head's sum of squares is its lanes' in-order sums met
+// by the warp butterfly, so a head's result depends on that head only (a token alone, in a verify or a batch).
+constexpr int GATED_HEADS = 4;
+
+template <typename Shape, typename Strides, typename T>
+__device__ __forceinline__ void gated_norm(const float* o, const Shape& o_shape, const Strides& os, const T* z,
+                                           const Strides& zs, const float* w, const Strides& ws, T* y, float eps) {
+  const int tokens = o_shape[1], heads = o_shape[2], d = o_shape[3];
+  const long long warp = static_cast<long long>(blockIdx.x) * GATED_HEADS + (threadIdx.x >> 5);
+  if (warp >= static_cast<long long>(o_shape[0]) * tokens * heads) {
+    return;  // a whole warp: no barrier waits on it
+  }
+  const int lane = threadIdx.x & 31, h = static_cast<int>(warp % heads);
+  const long long row = warp / heads;
+  const long long b = row / tokens, t = row % tokens;
+  const long long o0 = b * os[0] + t * os[1] + h * os[2];
+  const long long z0 = b * zs[0] + t * zs[1] + static_cast<long long>(h) * d * zs[2];
+  float acc = 0.0f;
+  for (int j = lane; j < d; j += 32) {
+    const float v = o[o0 + j * os[3]];
+    acc = fmaf(v, v, acc);
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  }
+  const float inv = rsqrtf(acc / static_cast<float>(d) + eps);
+  T* out = y + warp * d;
+  for (int j = lane; j < d; j += 32) {
+    const float n = w[j * ws[0]] * (o[o0 + j * os[3]] * inv);
+    const float g = to_float(z[z0 + j * zs[2]]);
+    from_float(n * (g / (1.0f + expf(-g))), &out[j]);
+  }
+}
+
 }  // namespace tandem_norm

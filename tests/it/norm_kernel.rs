@@ -99,3 +99,80 @@ fn norm_source_emulated_on_cpu() {
         assert!(out.matches("every row identical alone").count() == 4, "{out}");
     }
 }
+
+/// Which calls the gated norm's CUDA kernel takes: o `[B, T, H, D]` f32, z `[B, T, H·D]` of a float dtype
+/// (a slice of a wider array included), w `[D]` f32; never selected without CUDA; a launch the rules refuse is
+/// an error that names the arrays, before any kernel is made.
+#[test]
+fn gated_norm_cuda_selection_rules() {
+    use tandem::kernels::gated_norm as gn;
+    let (o, z, w) = gn::random_inputs(2, 3, 4, 32, Dtype::BF16, 3).unwrap();
+    assert!(gn::applicable(&o, &z, &w), "z a slice of the in-projection");
+    assert!(gn::applicable(&o, &z.as_dtype(Dtype::F16).unwrap(), &w), "f16 z");
+    assert!(!gn::applicable(&o, &z.slice_axis(2, 0, 64).unwrap(), &w), "z narrower than the heads");
+    assert!(!gn::applicable(&o.as_dtype(Dtype::BF16).unwrap(), &z, &w), "a bf16 o");
+    assert!(!gn::applicable(&o, &z, &w.slice_axis(0, 0, 31).unwrap()), "a scale shorter than a head");
+    assert!(!gn::applicable(&o.reshape(&[6, 4, 32]).unwrap(), &z.reshape(&[6, 128]).unwrap(), &w), "3-D o");
+    if backend() != Backend::Cuda {
+        assert!(!gn::selected(&o, &z, &w), "selected without CUDA");
+    }
+    let err = gn::cuda(&o, &z.slice_axis(2, 0, 64).unwrap(), &w, 1e-6).unwrap_err().to_string();
+    assert!(err.contains("gated norm kernel") && err.contains("[2, 3, 64]"), "{err}");
+}
+
+/// On CUDA: the gated norm's kernel within its tolerance of MLX's operations and of an f32 reference for
+/// bf16, f16 and f32 z at the 27B slice's shape (48 heads of 128) and odd ones, z sliced or packed alike
+/// (bit-identical), each token bit-identical to that token alone; then tandem-tiny's MTP decoding matches
+/// plain decoding with every kernel on.
+#[test]
+fn gated_norm_cuda_parity() {
+    use tandem::kernels::gated_norm as gn;
+    use tandem::kernels::quantized_matmul::host_tolerance;
+    if backend() != Backend::Cuda {
+        println!("gated_norm_cuda_parity: SKIPPED: MLX's backend here is {:?}, not CUDA", backend());
+        return;
+    }
+    for dtype in [Dtype::BF16, Dtype::F16, Dtype::F32] {
+        let tol = host_tolerance(dtype);
+        assert!(gn::cuda_probe(dtype).unwrap() <= tol, "{dtype:?}: probe");
+        let mut worst = (0.0f32, 0.0f32);
+        for &(b, t, h, d) in &[(1, 1, 48, 128), (1, 4, 48, 128), (4, 4, 48, 128), (2, 3, 5, 33), (1, 2, 3, 20)] {
+            let case = format!("{dtype:?} [{b}, {t}, {h}, {d}]");
+            let (o, z, w) = gn::random_inputs(b, t, h, d, dtype, (b * 100 + t * 10 + h) as u64).unwrap();
+            let got = gn::cuda(&o, &z, &w, 1e-6).unwrap();
+            assert_eq!((got.shape(), got.dtype()), (z.shape(), dtype), "{case}");
+            let packed = gn::cuda(&o, &z.contiguous().unwrap(), &w, 1e-6).unwrap();
+            assert_eq!(got.to_bytes().unwrap(), packed.to_bytes().unwrap(), "{case}: z packed");
+            let z32 = z.as_dtype(Dtype::F32).unwrap().reshape(&o.shape()).unwrap();
+            let ms = o.square().unwrap().mean(&[-1], true).unwrap();
+            let n = o.multiply(&ms.add(&Array::f32(1e-6)).unwrap().rsqrt().unwrap()).unwrap().multiply(&w).unwrap();
+            let want =
+                n.multiply(&z32.multiply(&z32.sigmoid().unwrap()).unwrap()).unwrap().reshape(&z.shape()).unwrap();
+            let (e_ref, e_mlx) = (rel(&got, &want), rel(&got, &gn::fallback(&o, &z, &w, 1e-6).unwrap()));
+            worst = (worst.0.max(e_ref), worst.1.max(e_mlx));
+            assert!(e_ref <= tol && e_mlx <= tol, "{case}: {e_ref:.2e} / {e_mlx:.2e}");
+            let tok = |a: &Array, i: i32| a.slice_axis(1, i, i + 1).unwrap();
+            for i in [0, t - 1] {
+                let alone = gn::cuda(&tok(&o, i), &tok(&z, i), &w, 1e-6).unwrap();
+                assert_eq!(tok(&got, i).to_bytes().unwrap(), alone.to_bytes().unwrap(), "{case}: token {i} alone");
+            }
+        }
+        println!(
+            "gated norm parity {dtype:?}: kernel/f32 {:.2e}, kernel/MLX {:.2e} (tolerance {tol:.2e})",
+            worst.0, worst.1
+        );
+    }
+    crate::common::tiny_mtp_matches_plain(Dtype::BF16, true);
+}
+
+/// On any machine with a C++ compiler: the gated norm's CUDA source run by a CPU emulation
+/// (tests/it/emulate/gated_norm.cpp): z read through its strides as a slice, o through transposed strides, head
+/// sizes of 128 and odd ones, head counts that leave a block's last warps idle; within 1e-5 of double precision,
+/// every token bit-identical to the token alone.
+#[test]
+fn gated_norm_source_emulated_on_cpu() {
+    let defines = [("NORM_CUH", "rms_norm.cuh"), ("GATED_NORM_BODY", "gated_norm.cu")];
+    if let Some(out) = crate::common::run_emulation("gated_norm", &defines) {
+        assert_eq!(out.matches("every token identical alone").count(), 4, "{out}");
+    }
+}

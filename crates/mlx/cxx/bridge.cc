@@ -374,14 +374,14 @@ std::vector<std::string> to_strings(rust::Slice<const rust::String> s) {
 }
 }  // namespace
 
-std::unique_ptr<Kernel> metal_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header) {
+std::unique_ptr<Kernel> metal_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header, bool row_contiguous) {
   auto k = std::make_unique<Kernel>();
-  k->fn = mx::fast::metal_kernel(std::string(name), to_strings(inputs), to_strings(outputs), std::string(source), std::string(header));
+  k->fn = mx::fast::metal_kernel(std::string(name), to_strings(inputs), to_strings(outputs), std::string(source), std::string(header), row_contiguous);
   return k;
 }
-std::unique_ptr<Kernel> cuda_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header) {
+std::unique_ptr<Kernel> cuda_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header, bool row_contiguous) {
   auto k = std::make_unique<Kernel>();
-  k->fn = mx::fast::cuda_kernel(std::string(name), to_strings(inputs), to_strings(outputs), std::string(source), std::string(header));
+  k->fn = mx::fast::cuda_kernel(std::string(name), to_strings(inputs), to_strings(outputs), std::string(source), std::string(header), row_contiguous);
   return k;
 }
 std::unique_ptr<ArrayVec> kernel_call(const Kernel& k, const ArrayVec& inputs, rust::Slice<const int32_t> out_shapes_flat, rust::Slice<const int32_t> out_ndims, rust::Slice<const DtypeCode> out_dtypes, rust::Slice<const int32_t> grid, rust::Slice<const int32_t> threadgroup, rust::Slice<const rust::String> tmpl_names, rust::Slice<const int32_t> tmpl_ints) {

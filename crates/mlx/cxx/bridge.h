@@ -173,8 +173,8 @@ ArrayPtr random_categorical(const Array& logits, int32_t axis, const Array& key)
 ArrayPtr random_gumbel(rust::Slice<const int32_t> shape, DtypeCode dtype, const Array& key);
 
 // --- custom kernels ---
-std::unique_ptr<Kernel> metal_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header);
-std::unique_ptr<Kernel> cuda_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header);
+std::unique_ptr<Kernel> metal_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header, bool row_contiguous);
+std::unique_ptr<Kernel> cuda_kernel(rust::Str name, rust::Slice<const rust::String> inputs, rust::Slice<const rust::String> outputs, rust::Str source, rust::Str header, bool row_contiguous);
 std::unique_ptr<ArrayVec> kernel_call(const Kernel& k, const ArrayVec& inputs, rust::Slice<const int32_t> out_shapes_flat, rust::Slice<const int32_t> out_ndims, rust::Slice<const DtypeCode> out_dtypes, rust::Slice<const int32_t> grid, rust::Slice<const int32_t> threadgroup, rust::Slice<const rust::String> tmpl_names, rust::Slice<const int32_t> tmpl_ints);
 
 // --- graph compilation ---

@@ -321,6 +321,7 @@ pub(crate) mod ffi {
             outputs: &[String],
             source: &str,
             header: &str,
+            row_contiguous: bool,
         ) -> Result<UniquePtr<Kernel>>;
         fn cuda_kernel(
             name: &str,
@@ -328,6 +329,7 @@ pub(crate) mod ffi {
             outputs: &[String],
             source: &str,
             header: &str,
+            row_contiguous: bool,
         ) -> Result<UniquePtr<Kernel>>;
         #[allow(clippy::too_many_arguments)]
         fn kernel_call(

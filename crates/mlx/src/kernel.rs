@@ -37,6 +37,7 @@ pub struct Launch<'a> {
 }
 
 impl Kernel {
+    /// A kernel whose inputs arrive row-contiguous: MLX copies any strided input before the launch.
     pub fn new(
         backend: KernelBackend,
         name: &str,
@@ -45,17 +46,43 @@ impl Kernel {
         source: &str,
         header: &str,
     ) -> Result<Kernel> {
+        Self::build(backend, name, inputs, outputs, source, header, true)
+    }
+
+    /// A kernel that takes its inputs as MLX holds them, strided views included, and indexes them through
+    /// `{input}_strides` (and `_shape`, `_ndim`), which MLX passes where the source names them: a slice of a
+    /// wider array then costs no copy (a launch of its own on the GPU).
+    pub fn strided(
+        backend: KernelBackend,
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        source: &str,
+        header: &str,
+    ) -> Result<Kernel> {
+        Self::build(backend, name, inputs, outputs, source, header, false)
+    }
+
+    fn build(
+        backend: KernelBackend,
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        source: &str,
+        header: &str,
+        row_contiguous: bool,
+    ) -> Result<Kernel> {
         let ins: Vec<String> = inputs.iter().map(|s| s.to_string()).collect();
         let outs: Vec<String> = outputs.iter().map(|s| s.to_string()).collect();
         let inner = match backend {
-            KernelBackend::Metal => ffi::metal_kernel(name, &ins, &outs, source, header)?,
+            KernelBackend::Metal => ffi::metal_kernel(name, &ins, &outs, source, header, row_contiguous)?,
             KernelBackend::Cuda => {
                 let included = if header.is_empty() || cuda_headers_in_files().is_err() {
                     None
                 } else {
                     header_file::place(&header_file::dir(), header).ok().and_then(|p| header_file::include_line(&p))
                 };
-                ffi::cuda_kernel(name, &ins, &outs, source, included.as_deref().unwrap_or(header))?
+                ffi::cuda_kernel(name, &ins, &outs, source, included.as_deref().unwrap_or(header), row_contiguous)?
             }
         };
         Ok(Kernel { inner })
@@ -165,6 +192,7 @@ pub mod header_file {
             &["y".to_string()],
             "y[0] = x[0] + tandem_header_check();",
             &line,
+            true,
         )?;
         let kernel = Kernel { inner };
         let x = Array::from_slice(&[1.0f32], &[1])?;
