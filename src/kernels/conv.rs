@@ -13,6 +13,13 @@
 //!
 //! Selected on the classes where its parity test (`tests/it/conv_kernel.rs::conv_cuda_parity`) passed; its CUDA
 //! source is also checked on every machine by a CPU emulation (`conv_source_emulated_on_cpu`).
+//!
+//! A layer's whole conv step ([`step`]) is also the concatenation of its window and the new rows before the conv
+//! and the next window's slice after it: on CUDA the window kernel (kernels/cuda/conv_window.cu) does all three
+//! in one launch, reading the rows where they lie (two MLX operations fewer a layer and a forward), with the
+//! conv kernel's bits (the same products in the same order) and the concatenation's rows exactly: its probe's
+//! tolerance is 0. Not selected until its parity test (`conv_window_cuda_parity`) passes on a GPU
+//! ([`WINDOW_TESTED_CLASSES`]); `TANDEM_KERNELS=-conv_window` turns it off.
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -27,6 +34,7 @@ type Result<T> = std::result::Result<T, mlx::Error>;
 
 const HEADER: &str = include_str!("../../kernels/cuda/conv_silu.cuh");
 const SOURCE: &str = include_str!("../../kernels/cuda/conv_silu.cu");
+const WINDOW_SOURCE: &str = include_str!("../../kernels/cuda/conv_window.cu");
 
 /// This kernel's name for `TANDEM_KERNELS=-conv`.
 pub const NAME: &str = "conv";
@@ -36,6 +44,10 @@ pub const MAX_STEPS: i32 = 16;
 pub const MAX_WIDTH: i32 = 8;
 /// Compute capabilities (major, minor) where the parity test passed (the H200, kernels/README.md).
 pub const TESTED_CLASSES: &[(u32, u32)] = &[(9, 0)];
+/// The window kernel's name for `TANDEM_KERNELS=-conv_window` (`-conv` turns it off too).
+pub const WINDOW_NAME: &str = "conv_window";
+/// Compute capabilities where the window kernel's parity test (`conv_window_cuda_parity`) passed: none yet.
+pub const WINDOW_TESTED_CLASSES: &[(u32, u32)] = &[];
 /// Relative Frobenius error against the fallback.
 pub const TOLERANCE: f32 = 1e-5;
 
@@ -46,6 +58,134 @@ pub fn conv_silu(x: &Array, w: &Array) -> Result<Array> {
         return cuda(x, w);
     }
     fallback(x, w)
+}
+
+/// A layer's conv step over its window `prev` `[B, K - 1, C]` and the pass's rows `next` `[B, T, C]`: the conv's
+/// output `y` `[B, T, C]` (fp32), the next `window` (the last K - 1 rows of `prev ++ next`) and, where asked
+/// (`record`: a verify, whose rollback reads it), `input`, `prev ++ next` itself.
+pub struct Step {
+    pub y: Array,
+    pub window: Array,
+    pub input: Option<Array>,
+}
+
+/// [`Step`]: on CUDA where [`window_selected`], one launch that reads `prev` and `next` where they lie
+/// (kernels/cuda/conv_window.cu); otherwise the concatenation, [`conv_silu`] and the window's slice (three MLX
+/// operations and the conv's).
+pub fn step(prev: &Array, next: &Array, w: &Array, record: bool) -> Result<Step> {
+    if window_selected(prev, next, w) {
+        return window_cuda(prev, next, w, record);
+    }
+    let input = mlx::concatenate(&[prev, next], 1)?;
+    let t = next.dim(1);
+    let window = input.slice_axis(1, t, t + prev.dim(1))?;
+    Ok(Step { y: conv_silu(&input, w)?, window, input: record.then_some(input) })
+}
+
+/// Whether a step takes the window kernel: CUDA on a class where its parity test passed (or
+/// `TANDEM_KERNELS=on`), neither `-conv` nor `-conv_window`, [`window_applicable`] arrays, and the conv
+/// kernel's probe and the window kernel's own passed.
+pub fn window_selected(prev: &Array, next: &Array, w: &Array) -> bool {
+    super::cuda_allows(Some(WINDOW_NAME), WINDOW_TESTED_CLASSES)
+        && !super::disabled(NAME)
+        && window_applicable(prev, next, w)
+        && window_probe_passed()
+}
+
+/// What the window kernel computes: `prev` `[B, K - 1, C]` and `next` `[B, T, C]` of one float dtype with T
+/// in 1..=[`MAX_STEPS`], w `[C, K, 1]` fp32 with K in 2..=[`MAX_WIDTH`] (a window of at least one row).
+pub fn window_applicable(prev: &Array, next: &Array, w: &Array) -> bool {
+    prev.ndim() == 3
+        && next.ndim() == 3
+        && prev.dtype() == next.dtype()
+        && w.ndim() == 3
+        && w.dim(1) >= 2
+        && prev.shape() == [next.dim(0), w.dim(1) - 1, next.dim(2)]
+        && fits(next.dtype(), next.dim(0), prev.dim(1) + next.dim(1), next.dim(2), w)
+}
+
+/// Runs the window kernel (CUDA only; elsewhere MLX reports an error when the result is evaluated). The
+/// parity tests call this.
+pub fn window_cuda(prev: &Array, next: &Array, w: &Array, record: bool) -> Result<Step> {
+    if !window_applicable(prev, next, w) {
+        return Err(mlx::Error::Invalid(format!(
+            "conv window kernel: prev {:?} {:?}, next {:?} {:?}, w {:?} {:?}",
+            prev.shape(),
+            prev.dtype(),
+            next.shape(),
+            next.dtype(),
+            w.shape(),
+            w.dtype()
+        )));
+    }
+    let (b, t, c, k) = (next.dim(0), next.dim(1), next.dim(2), w.dim(1));
+    let dt = next.dtype();
+    let (y, window, input) = ([b, t, c], [b, k - 1, c], [b, k - 1 + t, c]);
+    let mut outputs = vec![(&y[..], Dtype::F32), (&window[..], dt)];
+    if record {
+        outputs.push((&input[..], dt));
+    }
+    let copies = if record { k - 1 + t } else { k - 1 };
+    let out = with_window_kernel(dt, record, |kernel| {
+        kernel.call(
+            &[prev, next, w],
+            &Launch {
+                outputs: &outputs,
+                grid: [(c + 255) / 256 * 256, t + copies, b],
+                threadgroup: [256, 1, 1],
+                template: &[("K", k)],
+            },
+        )
+    })?;
+    let mut out = out.into_iter();
+    match (out.next(), out.next(), out.next()) {
+        (Some(y), Some(window), input) if input.is_some() == record => Ok(Step { y, window, input }),
+        _ => Err(mlx::Error::Invalid("conv window kernel: outputs missing".into())),
+    }
+}
+
+/// The window kernel for the rows' dtype, with or without the recorded input, made once per thread; strided,
+/// so `next` (a slice of the in-projection) is read where it lies.
+fn with_window_kernel<R>(dtype: Dtype, record: bool, f: impl FnOnce(&Kernel) -> Result<R>) -> Result<R> {
+    thread_local! {
+        static KERNELS: KernelCache<(Dtype, bool)> = const { RefCell::new(Vec::new()) };
+    }
+    let suffix = super::dtype_suffix(dtype);
+    let name = format!("tandem_conv_window_{suffix}{}", if record { "_rec" } else { "" });
+    let source = format!("#define TANDEM_RECORD {}\n{WINDOW_SOURCE}", u8::from(record));
+    let outputs: &[&str] = if record { &["y", "window", "input"] } else { &["y", "window"] };
+    with_cached(
+        &KERNELS,
+        (dtype, record),
+        || Kernel::strided(KernelBackend::Cuda, &name, &["prev", "next", "w"], outputs, &source, HEADER),
+        f,
+    )
+}
+
+fn window_probe_passed() -> bool {
+    static PROBE: OnceLock<bool> = OnceLock::new();
+    *PROBE.get_or_init(|| probe_verdict("conv window kernel", window_probe(), 0.0))
+}
+
+/// How many of the window kernel's outputs differ in their bits from the conv kernel's over the concatenation
+/// (y) and from the concatenation's rows (window, input): 2 sequences of 3 positions, 300 channels, K = 4, the
+/// rows a slice of a wider array.
+pub fn window_probe() -> Result<f32> {
+    let (x, w) = random_inputs(2, 3, 310, 4, Dtype::BF16, 0x6377_696e)?;
+    let (prev, next) = (x.slice_axis(1, 0, 3)?.slice_axis(2, 0, 300)?, x.slice_axis(1, 3, 6)?.slice_axis(2, 10, 310)?);
+    let w = w.slice_axis(0, 0, 300)?;
+    let got = window_cuda(&prev, &next, &w, true)?;
+    let input = mlx::concatenate(&[&prev, &next], 1)?;
+    let want = [cuda(&input, &w)?, input.slice_axis(1, 3, 6)?, input.clone()];
+    let got = [Some(got.y), Some(got.window), got.input];
+    let mut n = 0;
+    for (g, want) in got.iter().zip(&want) {
+        n += match g {
+            Some(g) => super::fused::differing_bits(g, want)?,
+            None => want.size(),
+        };
+    }
+    Ok(n as f32)
 }
 
 /// MLX's ops the kernel replaces: x cast to fp32, a depthwise conv, the compiled SiLU.
@@ -63,20 +203,21 @@ pub fn selected(x: &Array, w: &Array) -> bool {
 /// The shapes the kernel computes: x `[B, K - 1 + T, C]` of bf16, f16 or f32 with T in 1..=[`MAX_STEPS`],
 /// w `[C, K, 1]` fp32 with K in 1..=[`MAX_WIDTH`].
 pub fn applicable(x: &Array, w: &Array) -> bool {
-    if !matches!(x.dtype(), Dtype::BF16 | Dtype::F16 | Dtype::F32) || w.dtype() != Dtype::F32 {
+    x.ndim() == 3 && fits(x.dtype(), x.dim(0), x.dim(1), x.dim(2), w)
+}
+
+/// [`applicable`] for x of `dtype` and shape `[b, span, c]`.
+fn fits(dtype: Dtype, b: i32, span: i32, c: i32, w: &Array) -> bool {
+    if !matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) || w.dtype() != Dtype::F32 || w.ndim() != 3 {
         return false;
     }
-    if x.ndim() != 3 || w.ndim() != 3 {
-        return false;
-    }
-    let (c, k) = (w.dim(0), w.dim(1));
-    let steps = x.dim(1) - k + 1;
+    let k = w.dim(1);
     w.dim(2) == 1
-        && x.dim(2) == c
+        && c == w.dim(0)
         && c >= 1
-        && x.dim(0) >= 1
+        && b >= 1
         && (1..=MAX_WIDTH).contains(&k)
-        && (1..=MAX_STEPS).contains(&steps)
+        && (1..=MAX_STEPS).contains(&(span - k + 1))
 }
 
 /// Runs the kernel (CUDA only; elsewhere MLX reports an error when the result is evaluated). Checks only

@@ -92,3 +92,77 @@ fn conv_source_emulated_on_cpu() {
         assert!(out.contains("every position identical alone"), "{out}");
     }
 }
+
+/// On any machine with a C++ compiler: the window kernel's CUDA source (kernels/cuda/conv_window.cu) run by a
+/// CPU emulation (tests/it/emulate/conv_window.cpp): the window and the new rows read through their strides, y
+/// bit-identical to the conv kernel's body over the packed concatenation, the window and the recorded input
+/// exactly the concatenation's rows, for one, four and sixteen new rows.
+#[test]
+fn conv_window_source_emulated_on_cpu() {
+    let defines =
+        [("CONV_CUH", "conv_silu.cuh"), ("CONV_BODY", "conv_silu.cu"), ("CONV_WINDOW_BODY", "conv_window.cu")];
+    if let Some(out) = crate::common::run_emulation("conv_window", &defines) {
+        assert_eq!(out.matches("window and input the concatenation's rows").count(), 3, "{out}");
+    }
+}
+
+/// A layer's conv step off CUDA (and wherever the window kernel is not selected): y is the conv over the
+/// concatenation, the window its last K - 1 rows, the input kept only when asked; the window kernel's rules
+/// refuse mismatched windows and dtypes, and a refused launch is an error naming the arrays.
+#[test]
+fn conv_step_is_the_concatenations_conv() {
+    let (x, w) = conv::random_inputs(2, 3, 40, 4, Dtype::BF16, 9).unwrap();
+    let (prev, next) = (x.slice_axis(1, 0, 3).unwrap(), x.slice_axis(1, 3, 6).unwrap());
+    for record in [false, true] {
+        let step = conv::step(&prev, &next, &w, record).unwrap();
+        assert_eq!(step.y.to_bytes().unwrap(), conv::conv_silu(&x, &w).unwrap().to_bytes().unwrap(), "y");
+        assert_eq!(step.window.to_bytes().unwrap(), x.slice_axis(1, 3, 6).unwrap().to_bytes().unwrap(), "window");
+        assert_eq!(step.input.map(|i| i.to_bytes().unwrap()), record.then(|| x.to_bytes().unwrap()), "input");
+    }
+    // One new row: the window is the last two old rows and the new one.
+    let step = conv::step(&prev, &next.slice_axis(1, 0, 1).unwrap(), &w, false).unwrap();
+    let want = x.slice_axis(1, 1, 4).unwrap();
+    assert_eq!(step.window.to_bytes().unwrap(), want.to_bytes().unwrap(), "window after one row");
+    assert!(conv::window_applicable(&prev, &next, &w));
+    assert!(!conv::window_applicable(&prev.slice_axis(1, 0, 2).unwrap(), &next, &w), "a short window");
+    assert!(!conv::window_applicable(&prev.as_dtype(Dtype::F32).unwrap(), &next, &w), "mixed dtypes");
+    if backend() != Backend::Cuda {
+        assert!(!conv::window_selected(&prev, &next, &w), "selected without CUDA");
+    }
+    let err = conv::window_cuda(&prev.slice_axis(1, 0, 2).unwrap(), &next, &w, true).err().unwrap().to_string();
+    assert!(err.contains("conv window kernel") && err.contains("[2, 2, 40]"), "{err}");
+}
+
+/// On CUDA: the window kernel's outputs bit-identical to the conv kernel over the concatenation (y) and to the
+/// concatenation's rows (window, input), the rows slices of a wider array as the in-projection gives them, for
+/// bf16, f16 and f32 rows at 1..16 new positions and 1..4 sequences; its probe passes; tandem-tiny's MTP
+/// decoding matches plain decoding with every kernel on.
+#[test]
+fn conv_window_cuda_parity() {
+    if backend() != Backend::Cuda {
+        println!("conv_window_cuda_parity: SKIPPED: MLX's backend here is {:?}, not CUDA", backend());
+        return;
+    }
+    assert_eq!(conv::window_probe().unwrap(), 0.0, "probe");
+    for dtype in [Dtype::BF16, Dtype::F16, Dtype::F32] {
+        for &(b, t, c) in &[(1, 1, 10240), (1, 4, 10240), (4, 4, 10240), (2, 16, 300), (3, 7, 33)] {
+            let case = format!("{dtype:?} b {b} t {t} c {c}");
+            let (x, w) = conv::random_inputs(b, t, c + 6, 4, dtype, (b * 100 + t) as u64).unwrap();
+            let x = x.slice_axis(2, 6, c + 6).unwrap();
+            let w = w.slice_axis(0, 6, c + 6).unwrap();
+            let (prev, next) = (x.slice_axis(1, 0, 3).unwrap(), x.slice_axis(1, 3, 3 + t).unwrap());
+            let packed = x.contiguous().unwrap();
+            let want_y = conv::cuda(&packed, &w.contiguous().unwrap()).unwrap().to_bytes().unwrap();
+            for record in [false, true] {
+                let got = conv::window_cuda(&prev, &next, &w, record).unwrap();
+                assert_eq!(got.y.to_bytes().unwrap(), want_y, "{case} record {record}: y");
+                let window = packed.slice_axis(1, t, t + 3).unwrap();
+                assert_eq!(got.window.to_bytes().unwrap(), window.to_bytes().unwrap(), "{case}: window");
+                let input = got.input.map(|i| i.to_bytes().unwrap());
+                assert_eq!(input, record.then(|| packed.to_bytes().unwrap()), "{case}: input");
+            }
+        }
+        println!("conv window parity {dtype:?}: bit-identical to the conv kernel and the concatenation");
+    }
+    crate::common::tiny_mtp_matches_plain(Dtype::BF16, true);
+}

@@ -4,7 +4,7 @@ use mlx::{concatenate, Array, Dtype};
 
 use super::{mlx_err, Config};
 use crate::cache::{LinearState, Recording};
-use crate::kernels::{fused, gated_delta, gated_delta_qkv, gated_norm};
+use crate::kernels::{conv, fused, gated_delta, gated_delta_qkv, gated_norm};
 use crate::model::layers::{Fused, Linear, Result, Tap};
 use crate::model::parallel::{Cut, Parallel};
 use crate::model::store::Store;
@@ -116,7 +116,7 @@ impl GatedDeltaNet {
     /// i's): conv windows and recurrent states are stacked along the batch axis for one pass and
     /// handed back to each sequence after it.
     pub(super) fn forward(&self, x: &Array, states: &mut [&mut LinearState]) -> Result<Array> {
-        let (b, t) = (x.dim(0), x.dim(1));
+        let b = x.dim(0);
         if states.len() != b as usize {
             return Err(mlx::Error::Invalid(format!("linear attention: {} states for {b} sequences", states.len())));
         }
@@ -137,11 +137,11 @@ impl GatedDeltaNet {
                 stacked(states, LinearState::ssm, || Array::zeros(&[1, self.hv, self.dv, self.dk], Dtype::F32))?,
             ),
         };
-        let conv_input = concatenate(&[&prev, &qkv], 1)?;
         // In f32: q and k are L2-normalised next; rounding the conv output to bf16 first was the largest
-        // bf16 drift found op by op against mlx-lm (it cost a third to a half of the layer's accuracy).
-        let conv = crate::kernels::conv::conv_silu(&conv_input, &self.conv_weight)?;
-        let window = conv_input.slice_axis(1, t, t + self.kernel - 1)?;
+        // bf16 drift found op by op against mlx-lm (it cost a third to a half of the layer's accuracy). The
+        // conv's input [window ++ qkv] is kept only by a verify, for its rollback (kernels::conv::step).
+        let verifying = states.iter().any(|st| st.verifying());
+        let conv::Step { y: conv, window, input } = conv::step(&prev, &qkv, &self.conv_weight, verifying)?;
 
         // q, k and v are the conv output's channels, by heads; q and k L2-normalised: x / sqrt(sum x^2 + eps) ==
         // rms_norm(x, eps / D) / sqrt(D), q also taking 1/sqrt(Dk). Then the recurrence (docs/MODEL.md §3.2),
@@ -154,7 +154,7 @@ impl GatedDeltaNet {
         let call = gated_delta_qkv::Call { layout, eps, qkv: &conv, scales, g: &decay, beta: &beta, state: &initial };
         let gated_delta_qkv::Recurrence { update, qkv } = gated_delta_qkv::update(&call)?;
         let gated_delta::Update { y: o, state, steps } = update;
-        if states.iter().any(|st| st.verifying()) {
+        if let Some(conv_input) = input {
             let final_state = state.clone();
             let inputs = qkv.map(|[q, k, v]| [q, k, v, decay, beta]);
             LinearState::record(states, Recording { conv_input, inputs, initial, final_state, steps });
