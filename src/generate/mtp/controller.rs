@@ -58,12 +58,17 @@ struct Costs {
     cycles: Vec<Window>,
     /// Drafting lost at this size when last judged (parked there).
     lost: bool,
-    /// Per depth, the median cycle measured before the last park (which clears `cycles`), in plain steps
-    /// of that time: what a shadow probe prices its drafts at, in plain steps of its own time. A median, not
-    /// the judge's mean: a park can follow a window of four cycles one of which stalled (a loaded machine),
-    /// and every shadow probe after it would price its drafts at that stall, keeping drafting that pays
-    /// parked for good (tests/it/mtp_decode.rs under `make test`); real cycles judge again with the mean
-    /// once drafting resumes. In plain steps, not ms: where the machine's load falls during a park, plain
+    /// Per depth, the lower median cycle measured before the last park (which clears `cycles`), in plain
+    /// steps of that time: what a shadow probe prices its drafts at, in plain steps of its own time. A
+    /// median, not the judge's mean: a park can follow a window of four cycles one of which stalled (a loaded
+    /// machine), and every shadow probe after it would price its drafts at that stall, keeping drafting that
+    /// pays parked for good (tests/it/mtp_decode.rs under `make test`); real cycles judge again with the
+    /// mean once drafting resumes. The lower one: a park after the two cycles of an early judgement has two
+    /// to price by, the first of them the first at its verify width (new shapes, the head's first catch-up),
+    /// and their mean kept drafting parked for a whole run under load (3 ms a cycle against 1 ms a plain
+    /// step, `shadow_probes_replace_losing_probe_cycles_and_resume_drafting` with two CPU hogs beside it).
+    /// Pricing a cycle too low costs at most the cycles that judge again after a resume; too high, every
+    /// probe after the park. In plain steps, not ms: where the machine's load falls during a park, plain
     /// steps measured after it against cycles measured before it kept drafting that pays parked (the
     /// same test, plain steps 2.5x faster at the end of the park than before it).
     before_park: Vec<Option<f64>>,
@@ -109,12 +114,11 @@ impl Window {
         (!self.items.is_empty()).then(|| self.items.iter().map(|&(ms, _)| ms).sum::<f64>() / self.items.len() as f64)
     }
 
-    /// The median item's ms (the mean of the middle two for an even count).
-    fn median_per_item(&self) -> Option<f64> {
+    /// The lower median item's ms (the smaller of the middle two for an even count, so the faster of two).
+    fn lower_median_per_item(&self) -> Option<f64> {
         let mut ms: Vec<f64> = self.items.iter().map(|&(ms, _)| ms).collect();
         ms.sort_by(f64::total_cmp);
-        let n = ms.len();
-        (n > 0).then(|| (ms[(n - 1) / 2] + ms[n / 2]) / 2.0)
+        ms.get(ms.len().saturating_sub(1) / 2).copied()
     }
 }
 
@@ -389,7 +393,7 @@ impl Controller {
             self.now_mut().lost = true;
             self.cycles_since_probe = 0;
             let costs = self.now_mut();
-            costs.before_park = costs.cycles.iter().map(|w| w.median_per_item().map(|ms| ms / plain)).collect();
+            costs.before_park = costs.cycles.iter().map(|w| w.lower_median_per_item().map(|ms| ms / plain)).collect();
             for w in &mut costs.cycles {
                 w.items.clear();
             }

@@ -294,6 +294,31 @@ fn a_stalled_cycle_does_not_keep_drafting_that_pays_parked() {
     assert!(by_cycles * 10 > 4000 * 8, "only {by_cycles} of 4000 tokens from cycles after one stalled cycle");
 }
 
+/// The first park can follow the two cycles of an early judgement, the first of them cold (its verify width's
+/// first shapes, the head's first catch-up: 40 ms on a loaded machine, where a warm cycle takes 15 ms against
+/// 10 ms a plain step). The shadow probes after it must price their drafts at the warm one: at the two's mean
+/// (27.5 ms, 2.75 plain steps for at most 3.4 expected tokens) drafting that pays never resumed
+/// (`tests/it/mtp_decode.rs::shadow_probes_replace_losing_probe_cycles_and_resume_drafting` beside two CPU hogs).
+#[test]
+fn a_cold_first_cycle_does_not_keep_drafting_that_pays_parked() {
+    let mut c = Controller::new(true, 3).with_shadow_probes(true);
+    let cycles = std::cell::Cell::new(0);
+    let cold_first = |_| {
+        cycles.set(cycles.get() + 1);
+        if cycles.get() == 1 {
+            40.0
+        } else {
+            15.0
+        }
+    };
+    let lost = simulate(&mut c, 200, 10.0, cold_first, |_| 0);
+    assert_eq!(lost.by_depth.iter().sum::<usize>(), Controller::JUDGE_EARLY, "{:?}", lost.by_depth);
+    assert!(c.parked());
+    let won = simulate(&mut c, 4000, 10.0, cold_first, |k| k);
+    let won: usize = won.by_depth.iter().sum();
+    assert!(won * 10 > 4000 * 8, "only {won} of 4000 tokens from cycles once drafting pays");
+}
+
 /// A shadow probe whose drafts all land does not resume drafting that would lose even so (a cycle at
 /// any depth costs more than its tokens' plain steps), nor a park that has no cycle costs to price at.
 #[test]
