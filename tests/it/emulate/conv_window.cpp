@@ -12,14 +12,7 @@
 #include <cstring>
 #include <random>
 #include <vector>
-#define __device__
-#define __forceinline__ inline
-struct dim3 { int x, y, z; };
-static dim3 blockIdx, threadIdx, blockDim;
-struct __nv_bfloat16 { float f; };
-struct __half { float f; };
-inline float __bfloat162float(__nv_bfloat16 x) { return x.f; }
-inline float __half2float(__half x) { return x.f; }
+#include "cuda_serial.h"
 #include CONV_CUH
 
 using Shape = std::array<int32_t, 10>;
