@@ -73,7 +73,7 @@ pub struct Step {
 /// (kernels/cuda/conv_window.cu); otherwise the concatenation, [`conv_silu`] and the window's slice (three MLX
 /// operations and the conv's).
 pub fn step(prev: &Array, next: &Array, w: &Array, record: bool) -> Result<Step> {
-    if window_selected(prev, next, w) {
+    if window_selected(prev, next, w, record) {
         return window_cuda(prev, next, w, record);
     }
     let input = mlx::concatenate(&[prev, next], 1)?;
@@ -83,13 +83,15 @@ pub fn step(prev: &Array, next: &Array, w: &Array, record: bool) -> Result<Step>
 }
 
 /// Whether a step takes the window kernel: CUDA on a class where its parity test passed (or
-/// `TANDEM_KERNELS=on`), neither `-conv` nor `-conv_window`, [`window_applicable`] arrays, and the conv
-/// kernel's probe and the window kernel's own passed.
-pub fn window_selected(prev: &Array, next: &Array, w: &Array) -> bool {
+/// `TANDEM_KERNELS=on`), and where the conv kernel is allowed too (neither `-conv` nor `-conv_window`),
+/// [`window_applicable`] arrays, and the conv kernel's probe and the window kernel's own (for this dtype, with
+/// or without the recorded input) passed: the window kernel's probe compares its y with the conv kernel's.
+pub fn window_selected(prev: &Array, next: &Array, w: &Array, record: bool) -> bool {
     super::cuda_allows(Some(WINDOW_NAME), WINDOW_TESTED_CLASSES)
-        && !super::disabled(NAME)
+        && super::cuda_allows(Some(NAME), TESTED_CLASSES)
         && window_applicable(prev, next, w)
-        && window_probe_passed()
+        && probe_passed()
+        && window_probe_passed(next.dtype(), record)
 }
 
 /// What the window kernel computes: `prev` `[B, K - 1, C]` and `next` `[B, T, C]` of one float dtype with T
@@ -150,42 +152,52 @@ fn with_window_kernel<R>(dtype: Dtype, record: bool, f: impl FnOnce(&Kernel) -> 
     thread_local! {
         static KERNELS: KernelCache<(Dtype, bool)> = const { RefCell::new(Vec::new()) };
     }
-    let suffix = super::dtype_suffix(dtype);
-    let name = format!("tandem_conv_window_{suffix}{}", if record { "_rec" } else { "" });
-    let source = format!("#define TANDEM_RECORD {}\n{WINDOW_SOURCE}", u8::from(record));
-    let outputs: &[&str] = if record { &["y", "window", "input"] } else { &["y", "window"] };
-    with_cached(
-        &KERNELS,
-        (dtype, record),
-        || Kernel::strided(KernelBackend::Cuda, &name, &["prev", "next", "w"], outputs, &source, HEADER),
-        f,
-    )
+    let make = || {
+        let name = format!("tandem_conv_window_{}{}", super::dtype_suffix(dtype), if record { "_rec" } else { "" });
+        let source = format!("#define TANDEM_RECORD {}\n{WINDOW_SOURCE}", u8::from(record));
+        let outputs: &[&str] = if record { &["y", "window", "input"] } else { &["y", "window"] };
+        Kernel::strided(KernelBackend::Cuda, &name, &["prev", "next", "w"], outputs, &source, HEADER)
+    };
+    with_cached(&KERNELS, (dtype, record), make, f)
 }
 
-fn window_probe_passed() -> bool {
-    static PROBE: OnceLock<bool> = OnceLock::new();
-    *PROBE.get_or_init(|| probe_verdict("conv window kernel", window_probe(), 0.0))
+fn window_probe_passed(dtype: Dtype, record: bool) -> bool {
+    static PROBES: [[OnceLock<bool>; 2]; 3] = [const { [const { OnceLock::new() }; 2] }; 3];
+    *PROBES[super::dtype_slot(dtype)][usize::from(record)].get_or_init(|| {
+        let what = format!("conv window kernel ({dtype:?}, recording {record})");
+        probe_verdict(&what, window_probe(dtype, record), 0.0)
+    })
 }
 
 /// How many of the window kernel's outputs differ in their bits from the conv kernel's over the concatenation
-/// (y) and from the concatenation's rows (window, input): 2 sequences of 3 positions, 300 channels, K = 4, the
-/// rows a slice of a wider array.
-pub fn window_probe() -> Result<f32> {
-    let (x, w) = random_inputs(2, 3, 310, 4, Dtype::BF16, 0x6377_696e)?;
-    let (prev, next) = (x.slice_axis(1, 0, 3)?.slice_axis(2, 0, 300)?, x.slice_axis(1, 3, 6)?.slice_axis(2, 10, 310)?);
-    let w = w.slice_axis(0, 0, 300)?;
-    let got = window_cuda(&prev, &next, &w, true)?;
+/// (y) and from the concatenation's rows (window, input), rows of `dtype`, with or without the recorded input:
+/// 2 sequences of 3 positions, 300 channels, K = 4; the window a packed array of its own, the new rows a slice
+/// of a wider array (as the in-projection gives them), the weight a transposed view.
+pub fn window_probe(dtype: Dtype, record: bool) -> Result<f32> {
+    let (prev, next, w) = window_inputs(2, 3, 300, 4, dtype, 0x6377_696e)?;
+    let got = window_cuda(&prev, &next, &w, record)?;
     let input = mlx::concatenate(&[&prev, &next], 1)?;
     let want = [cuda(&input, &w)?, input.slice_axis(1, 3, 6)?, input.clone()];
     let got = [Some(got.y), Some(got.window), got.input];
     let mut n = 0;
-    for (g, want) in got.iter().zip(&want) {
+    for (g, want) in got.iter().zip(&want).take(if record { 3 } else { 2 }) {
         n += match g {
             Some(g) => super::fused::differing_bits(g, want)?,
             None => want.size(),
         };
     }
     Ok(n as f32)
+}
+
+/// Random inputs of one conv step laid out as a layer meets them: the window `prev` `[b, k - 1, c]` packed,
+/// the new rows `next` `[b, t, c]` a slice of a wider `[b, t, c + 6]` array (another row stride than the
+/// window's), and the weight `[c, k, 1]` a transposed view of a `[1, k, c]` array (fp32).
+pub fn window_inputs(b: i32, t: i32, c: i32, k: i32, dtype: Dtype, seed: u64) -> Result<(Array, Array, Array)> {
+    let keys = random::split(&random::key(seed)?, 3)?;
+    let prev = random::normal(&[b, k - 1, c], Dtype::F32, &keys[0])?.as_dtype(dtype)?;
+    let wide = random::normal(&[b, t, c + 6], Dtype::F32, &keys[1])?.as_dtype(dtype)?;
+    let w = random::normal(&[1, k, c], Dtype::F32, &keys[2])?.multiply(&Array::f32(0.5))?.swapaxes(0, 2)?;
+    Ok((prev, wide.slice_axis(2, 4, 4 + c)?, w))
 }
 
 /// MLX's ops the kernel replaces: x cast to fp32, a depthwise conv, the compiled SiLU.

@@ -119,6 +119,12 @@ fn conv_step_is_the_concatenations_conv() {
         assert_eq!(step.window.to_bytes().unwrap(), x.slice_axis(1, 3, 6).unwrap().to_bytes().unwrap(), "window");
         assert_eq!(step.input.map(|i| i.to_bytes().unwrap()), record.then(|| x.to_bytes().unwrap()), "input");
     }
+    // The layer's layout (window packed, rows a slice of a wider array, the weight a transposed view).
+    let (p2, n2, w2) = conv::window_inputs(2, 5, 40, 4, Dtype::BF16, 10).unwrap();
+    let step = conv::step(&p2, &n2, &w2, true).unwrap();
+    let x2 = mlx::concatenate(&[&p2, &n2], 1).unwrap();
+    assert_eq!(step.y.to_bytes().unwrap(), conv::conv_silu(&x2, &w2).unwrap().to_bytes().unwrap(), "y, strided");
+    assert_eq!(step.window.to_bytes().unwrap(), x2.slice_axis(1, 5, 8).unwrap().to_bytes().unwrap());
     // One new row: the window is the last two old rows and the new one.
     let step = conv::step(&prev, &next.slice_axis(1, 0, 1).unwrap(), &w, false).unwrap();
     let want = x.slice_axis(1, 1, 4).unwrap();
@@ -127,15 +133,16 @@ fn conv_step_is_the_concatenations_conv() {
     assert!(!conv::window_applicable(&prev.slice_axis(1, 0, 2).unwrap(), &next, &w), "a short window");
     assert!(!conv::window_applicable(&prev.as_dtype(Dtype::F32).unwrap(), &next, &w), "mixed dtypes");
     if backend() != Backend::Cuda {
-        assert!(!conv::window_selected(&prev, &next, &w), "selected without CUDA");
+        assert!(!conv::window_selected(&prev, &next, &w, true), "selected without CUDA");
     }
     let err = conv::window_cuda(&prev.slice_axis(1, 0, 2).unwrap(), &next, &w, true).err().unwrap().to_string();
     assert!(err.contains("conv window kernel") && err.contains("[2, 2, 40]"), "{err}");
 }
 
 /// On CUDA: the window kernel's outputs bit-identical to the conv kernel over the concatenation (y) and to the
-/// concatenation's rows (window, input), the rows slices of a wider array as the in-projection gives them, for
-/// bf16, f16 and f32 rows at 1..16 new positions and 1..4 sequences; its probe passes; tandem-tiny's MTP
+/// concatenation's rows (window, input), laid out as a layer meets them (the window packed, the new rows a
+/// slice of a wider array, the weight a transposed view: `conv::window_inputs`), for bf16, f16 and f32 rows at
+/// 1..16 new positions and 1..4 sequences; its probes pass with and without the recorded input; tandem-tiny's MTP
 /// decoding matches plain decoding with every kernel on.
 #[test]
 fn conv_window_cuda_parity() {
@@ -143,15 +150,14 @@ fn conv_window_cuda_parity() {
         println!("conv_window_cuda_parity: SKIPPED: MLX's backend here is {:?}, not CUDA", backend());
         return;
     }
-    assert_eq!(conv::window_probe().unwrap(), 0.0, "probe");
     for dtype in [Dtype::BF16, Dtype::F16, Dtype::F32] {
+        for record in [false, true] {
+            assert_eq!(conv::window_probe(dtype, record).unwrap(), 0.0, "{dtype:?} recording {record}: probe");
+        }
         for &(b, t, c) in &[(1, 1, 10240), (1, 4, 10240), (4, 4, 10240), (2, 16, 300), (3, 7, 33)] {
             let case = format!("{dtype:?} b {b} t {t} c {c}");
-            let (x, w) = conv::random_inputs(b, t, c + 6, 4, dtype, (b * 100 + t) as u64).unwrap();
-            let x = x.slice_axis(2, 6, c + 6).unwrap();
-            let w = w.slice_axis(0, 6, c + 6).unwrap();
-            let (prev, next) = (x.slice_axis(1, 0, 3).unwrap(), x.slice_axis(1, 3, 3 + t).unwrap());
-            let packed = x.contiguous().unwrap();
+            let (prev, next, w) = conv::window_inputs(b, t, c, 4, dtype, (b * 100 + t) as u64).unwrap();
+            let packed = mlx::concatenate(&[&prev, &next], 1).unwrap();
             let want_y = conv::cuda(&packed, &w.contiguous().unwrap()).unwrap().to_bytes().unwrap();
             for record in [false, true] {
                 let got = conv::window_cuda(&prev, &next, &w, record).unwrap();

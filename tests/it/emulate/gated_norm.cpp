@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include "cuda_threads.h"
 #include NORM_CUH
@@ -20,7 +21,7 @@ constexpr int HEADS = tandem_norm::GATED_HEADS;
 // [b, t, wide] array (wide >= off + h·d), w [d]: y [b, t, h·d].
 std::vector<float> run(const std::vector<float>& o_bhtd, const std::vector<__nv_bfloat16>& zw, int wide, int off,
                        const std::vector<float>& wv, int b, int t, int h, int d, float eps_value) {
-  std::vector<__nv_bfloat16> yb((size_t)b * t * h * d);
+  std::vector<__nv_bfloat16> yb((size_t)b * t * h * d, {NAN});  // an element left unwritten shows
   Shape o_shape{b, t, h, d};
   Strides o_strides{(int64_t)h * t * d, d, (int64_t)t * d, 1};
   Strides z_strides{(int64_t)t * wide, wide, 1};
@@ -38,7 +39,13 @@ std::vector<float> run(const std::vector<float>& o_bhtd, const std::vector<__nv_
     });
   }
   std::vector<float> out;
-  for (auto& v : yb) out.push_back(v.f);
+  for (auto& v : yb) {
+    if (std::isnan(v.f)) {
+      printf("[%d, %d, %d, %d]: an output element was not written\n", b, t, h, d);
+      std::exit(1);
+    }
+    out.push_back(v.f);
+  }
   return out;
 }
 
