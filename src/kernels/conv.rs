@@ -110,15 +110,8 @@ pub fn window_applicable(prev: &Array, next: &Array, w: &Array) -> bool {
 /// parity tests call this.
 pub fn window_cuda(prev: &Array, next: &Array, w: &Array, record: bool) -> Result<Step> {
     if !window_applicable(prev, next, w) {
-        return Err(mlx::Error::Invalid(format!(
-            "conv window kernel: prev {:?} {:?}, next {:?} {:?}, w {:?} {:?}",
-            prev.shape(),
-            prev.dtype(),
-            next.shape(),
-            next.dtype(),
-            w.shape(),
-            w.dtype()
-        )));
+        let arrays = super::arrays_text(&[("prev", prev), ("next", next), ("w", w)]);
+        return Err(mlx::Error::Invalid(format!("conv window kernel: {arrays}")));
     }
     let (b, t, c, k) = (next.dim(0), next.dim(1), next.dim(2), w.dim(1));
     let dt = next.dtype();
@@ -236,13 +229,8 @@ fn fits(dtype: Dtype, b: i32, span: i32, c: i32, w: &Array) -> bool {
 /// what would make the launch wrong; [`applicable`] is the selection's rule. The parity tests call this.
 pub fn cuda(x: &Array, w: &Array) -> Result<Array> {
     if !applicable(x, w) {
-        return Err(mlx::Error::Invalid(format!(
-            "conv kernel: x {:?} {:?}, w {:?} {:?}",
-            x.shape(),
-            x.dtype(),
-            w.shape(),
-            w.dtype()
-        )));
+        let arrays = super::arrays_text(&[("x", x), ("w", w)]);
+        return Err(mlx::Error::Invalid(format!("conv kernel: {arrays}")));
     }
     let (b, c, k) = (x.dim(0), w.dim(0), w.dim(1));
     let steps = x.dim(1) - k + 1;

@@ -8,13 +8,13 @@
 //!   ([`host_selected`]); `TANDEM_KERNELS=-cpu_gated_norm` turns it off;
 //! - on CUDA the device function `gated_norm` of kernels/cuda/rms_norm.cuh, built strided so that z's slice is
 //!   read in place (MLX would copy it first, a launch of its own). Its summation order and its `expf` are not
-//!   MLX's, so its tolerance is the host kernels' (`host_tolerance`): half an ulp of a bf16 or f16 output, 1e-5 of an f32 one. Selected on the
-//!   classes in [`TESTED_CLASSES`] (none yet: its GPU parity test has not run) or under `TANDEM_KERNELS=on`;
-//!   `-gated_norm` turns it off. Its source is checked on every machine by a CPU emulation.
-
-use std::sync::OnceLock;
+//!   MLX's, so its tolerance is the host kernels' (`host_tolerance`): half an ulp of a bf16 or f16 output,
+//!   1e-5 of an f32 one. Selected on the classes in [`TESTED_CLASSES`] (none yet: its GPU parity test has not
+//!   run) or under `TANDEM_KERNELS=on`; `-gated_norm` turns it off. Its source is checked on every machine by a
+//!   CPU emulation.
 
 use std::cell::RefCell;
+use std::sync::OnceLock;
 
 use mlx::kernel::{Kernel, KernelBackend, Launch};
 use mlx::{random, Array, Dtype};
@@ -77,15 +77,8 @@ pub fn applicable(o: &Array, z: &Array, w: &Array) -> bool {
 /// this.
 pub fn cuda(o: &Array, z: &Array, w: &Array, eps: f32) -> Result<Array> {
     if !applicable(o, z, w) {
-        return Err(mlx::Error::Invalid(format!(
-            "gated norm kernel: o {:?} {:?}, z {:?} {:?}, w {:?} {:?}",
-            o.shape(),
-            o.dtype(),
-            z.shape(),
-            z.dtype(),
-            w.shape(),
-            w.dtype()
-        )));
+        let arrays = super::arrays_text(&[("o", o), ("z", z), ("w", w)]);
+        return Err(mlx::Error::Invalid(format!("gated norm kernel: {arrays}")));
     }
     let heads = (o.size() / o.dim(3) as usize) as i32;
     let blocks = (heads + HEADS_PER_BLOCK - 1) / HEADS_PER_BLOCK;

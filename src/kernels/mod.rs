@@ -129,6 +129,11 @@ pub(crate) fn probe_verdict(what: &str, probe: mlx::Result<f32>, tolerance: f32)
     }
 }
 
+/// A launch's arrays for an error that refuses it: `name [shape] Dtype` each, comma-separated.
+pub(crate) fn arrays_text(arrays: &[(&str, &mlx::Array)]) -> String {
+    arrays.iter().map(|(n, a)| format!("{n} {:?} {:?}", a.shape(), a.dtype())).collect::<Vec<_>>().join(", ")
+}
+
 /// The part of a kernel's name that says its input dtype (`tandem_conv_silu_bf16`): MLX caches a compiled
 /// kernel by name, so each dtype's instance needs its own.
 pub(crate) fn dtype_suffix(dtype: mlx::Dtype) -> &'static str {
