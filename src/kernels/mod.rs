@@ -13,6 +13,7 @@
 //! runs them op by op), and on the CPU their host kernels, which give MLX's own bits.
 
 pub mod attention;
+pub mod attention_front;
 pub mod conv;
 pub mod dense_matmul;
 pub mod fused;

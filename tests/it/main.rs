@@ -1,5 +1,6 @@
 //! All integration tests in one binary: MLX is linked once, and one process runs every module.
 
+mod attention_front_kernel;
 mod attention_kernel;
 mod batch;
 mod cli;

@@ -6,7 +6,7 @@ use mlx::Array;
 
 use super::{mlx_err, Config};
 use crate::cache::KvCache;
-use crate::kernels::attention;
+use crate::kernels::{attention, attention_front as front};
 use crate::model::layers::{causal_attention, Fused, Linear, MRope, Result, RmsNorm, Tap};
 use crate::model::parallel::{Cut, Parallel};
 use crate::model::store::Store;
@@ -19,7 +19,6 @@ pub struct Attention {
     o_proj: Linear,
     q_norm: RmsNorm,
     k_norm: RmsNorm,
-    hq: i32,
     hkv: i32,
     hd: i32,
     rope_dims: i32,
@@ -57,13 +56,12 @@ impl Attention {
         let k = s.linear_cut(&format!("{p}.k_proj"), hkv * hd, d, &kv_cut)?;
         let v = s.linear_cut(&format!("{p}.v_proj"), hkv * hd, d, &kv_cut)?;
         let o_proj = s.linear_cut(&format!("{p}.o_proj"), d, hq * hd, &o_cut)?;
-        let (hq, hkv) = (q1 - q0, k1 - k0);
+        let hkv = k1 - k0;
         Ok(Attention {
             qkv: Fused::new(vec![q, k, v]).map_err(|e| mlx_err(p, e))?,
             o_proj,
             q_norm: norms(&format!("{p}.q_norm.weight"), hd)?,
             k_norm: norms(&format!("{p}.k_norm.weight"), hd)?,
-            hq,
             hkv,
             hd,
             rope_dims: c.rope_dims,
@@ -86,57 +84,65 @@ impl Attention {
         let mut next =
             || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
         let (qg, k, v) = (next()?, next()?, next()?);
-        let halves = qg.reshape(&[b, t, self.hq, 2 * self.hd])?.split(2, 3)?;
-        let gate = halves[1].reshape(&[b, t, self.hq * self.hd])?;
-        let q = self.q_norm.forward(&halves[0])?.swapaxes(1, 2)?;
-        let (k, v) = self.key_value_heads(&k, &v, b, t)?;
+        // Text positions: the norms, RoPE (each row at its own position) and the moves to heads in one place
+        // (kernels::attention_front: one launch on CUDA); after images, M-RoPE per sequence.
+        let front::Heads { q, k, v, gate } = if rope.is_none() {
+            // After images, text positions run `rope_delta` behind (or ahead of) the token count.
+            let pos: Vec<i32> = caches.iter().map(|c| c.offset + c.rope_delta).collect();
+            front::front(&qg, &k, &v, &Array::from_slice(&pos, &[b])?, &self.front())?
+        } else {
+            let (q, gate) = front::query_and_gate(&qg, self.hd)?;
+            let q = self.q_norm.forward(&q)?.swapaxes(1, 2)?;
+            let (k, v) = self.key_value_heads(&k, &v, b, t)?;
+            front::Heads { q, k, v, gate: Some(gate) }
+        };
         let o = if let [cache] = caches {
-            let (q, k) = self.rotate(&q, &k, cache, rope)?;
+            let (q, k) = match rope {
+                Some(r) => (r.apply(&q)?, r.apply(&k)?),
+                None => (q, k),
+            };
             self.attend(&q, &k, &v, cache)?
         } else {
-            // Text positions: one RoPE per tensor for the whole batch, each row at its own position.
-            let (q, k) = match rope {
-                None => {
-                    let pos: Vec<i32> = caches.iter().map(|c| c.offset + c.rope_delta).collect();
-                    let pos = Array::from_slice(&pos, &[b])?;
-                    let at = |x: &Array| fast::rope_dynamic(x, self.rope_dims, false, self.rope_theta, 1.0, &pos);
-                    (at(&q)?, at(&k)?)
-                }
-                Some(_) => (q, k),
-            };
             // Each tensor's rows by one split (one operation, where a slice per row was one each).
             let (qs, ks, vs) = (q.split(b, 0)?, k.split(b, 0)?, v.split(b, 0)?);
             let rows = caches
                 .iter_mut()
                 .zip(qs.iter().zip(&ks).zip(&vs))
                 .map(|(cache, ((q, k), v))| match rope {
-                    Some(_) => {
-                        let (q, k) = self.rotate(q, k, cache, rope)?;
-                        self.attend(&q, &k, v, cache)
-                    }
+                    Some(r) => self.attend(&r.apply(q)?, &r.apply(k)?, v, cache),
                     None => self.attend(q, k, v, cache),
                 })
                 .collect::<Result<Vec<_>>>()?;
             mlx::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?
         };
-        let o = crate::kernels::fused::sigmoid_gate(&o.swapaxes(1, 2)?.reshape(&[b, t, self.hq * self.hd])?, &gate)?;
+        let o = front::gate(&o, &qg, gate.as_ref())?;
         self.tap.see("o_proj", &o);
         self.o_proj.forward(&o)
     }
 
     /// The cache's part of [`Attention::forward`] alone, for one sequence and text positions: the keys and
     /// values of `x` `[1, T, D]` written at the cache's next positions, the bits the whole pass writes (the
-    /// same rows of the same products, norm and RoPE), with no queries, attention or output. For positions
-    /// whose output nobody reads (the MTP head catching up on them).
+    /// same rows of the same products, norm and RoPE), with no attention or output (and no queries, unless the
+    /// front kernel is taken). For positions whose output nobody reads (the MTP head catching up on them).
     pub(super) fn write_cache(&self, x: &Array, cache: &mut KvCache) -> Result<()> {
         let (b, t) = (x.dim(0), x.dim(1));
         self.tap.see_all(&["q_proj", "k_proj", "v_proj"], x);
+        let pos = cache.offset + cache.rope_delta;
+        if front::taken(x.dtype()) {
+            // Where whole passes take the front kernel, its keys: the query projection is computed too (a
+            // device cost of one more product, against the ~10 operations of the fallback's keys).
+            let mut proj = self.qkv.forward(x)?.into_iter();
+            let mut next =
+                || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
+            let (qg, k, v) = (next()?, next()?, next()?);
+            let heads = front::front(&qg, &k, &v, &Array::from_slice(&[pos], &[1])?, &self.front())?;
+            return cache.append(&heads.k, &heads.v);
+        }
         let mut proj = self.qkv.forward_tail(x, 1)?.into_iter();
         let mut next =
             || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
         let (k, v) = (next()?, next()?);
         let (k, v) = self.key_value_heads(&k, &v, b, t)?;
-        let pos = cache.offset + cache.rope_delta;
         let k = fast::rope(&k, self.rope_dims, false, self.rope_theta, 1.0, pos)?;
         cache.append(&k, &v)
     }
@@ -147,19 +153,15 @@ impl Attention {
         Ok((k, v.reshape(&[b, t, self.hkv, self.hd])?.swapaxes(1, 2)?))
     }
 
-    /// One sequence's queries and keys at its positions: RoPE, or explicit M-RoPE after images.
-    fn rotate(&self, q: &Array, k: &Array, cache: &KvCache, rope: Option<&MRope>) -> Result<(Array, Array)> {
-        Ok(match rope {
-            Some(r) => (r.apply(q)?, r.apply(k)?),
-            None => {
-                // After images, text positions run `rope_delta` behind (or ahead of) the token count.
-                let pos = cache.offset + cache.rope_delta;
-                (
-                    fast::rope(q, self.rope_dims, false, self.rope_theta, 1.0, pos)?,
-                    fast::rope(k, self.rope_dims, false, self.rope_theta, 1.0, pos)?,
-                )
-            }
-        })
+    /// What [`front::front`] needs of this layer.
+    fn front(&self) -> front::Front<'_> {
+        front::Front {
+            q_scale: &self.q_norm.scale,
+            k_scale: &self.k_norm.scale,
+            eps: self.q_norm.eps,
+            rope_dims: self.rope_dims,
+            rope_theta: self.rope_theta,
+        }
     }
 
     /// One sequence's part after RoPE: its cache extended, attention over its keys.
