@@ -68,6 +68,43 @@ TANDEM_INLINE float mlx_exp(float x_init) {
   return x_init < -88.0f ? 0.0f : r;
 }
 
+// MLX's simd::sin and simd::cos (mlx/backend/cpu/simd/math.h, Cephes' single-precision sincos): |x| reduced by
+// the multiple j of pi/4 (j = trunc(|x| * 4/pi) rounded up to even) in three fused steps, then one of two
+// polynomials in z = x^2 by j's bit 2, the sign by j's bit 4 (and x's sign for the sine). The same operations in
+// the same order, MLX's fused multiply-adds explicit, so the same bits.
+template <bool Sine>
+TANDEM_INLINE float mlx_sincos(float v) {
+  bool negative = v < 0.0f;
+  float x = std::fabs(v);
+  uint32_t j = static_cast<uint32_t>(x * 1.27323954473516f);
+  j = (j + 1) & ~uint32_t(1);
+  const float y = static_cast<float>(j);
+  const bool other = (j & 2) != 0;
+  x = std::fma(y, -0.78515625f, x);
+  x = std::fma(y, -2.4187564849853515625e-4f, x);
+  x = std::fma(y, -3.77489497744594108e-8f, x);
+  negative = negative != ((j & 4) != 0);
+  const bool cos_positive = ((j - 2) & 4) != 0;
+  const float z = x * x;
+  float c = std::fma(z, 2.443315711809948e-5f, -1.388731625493765e-3f);
+  float s = std::fma(z, -1.9515295891e-4f, 8.3321608736e-3f);
+  c = std::fma(c, z, 4.166664568298827e-2f);
+  s = std::fma(s, z, -1.6666654611e-1f);
+  c = c * z;
+  s = s * z;
+  c = c * z;
+  s = std::fma(x, s, x);
+  c = std::fma(z, -0.5f, c);
+  c = c + 1.0f;
+  if constexpr (Sine) {
+    const float r = other ? c : s;
+    return negative ? -r : r;
+  } else {
+    const float r = other ? s : c;
+    return cos_positive ? r : -r;
+  }
+}
+
 // MLX's Sigmoid (mlx/backend/cpu/unary_ops.h) on a T value x: y = 1 / (1 + exp(|x|)) with the exp rounded
 // to T, the rest in f32, then y or 1 - y by x's sign, rounded to T.
 template <Elem T>
@@ -158,7 +195,60 @@ TANDEM_CLONES void norm_f32(const void* x, int64_t sx, const float* w, void* out
   norm_rows<Elem::F32>(x, sx, w, out, rows, cols, eps, inv_d);
 }
 
+// One head row of RoPE: x (its elements `sd` apart), cos and sin already rounded to T, out contiguous.
+template <Elem T>
+TANDEM_INLINE void rope_row(const void* x, int64_t sd, const float* cs, const float* sn, void* out, int64_t d,
+                            int64_t dims) {
+  const int64_t half = dims / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = load_as_f32<T>(x, i * sd), x2 = load_as_f32<T>(x, (i + half) * sd);
+    // MLX's four Multiplies, then its Subtract and Add, each rounded to T.
+    store_from_f32<T>(out, i, round_to<T>(round_to<T>(x1 * cs[i]) - round_to<T>(x2 * sn[i])));
+    store_from_f32<T>(out, i + half, round_to<T>(round_to<T>(x1 * sn[i]) + round_to<T>(x2 * cs[i])));
+  }
+  for (int64_t j = dims; j < d; ++j) store_from_f32<T>(out, j, load_as_f32<T>(x, j * sd));
+}
+
+template <Elem T>
+void rope_all(const void* x, const int64_t* s, const int32_t* offsets, int64_t n_offsets, void* out, int64_t b,
+              int64_t n, int64_t t, int64_t d, int64_t dims, float base, float scale) {
+  constexpr int64_t et = T == Elem::BF16 ? 2 : 4;
+  const int64_t half = dims / 2;
+  // The inverse frequencies: exp(arange(0, -half, -1) * (log(base) / half)), all f32 (std::log of a float and
+  // a float over an int, as MLX's fallback writes them).
+  const float c = std::log(base) / static_cast<float>(static_cast<int>(half));
+  std::vector<float> inv(half), cs(half), sn(half);
+  for (int64_t i = 0; i < half; ++i) inv[i] = mlx_exp(static_cast<float>(-i) * c);
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const float off = static_cast<float>(offsets[n_offsets == 1 ? 0 : bi]);
+    for (int64_t ti = 0; ti < t; ++ti) {
+      // (arange(T) + offset) * scale in f32, its angles, their cos and sin rounded to T (MLX's AsType).
+      const float position = (static_cast<float>(ti) + off) * scale;
+      for (int64_t i = 0; i < half; ++i) {
+        const float theta = position * inv[i];
+        cs[i] = round_to<T>(mlx_sincos<false>(theta));
+        sn[i] = round_to<T>(mlx_sincos<true>(theta));
+      }
+      for (int64_t ni = 0; ni < n; ++ni) {
+        const auto* xr = static_cast<const uint8_t*>(x) + (bi * s[0] + ni * s[1] + ti * s[2]) * et;
+        auto* o = static_cast<uint8_t*>(out) + (((bi * n + ni) * t + ti) * d) * et;
+        rope_row<T>(xr, s[3], cs.data(), sn.data(), o, d, dims);
+      }
+    }
+  }
+}
+
 } // namespace
+
+void rope(Elem t, const void* x, const int64_t* strides, const int32_t* offsets, int64_t n_offsets, void* out,
+          int64_t b, int64_t n, int64_t tokens, int64_t d, int64_t dims, float base, float scale) {
+  if (b <= 0 || n <= 0 || tokens <= 0 || d <= 0 || dims < 0 || dims > d || dims % 2 != 0 || n_offsets <= 0) return;
+  if (t == Elem::BF16) {
+    rope_all<Elem::BF16>(x, strides, offsets, n_offsets, out, b, n, tokens, d, dims, base, scale);
+  } else if (t == Elem::F32) {
+    rope_all<Elem::F32>(x, strides, offsets, n_offsets, out, b, n, tokens, d, dims, base, scale);
+  }
+}
 
 void rms_norm(Elem t, const void* x, int64_t sx, const float* w, void* out, int64_t rows, int64_t cols, float eps,
               float inv_d) {

@@ -39,4 +39,14 @@ void rms_norm(Elem t, const void* x, int64_t sx, const float* w, void* out, int6
 void gated_norm(Elem t, const float* o, const void* z, int64_t sz, const float* w, void* out, int64_t rows,
                 int64_t heads, int64_t cols, float eps, float inv_d);
 
+// RoPE in its rotate-half form as MLX's fast::rope computes it on its CPU (its op-by-op fallback, about 28
+// operations a call): x T [B, N, T, D] (element strides `strides[0..4]`), positions offsets[b] + t (one offset
+// for every row where n_offsets is 1) times `scale`, the first `dims` features rotated by angles position *
+// exp(-i * log(base) / (dims / 2)) (MLX's exp), the angles in f32, their cos and sin by MLX's polynomials and
+// rounded to T, each product, difference and sum rounded to T; features past `dims` copied. out is T [B, N, T,
+// D], contiguous.
+// Scratch: the frequencies and one position's cos and sin.
+void rope(Elem t, const void* x, const int64_t* strides, const int32_t* offsets, int64_t n_offsets, void* out,
+          int64_t b, int64_t n, int64_t tokens, int64_t d, int64_t dims, float base, float scale);
+
 } // namespace tandem_kernels

@@ -23,7 +23,7 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use mlx::kernel::{Kernel, KernelBackend, Launch};
-use mlx::{fast, random, Array, Dtype};
+use mlx::{random, Array, Dtype};
 
 use super::quantized_matmul::{host_tolerance, relative_error};
 use super::{fused, norm, probe_verdict, with_cached, KernelCache};
@@ -101,7 +101,7 @@ fn fallback_heads(qg: &Array, k: &Array, v: &Array, pos: &Array, f: &Front) -> R
     let q = norm::rms_norm(&q, f.q_scale, f.eps)?.swapaxes(1, 2)?;
     let k = norm::rms_norm(&k.reshape(&[b, t, hkv, d])?, f.k_scale, f.eps)?.swapaxes(1, 2)?;
     let v = v.reshape(&[b, t, hkv, d])?.swapaxes(1, 2)?;
-    let rope = |x: &Array| fast::rope_dynamic(x, f.rope_dims, false, f.rope_theta, 1.0, pos);
+    let rope = |x: &Array| super::rope::rope(x, f.rope_dims, f.rope_theta, pos);
     Ok(Heads { q: rope(&q)?, k: rope(&k)?, v, gate: Some(gate) })
 }
 

@@ -5,9 +5,9 @@
 //! covers, on machine classes where that test passed, after a small parity probe on this machine; every
 //! other call goes to the MLX op. `TANDEM_KERNELS=off` turns them all off; `TANDEM_KERNELS=-gated_delta`
 //! (a comma-separated list: a policy, and names with a `-` before them) turns off the named kernels only
-//! (`gated_delta`, `gated_delta_qkv`, `dense_matmul`, `attention`, `conv`, `norm`; on the CPU `cpu_matmul`,
-//! `cpu_qmm`, `cpu_gated_delta`, `cpu_gated_delta_qkv`, `cpu_gated_norm`, `cpu_attention`, `cpu_elementwise`;
-//! `qmm_narrow` launches the quantized matmul in its one wide shape for every weight, `qmm_slabs` / `dmm_slabs` a
+//! (`gated_delta`, `gated_delta_qkv`, `dense_matmul`, `attention`, `attention_front`, `attention_gate`, `conv`,
+//! `conv_window`, `gated_norm`, `norm`; on the CPU `cpu_matmul`, `cpu_qmm`, `cpu_gated_delta`,
+//! `cpu_gated_delta_qkv`, `cpu_gated_norm`, `cpu_attention`, `cpu_elementwise`, `cpu_rope`; `qmm_narrow` launches the quantized matmul in its one wide shape for every weight, `qmm_slabs` / `dmm_slabs` a
 //! matmul block per 8-row slab of x).
 //! `fused` holds the elementwise chains MLX's graph compiler fuses on every backend (`TANDEM_COMPILE=off`
 //! runs them op by op), and on the CPU their host kernels, which give MLX's own bits.
@@ -22,6 +22,7 @@ pub mod gated_delta_qkv;
 pub mod gated_norm;
 pub mod norm;
 pub mod quantized_matmul;
+pub mod rope;
 
 pub use dense_matmul::dense_matmul;
 pub use quantized_matmul::quantized_matmul;

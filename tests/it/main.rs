@@ -28,6 +28,7 @@ mod norm_kernel;
 mod parallel;
 mod prefix_cache;
 mod relocate;
+mod rope_kernel;
 mod serve_port;
 mod server_api;
 mod server_conversations;

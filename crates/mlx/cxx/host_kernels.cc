@@ -362,6 +362,37 @@ class GatedNormHost : public mx::UnaryPrimitive {
   float eps_, inv_d_;
 };
 
+// tandem_kernels::rope as a primitive: x [B, N, T, D] f32 or bf16 (any strides, read in place), offsets int32
+// [1] or [B]; out like x, contiguous.
+class RopeHost : public mx::UnaryPrimitive {
+ public:
+  RopeHost(mx::Stream s, int dims, float base, float scale)
+      : mx::UnaryPrimitive(s), dims_(dims), base_(base), scale_(scale) {}
+  const char* name() const override { return "TandemRope"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const RopeHost&>(other);
+    return o.dims_ == dims_ && o.base_ == base_ && o.scale_ == scale_;
+  }
+  void eval_gpu(const std::vector<Array>&, Array&) override {
+    throw std::runtime_error("TandemRope runs on the CPU only");
+  }
+  void eval_cpu(const std::vector<Array>& in, Array& out) override {
+    auto& enc = encoder_for(stream(), in, {&out});
+    enc.dispatch([dims = dims_, base = base_, scale = scale_, t = elem(out.dtype()), x = Array::unsafe_weak_copy(in[0]),
+                  off = Array::unsafe_weak_copy(in[1]), o = out.data<void>()]() {
+      std::vector<uint8_t> offp;
+      const int64_t strides[4] = {x.strides()[0], x.strides()[1], x.strides()[2], x.strides()[3]};
+      tandem_kernels::rope(t, x.data<void>(), strides, static_cast<const int32_t*>(row_major(off, offp)),
+                           static_cast<int64_t>(off.size()), o, x.shape(0), x.shape(1), x.shape(2), x.shape(3), dims,
+                           base, scale);
+    });
+  }
+
+ private:
+  int dims_;
+  float base_, scale_;
+};
+
 } // namespace
 
 ArrayPtr host_quantized_matmul(const Array& x, const Array& w, const Array& scales, const Array& biases,
@@ -510,6 +541,20 @@ ArrayPtr host_gated_norm(const Array& o, const Array& z, const Array& w, float e
   }
   auto s = mx::default_stream(mx::Device::cpu);
   return wrap(Array(z.shape(), t, std::make_shared<GatedNormHost>(s, eps, inv_d), {o, z, w}));
+}
+
+ArrayPtr host_rope(const Array& x, const Array& offsets, int32_t dims, float base, float scale) {
+  const auto t = x.dtype();
+  if ((t != mx::float32 && t != mx::bfloat16) || offsets.dtype() != mx::int32) {
+    throw std::invalid_argument("host rope: x f32 or bf16 and int32 offsets needed");
+  }
+  if (x.ndim() != 4 || offsets.ndim() != 1 || (offsets.size() != 1 && offsets.size() != static_cast<size_t>(x.shape(0))) ||
+      dims < 0 || dims % 2 != 0 || dims > x.shape(3)) {
+    throw std::invalid_argument("host rope: x [B, N, T, D], offsets [1] or [B] and an even dims <= D needed; got x " +
+                                shape_text(x) + ", offsets " + shape_text(offsets) + ", dims " + std::to_string(dims));
+  }
+  auto s = mx::default_stream(mx::Device::cpu);
+  return wrap(Array(x.shape(), t, std::make_shared<RopeHost>(s, dims, base, scale), {x, offsets}));
 }
 
 ArrayPtr host_rms_norm(const Array& x, const Array& w, float eps, float inv_d) {

@@ -208,6 +208,7 @@ pub(crate) mod ffi {
         fn host_elementwise(chain: i32, a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
         fn host_rms_norm(x: &Array, w: &Array, eps: f32, inv_d: f32) -> Result<UniquePtr<Array>>;
         fn host_gated_norm(o: &Array, z: &Array, w: &Array, eps: f32, inv_d: f32) -> Result<UniquePtr<Array>>;
+        fn host_rope(x: &Array, offsets: &Array, dims: i32, base: f32, scale: f32) -> Result<UniquePtr<Array>>;
         fn host_attention(q: &Array, keys: &Array, values: &Array, len: i32, scale: f32) -> Result<UniquePtr<Array>>;
         fn host_gated_delta(
             q: &Array,

@@ -111,3 +111,10 @@ pub fn rms_norm(x: &Array, w: &Array, eps: f32, inv_d: f32) -> Result<Array> {
 pub fn gated_norm(o: &Array, z: &Array, w: &Array, eps: f32, inv_d: f32) -> Result<Array> {
     Array::wrap(ffi::host_gated_norm(o.raw(), z.raw(), w.raw(), eps, inv_d))
 }
+
+/// RoPE (rotate-half form) with the bits of MLX's CPU `fast::rope`: x `[B, N, T, D]` (f32 or bf16, any strides),
+/// row b's positions `offsets[b] + t` (`offsets` int32 `[1]` for all rows or `[B]`) times `scale`, the first
+/// `dims` features rotated at base `base`; out like x (kernels/cpu/elementwise.h, `rope`).
+pub fn rope(x: &Array, offsets: &Array, dims: i32, base: f32, scale: f32) -> Result<Array> {
+    Array::wrap(ffi::host_rope(x.raw(), offsets.raw(), dims, base, scale))
+}

@@ -1,12 +1,11 @@
 //! Gated full attention of Qwen3.5 (docs/MODEL.md §3.3): per-head interleaved query and gate, q/k
 //! norms, partial RoPE (or explicit M-RoPE after images), GQA.
 
-use mlx::fast;
 use mlx::Array;
 
 use super::{mlx_err, Config};
 use crate::cache::KvCache;
-use crate::kernels::{attention, attention_front as front};
+use crate::kernels::{attention, attention_front as front, rope};
 use crate::model::layers::{causal_attention, Fused, Linear, MRope, Result, RmsNorm, Tap};
 use crate::model::parallel::{Cut, Parallel};
 use crate::model::store::Store;
@@ -143,7 +142,7 @@ impl Attention {
             || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
         let (k, v) = (next()?, next()?);
         let (k, v) = self.key_value_heads(&k, &v, b, t)?;
-        let k = fast::rope(&k, self.rope_dims, false, self.rope_theta, 1.0, pos)?;
+        let k = rope::rope(&k, self.rope_dims, self.rope_theta, &Array::from_slice(&[pos], &[1])?)?;
         cache.append(&k, &v)
     }
 
