@@ -111,12 +111,14 @@ fn link_beside_binaries(mlx: &Path) {
 }
 
 fn find_mlx() -> Option<PathBuf> {
-    if let Ok(dir) = std::env::var("MLX_DIR") {
-        let p = PathBuf::from(dir);
-        return has_mlx(&p).then_some(p);
-    }
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").ok()?);
     let root = manifest.parent()?.parent()?.to_path_buf();
+    if let Ok(dir) = std::env::var("MLX_DIR") {
+        // A relative MLX_DIR is the workspace root's (the Makefile's `.mlx/wheel/mlx`, which make passes on
+        // where the shell exported MLX_DIR): this script runs in crates/mlx.
+        let p = root.join(dir);
+        return has_mlx(&p).then_some(p);
+    }
     let candidate = root.join(".mlx").join("wheel").join("mlx");
     println!("cargo:rerun-if-changed={}", candidate.display());
     has_mlx(&candidate).then_some(candidate)

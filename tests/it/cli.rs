@@ -99,6 +99,43 @@ fn models_with_nothing_to_list_says_how_to_get_one() {
     assert!(err.contains("No models") && err.contains("tandem convert") && err.contains("models.toml"), "{err}");
 }
 
+/// A models.toml entry whose folder was moved or deleted is listed as missing (text and JSON), with a line on
+/// stderr naming the file to fix; a present one is not.
+#[test]
+fn models_marks_an_entry_whose_folder_is_missing() {
+    let dir = tempdir();
+    std::fs::create_dir_all(dir.path().join("models")).unwrap();
+    let toml = dir.path().join("models.toml");
+    let gone = dir.path().join("gone-model");
+    let entries = format!(
+        "models_dir = {:?}\n[[model]]\nname = \"here\"\npath = {:?}\n[[model]]\nname = \"gone\"\npath = {:?}\n",
+        dir.path().join("models").to_str().unwrap(),
+        tiny_model_dir().to_str().unwrap(),
+        gone.to_str().unwrap()
+    );
+    std::fs::write(&toml, entries).unwrap();
+    let run = |json: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tandem"));
+        cmd.arg("models").env("TANDEM_CONFIG", &toml);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (text, err) = run(false);
+    let line =
+        |name: &str| text.lines().find(|l| l.split_whitespace().any(|w| w == name)).unwrap_or_default().to_string();
+    assert!(line("gone").contains("missing: no such folder"), "{text}");
+    assert!(!line("here").contains("missing"), "{text}");
+    assert!(err.contains("1 model folder(s) missing") && err.contains("models.toml"), "{err}");
+    let (json, _) = run(true);
+    let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let present = |name: &str| rows.as_array().unwrap().iter().find(|r| r["name"] == name).unwrap()["present"].clone();
+    assert_eq!((present("here"), present("gone")), (serde_json::json!(true), serde_json::json!(false)), "{json}");
+}
+
 /// An error of reading a model folder says its cause once: the CLI prints the whole chain of causes,
 /// so an error whose message already holds its cause must not also hand it on as a `source`
 /// (`...: No such file or directory (os error 2): No such file or directory (os error 2)`).

@@ -21,6 +21,8 @@ struct Row {
     default: bool,
     mtp: tandem::registry::MtpSettings,
     sampling: tandem::registry::SamplingSettings,
+    /// Whether the folder is there: a models.toml entry may name one that was moved or deleted.
+    present: bool,
 }
 
 pub fn run(a: ModelsArgs) -> Result<()> {
@@ -31,6 +33,7 @@ pub fn run(a: ModelsArgs) -> Result<()> {
         .into_iter()
         .map(|m| Row {
             default: default.as_deref() == Some(m.name.as_str()),
+            present: m.path.is_dir(),
             name: m.name,
             path: m.path.display().to_string(),
             source: m.source,
@@ -52,16 +55,24 @@ pub fn run(a: ModelsArgs) -> Result<()> {
         );
         return Ok(());
     }
+    let missing = rows.iter().filter(|r| !r.present).count();
     for r in rows {
         let mtp = if r.mtp.enabled { format!("MTP depth {}", r.mtp.depth) } else { "MTP off".into() };
         crate::out::line(format!(
-            "{}{:<24} {:<10} {}  {}",
+            "{}{:<24} {:<10} {}  {}{}",
             if r.default { "* " } else { "  " },
             r.name,
             format!("{:?}", r.source).to_lowercase(),
             mtp,
-            r.path
+            r.path,
+            if r.present { "" } else { "  (missing: no such folder)" }
         ));
+    }
+    if missing > 0 {
+        eprintln!(
+            "{missing} model folder(s) missing: fix or remove their [[model]] entries in {}",
+            reg.path().display()
+        );
     }
     Ok(())
 }
