@@ -523,6 +523,22 @@ fn head_cache_writes_match_a_whole_pass() {
     }
 }
 
+/// A head with no pair pending is settled already (a prefix snapshot taken while a parked step runs ahead can
+/// find it so): settling writes nothing and returns no pending state, where it failed in MLX's `concatenate`
+/// ("No arrays provided") and the chat lost its prefix-cache entry.
+#[test]
+fn settling_a_caught_up_head_is_a_no_op() {
+    let (m, h, x) = head_pairs(mlx::Dtype::F32, |i| 30 + i);
+    let mut cache = m.make_mtp_cache().unwrap();
+    m.mtp_forward(&h, &x, &mut cache).unwrap();
+    let held = cache.offset;
+    let mut drafter = tandem::generate::mtp::drafter::Drafter::primed(cache);
+    for keep_last in [false, true] {
+        assert!(drafter.settle(&m, keep_last).unwrap().is_none(), "keep_last {keep_last}");
+        assert_eq!(drafter.cache().offset, held, "keep_last {keep_last}: nothing written");
+    }
+}
+
 /// CUDA's shape of a catch-up: pairs written in passes of at most 16 (`write_chunk` there) against whole head
 /// passes of at most 16 queries (as catch-ups ran before session 27). Both stay within the widths the
 /// verify-width kernels serve on CUDA, so there too the cache must hold the same bits; on the CPU this is the

@@ -62,8 +62,12 @@ impl Drafter {
 
     /// Runs the pending pairs through the head, all of them or all but the last, so that its cache
     /// holds one entry per pair up to there (a snapshot's); returns the last pair's hidden state
-    /// when it stays pending.
+    /// when it stays pending. With no pair pending the cache is settled already: None.
     pub fn settle(&mut self, model: &Qwen35, keep_last: bool) -> Result<Option<Array>> {
+        if self.pending_hidden.is_empty() {
+            // A snapshot taken while a parked step runs ahead can find the head caught up.
+            return Ok(None);
+        }
         let hidden = concatenate(&self.pending_hidden.iter().collect::<Vec<_>>(), 1)?;
         let n = hidden.dim(1);
         let run = if keep_last { n - 1 } else { n };
