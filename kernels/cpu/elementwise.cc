@@ -6,7 +6,6 @@
 
 #include <bit>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "matmul_core.h"
@@ -210,82 +209,26 @@ TANDEM_INLINE void rope_row(const void* x, int64_t sd, const float* cs, const fl
   for (int64_t j = dims; j < d; ++j) store_from_f32<T>(out, j, load_as_f32<T>(x, j * sd));
 }
 
-// The inverse frequencies of RoPE over `dims` features, as MLX's fallback forms them (rope_all).
-std::vector<float> rope_frequencies(int64_t dims, float base) {
-  const int64_t half = dims / 2;
-  const float c = std::log(base) / static_cast<float>(static_cast<int>(half));
-  std::vector<float> inv(half);
-  for (int64_t i = 0; i < half; ++i) inv[i] = mlx_exp(static_cast<float>(-i) * c);
-  return inv;
-}
-
-// One position's cos and sin, rounded to T.
-template <Elem T>
-TANDEM_INLINE void rope_angles(const std::vector<float>& inv, float position, float* cs, float* sn) {
-  for (size_t i = 0; i < inv.size(); ++i) {
-    const float theta = position * inv[i];
-    cs[i] = round_to<T>(mlx_sincos<false>(theta));
-    sn[i] = round_to<T>(mlx_sincos<true>(theta));
-  }
-}
-
-template <Elem T>
-void front_all(const FrontIn& in, void* q_out, void* k_out, void* v_out) {
-  constexpr int64_t et = T == Elem::BF16 ? 2 : 4;
-  const int64_t d = in.d, half = in.dims / 2;
-  const std::vector<float> inv = rope_frequencies(in.dims, in.base);
-  std::vector<float> cs(half), sn(half);
-  std::vector<uint8_t> normed(d * et);
-  const auto at = [](const void* p, int64_t e) { return static_cast<const uint8_t*>(p) + e * et; };
-  for (int64_t bi = 0; bi < in.b; ++bi) {
-    const float off = static_cast<float>(in.offsets[in.n_offsets == 1 ? 0 : bi]);
-    for (int64_t ti = 0; ti < in.tokens; ++ti) {
-      rope_angles<T>(inv, static_cast<float>(ti) + off, cs.data(), sn.data());
-      // A head normed as the norm kernel does (a T row), then rotated as rope does, into its [B, H, T, D] place.
-      const auto head = [&](const void* x, const float* w, void* out, int64_t heads, int64_t h) {
-        norm_rows<T>(x, 0, w, normed.data(), 1, d, in.eps, in.inv_d);
-        auto* dst = static_cast<uint8_t*>(out) + ((bi * heads + h) * in.tokens + ti) * d * et;
-        rope_row<T>(normed.data(), 1, cs.data(), sn.data(), dst, d, in.dims);
-      };
-      for (int64_t h = 0; h < in.hq; ++h) {
-        head(at(in.qg, bi * in.qs[0] + ti * in.qs[1] + 2 * h * d), in.qw, q_out, in.hq, h);
-      }
-      for (int64_t h = 0; h < in.hkv; ++h) {
-        head(at(in.k, bi * in.ks[0] + ti * in.ks[1] + h * d), in.kw, k_out, in.hkv, h);
-        std::memcpy(static_cast<uint8_t*>(v_out) + ((bi * in.hkv + h) * in.tokens + ti) * d * et,
-                    at(in.v, bi * in.vs[0] + ti * in.vs[1] + h * d), d * et);
-      }
-    }
-  }
-}
-
-template <Elem T>
-void gate_all(const void* o, const int64_t* os, const void* qg, const int64_t* qs, void* out, int64_t b, int64_t hq,
-              int64_t tokens, int64_t d) {
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t ti = 0; ti < tokens; ++ti)
-      for (int64_t h = 0; h < hq; ++h) {
-        const int64_t o0 = bi * os[0] + h * os[1] + ti * os[2], g0 = bi * qs[0] + ti * qs[1] + 2 * h * d + d;
-        const int64_t y0 = (bi * tokens + ti) * hq * d + h * d;
-        for (int64_t j = 0; j < d; ++j) {
-          const float y = one<Chain::SigmoidGate, T>(load_as_f32<T>(o, o0 + j * os[3]), load_as_f32<T>(qg, g0 + j));
-          store_from_f32<T>(out, y0 + j, y);
-        }
-      }
-}
-
 template <Elem T>
 void rope_all(const void* x, const int64_t* s, const int32_t* offsets, int64_t n_offsets, void* out, int64_t b,
               int64_t n, int64_t t, int64_t d, int64_t dims, float base, float scale) {
   constexpr int64_t et = T == Elem::BF16 ? 2 : 4;
-  // The frequencies exp(arange(0, -half, -1) * (log(base) / half)), all f32; per position (arange(T) + offset) *
-  // scale in f32, its angles, their cos and sin rounded to T (MLX's AsType).
-  const std::vector<float> inv = rope_frequencies(dims, base);
-  std::vector<float> cs(dims / 2), sn(dims / 2);
+  const int64_t half = dims / 2;
+  // The inverse frequencies: exp(arange(0, -half, -1) * (log(base) / half)), all f32 (std::log of a float and
+  // a float over an int, as MLX's fallback writes them).
+  const float c = std::log(base) / static_cast<float>(static_cast<int>(half));
+  std::vector<float> inv(half), cs(half), sn(half);
+  for (int64_t i = 0; i < half; ++i) inv[i] = mlx_exp(static_cast<float>(-i) * c);
   for (int64_t bi = 0; bi < b; ++bi) {
     const float off = static_cast<float>(offsets[n_offsets == 1 ? 0 : bi]);
     for (int64_t ti = 0; ti < t; ++ti) {
-      rope_angles<T>(inv, (static_cast<float>(ti) + off) * scale, cs.data(), sn.data());
+      // (arange(T) + offset) * scale in f32, its angles, their cos and sin rounded to T (MLX's AsType).
+      const float position = (static_cast<float>(ti) + off) * scale;
+      for (int64_t i = 0; i < half; ++i) {
+        const float theta = position * inv[i];
+        cs[i] = round_to<T>(mlx_sincos<false>(theta));
+        sn[i] = round_to<T>(mlx_sincos<true>(theta));
+      }
       for (int64_t ni = 0; ni < n; ++ni) {
         const auto* xr = static_cast<const uint8_t*>(x) + (bi * s[0] + ni * s[1] + ti * s[2]) * et;
         auto* o = static_cast<uint8_t*>(out) + (((bi * n + ni) * t + ti) * d) * et;
@@ -296,25 +239,6 @@ void rope_all(const void* x, const int64_t* s, const int32_t* offsets, int64_t n
 }
 
 } // namespace
-
-void attention_front(Elem t, const FrontIn& in, void* q_out, void* k_out, void* v_out) {
-  if (in.b <= 0 || in.tokens <= 0 || in.d <= 0 || in.dims < 2 || in.dims > in.d || in.dims % 2 != 0) return;
-  if (t == Elem::BF16) {
-    front_all<Elem::BF16>(in, q_out, k_out, v_out);
-  } else if (t == Elem::F32) {
-    front_all<Elem::F32>(in, q_out, k_out, v_out);
-  }
-}
-
-void attention_gate(Elem t, const void* o, const int64_t* o_strides, const void* qg, const int64_t* qg_strides,
-                    void* out, int64_t b, int64_t hq, int64_t tokens, int64_t d) {
-  if (b <= 0 || hq <= 0 || tokens <= 0 || d <= 0) return;
-  if (t == Elem::BF16) {
-    gate_all<Elem::BF16>(o, o_strides, qg, qg_strides, out, b, hq, tokens, d);
-  } else if (t == Elem::F32) {
-    gate_all<Elem::F32>(o, o_strides, qg, qg_strides, out, b, hq, tokens, d);
-  }
-}
 
 void rope(Elem t, const void* x, const int64_t* strides, const int32_t* offsets, int64_t n_offsets, void* out,
           int64_t b, int64_t n, int64_t tokens, int64_t d, int64_t dims, float base, float scale) {

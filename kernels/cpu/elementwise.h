@@ -49,25 +49,4 @@ void gated_norm(Elem t, const float* o, const void* z, int64_t sz, const float* 
 void rope(Elem t, const void* x, const int64_t* strides, const int32_t* offsets, int64_t n_offsets, void* out,
           int64_t b, int64_t n, int64_t tokens, int64_t d, int64_t dims, float base, float scale);
 
-// A gated attention layer's front (src/kernels/attention_front.rs) with the bits of rms_norm above and rope: the
-// fused projection's parts qg [B, T, Hq * 2D] (each query head's D features, then its gate's), k and v [B, T,
-// Hkv * D] (T; strides qs, ks, vs of their first two axes in elements, the last axis contiguous) to q [B, Hq, T,
-// D] and k [B, Hkv, T, D], each head normed with qw / kw (f32 [D]) as rms_norm does and rotated as rope does at
-// positions offsets[b] + t (scale 1), and v [B, Hkv, T, D]; the outputs contiguous.
-struct FrontIn {
-  const void *qg, *k, *v;
-  const int64_t *qs, *ks, *vs;
-  const float *qw, *kw;
-  const int32_t* offsets;
-  int64_t n_offsets, b, tokens, hq, hkv, d, dims;
-  float eps, inv_d, base;
-};
-void attention_front(Elem t, const FrontIn& in, void* q_out, void* k_out, void* v_out);
-
-// The layer's output gate with the bits of the SigmoidGate chain: out [B, T, Hq * D] = o [B, Hq, T, D] (T, element
-// strides o_strides[0..4]) times sigmoid of the gates, read in qg [B, T, Hq * 2D] (strides qg_strides[0..2], the
-// last axis contiguous) at columns 2hD + D + j.
-void attention_gate(Elem t, const void* o, const int64_t* o_strides, const void* qg, const int64_t* qg_strides,
-                    void* out, int64_t b, int64_t hq, int64_t tokens, int64_t d);
-
 } // namespace tandem_kernels

@@ -18,10 +18,6 @@
 //! their GPU parity tests have not run) or under `TANDEM_KERNELS=on`; `-attention_front` and `-attention_gate`
 //! turn them off. Their source is checked on every machine by a CPU emulation
 //! (tests/it/emulate/attention_front.cpp).
-//!
-//! On MLX's CPU backend both are host kernels (kernels/cpu/elementwise.cc, `attention_front`, `attention_gate`)
-//! with **the fallback's own bits** (the host norm's arithmetic, then the host RoPE's; the SigmoidGate chain's),
-//! taken wherever their probes find those bits; `TANDEM_KERNELS=-cpu_attention_front` turns both off.
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -29,14 +25,11 @@ use std::sync::OnceLock;
 use mlx::kernel::{Kernel, KernelBackend, Launch};
 use mlx::{random, Array, Dtype};
 
-use super::fused::differing_bits;
 use super::quantized_matmul::{host_tolerance, relative_error};
 use super::{fused, norm, probe_verdict, with_cached, KernelCache};
 
 type Result<T> = std::result::Result<T, mlx::Error>;
 
-/// The host kernels' name for `TANDEM_KERNELS=-cpu_attention_front` (the front and the gate).
-pub const HOST_NAME: &str = "cpu_attention_front";
 /// The front kernel's name for `TANDEM_KERNELS=-attention_front`.
 pub const NAME: &str = "attention_front";
 /// The gate kernel's name for `TANDEM_KERNELS=-attention_gate`.
@@ -79,15 +72,11 @@ pub struct Heads {
 /// q, k and v as the attention reads them, q and k normed and rotated at positions `pos [B]` (int32, row b's
 /// first) + t: the kernel where [`selected`], MLX's operations otherwise.
 pub fn front(qg: &Array, k: &Array, v: &Array, pos: &Array, f: &Front) -> Result<Heads> {
-    let kernel = if selected(qg, k, v, pos, f) {
-        cuda(qg, k, v, pos, f)?
-    } else if host_selected(qg, k, v, pos, f) {
-        host(qg, k, v, pos, f)?
-    } else {
-        return fallback_heads(qg, k, v, pos, f);
-    };
-    let (q, k, v) = kernel;
-    Ok(Heads { q, k, v, gate: None })
+    if selected(qg, k, v, pos, f) {
+        let (q, k, v) = cuda(qg, k, v, pos, f)?;
+        return Ok(Heads { q, k, v, gate: None });
+    }
+    fallback_heads(qg, k, v, pos, f)
 }
 
 /// The query heads `[B, T, Hq, D]` and their gates `[B, T, Hq·D]` of `qg` (a strided view and a copy).
@@ -201,9 +190,6 @@ pub fn gate(o: &Array, qg: &Array, split: Option<&Array>) -> Result<Array> {
     if gate_selected(o, qg) {
         return gate_cuda(o, qg);
     }
-    if gate_host_selected(o, qg) {
-        return gate_host(o, qg);
-    }
     match split {
         Some(gate) => gated(o, gate),
         None => gate_fallback(o, qg),
@@ -306,62 +292,6 @@ fn gate_probe_passed(dtype: Dtype) -> bool {
     *PROBES[super::dtype_slot(dtype)].get_or_init(|| {
         probe_verdict(&format!("attention gate kernel ({dtype:?})"), gate_probe(dtype), host_tolerance(dtype))
     })
-}
-
-/// Whether the CPU's calls take the host kernels: MLX computing on the CPU, not switched off, and the probes of
-/// the front and the gate found the fallback's bits on this machine.
-fn host_allowed() -> bool {
-    static PROBE: OnceLock<bool> = OnceLock::new();
-    super::policy() != super::Policy::Off
-        && !super::disabled(HOST_NAME)
-        && mlx::device::default_device() == mlx::device::Device::Cpu
-        && *PROBE.get_or_init(|| {
-            probe_verdict("host attention front and gate (outputs off the fallback's bits)", host_probe(), 0.0)
-        })
-}
-
-/// Whether a call takes the host front: [`host_applicable`] arrays where the host kernels are allowed.
-pub fn host_selected(qg: &Array, k: &Array, v: &Array, pos: &Array, f: &Front) -> bool {
-    host_applicable(qg, k, v, pos, f) && host_allowed()
-}
-
-/// What the host front computes: as [`applicable`], in f32 or bf16, with at least two features rotated.
-pub fn host_applicable(qg: &Array, k: &Array, v: &Array, pos: &Array, f: &Front) -> bool {
-    matches!(qg.dtype(), Dtype::F32 | Dtype::BF16) && f.rope_dims >= 2 && applicable(qg, k, v, pos, f)
-}
-
-/// Runs the host front (MLX's CPU stream). The parity tests call this.
-pub fn host(qg: &Array, k: &Array, v: &Array, pos: &Array, f: &Front) -> Result<(Array, Array, Array)> {
-    mlx::host::attention_front(qg, k, v, f.q_scale, f.k_scale, pos, f.rope_dims, f.eps, f.rope_theta)
-}
-
-/// Whether a call takes the host gate: o and qg of f32 or bf16 as [`gate_applicable`] has them, where the host
-/// kernels are allowed.
-pub fn gate_host_selected(o: &Array, qg: &Array) -> bool {
-    matches!(o.dtype(), Dtype::F32 | Dtype::BF16) && gate_applicable(o, qg) && host_allowed()
-}
-
-/// Runs the host gate (MLX's CPU stream).
-pub fn gate_host(o: &Array, qg: &Array) -> Result<Array> {
-    mlx::host::attention_gate(o, qg)
-}
-
-/// How many outputs of the host front and gate differ in their bits from the fallbacks': f32 and bf16, two rows
-/// at their own positions and one, RoPE on a quarter of the head, o transposed.
-pub fn host_probe() -> Result<f32> {
-    let mut n = 0;
-    for (i, dtype) in [Dtype::F32, Dtype::BF16].into_iter().enumerate() {
-        for (b, offset) in [(2, 3_001), (1, 40)] {
-            let (qg, k, v, pos, qw, kw) = random_inputs((b, 3, 4, 2, 32), offset, dtype, 0x6866 + i as u64)?;
-            let f = Front { q_scale: &qw, k_scale: &kw, eps: 1e-6, rope_dims: 8, rope_theta: 1e7 };
-            let (got, want) = (host(&qg, &k, &v, &pos, &f)?, fallback(&qg, &k, &v, &pos, &f)?);
-            n += differing_bits(&got.0, &want.0)? + differing_bits(&got.1, &want.1)? + differing_bits(&got.2, &want.2)?;
-            let o = random::normal(&[b, 3, 4, 32], Dtype::F32, &random::key(0x67 + i as u64)?)?.as_dtype(dtype)?;
-            let o = o.swapaxes(1, 2)?;
-            n += differing_bits(&gate_host(&o, &qg)?, &gate_fallback(&o, &qg)?)?;
-        }
-    }
-    Ok(n as f32)
 }
 
 /// Random inputs of one layer: `(qg, k, v, pos, q_scale, k_scale)`, the parts sliced from one wider projection

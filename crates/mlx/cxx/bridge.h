@@ -146,10 +146,6 @@ ArrayPtr host_elementwise(int32_t chain, const Array& a, const Array& b);
 ArrayPtr host_rms_norm(const Array& x, const Array& w, float eps, float inv_d);
 ArrayPtr host_gated_norm(const Array& o, const Array& z, const Array& w, float eps, float inv_d);
 ArrayPtr host_rope(const Array& x, const Array& offsets, int32_t dims, float base, float scale);
-std::unique_ptr<ArrayVec> host_attention_front(const Array& qg, const Array& k, const Array& v, const Array& qw,
-                                               const Array& kw, const Array& offsets, int32_t dims, float eps,
-                                               float base);
-ArrayPtr host_attention_gate(const Array& o, const Array& qg);
 ArrayPtr host_attention(const Array& q, const Array& keys, const Array& values, int32_t len, float scale);
 std::unique_ptr<ArrayVec> host_gated_delta(const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta, const Array& state, bool all_steps);
 std::unique_ptr<ArrayVec> host_gated_delta_qkv(const Array& qkv, const Array& qs, const Array& ks, const Array& g,

@@ -362,82 +362,6 @@ class GatedNormHost : public mx::UnaryPrimitive {
   float eps_, inv_d_;
 };
 
-// A [B, T, C] input's data and the element strides of its first two axes: in place where its last axis is
-// contiguous (a slice of a projection), else packed into `buf`.
-const void* bt_rows(const Array& a, std::vector<uint8_t>& buf, int64_t* s) {
-  if (a.strides()[2] == 1) {
-    s[0] = a.strides()[0], s[1] = a.strides()[1];
-    return a.data<void>();
-  }
-  s[0] = static_cast<int64_t>(a.shape(1)) * a.shape(2), s[1] = a.shape(2);
-  return row_major(a, buf);
-}
-
-// tandem_kernels::attention_front as a primitive: qg [B, T, Hq * 2D], k, v [B, T, Hkv * D] (f32 or bf16, slices
-// read in place), qw, kw [D] f32, offsets int32 [1] or [B]; outputs q [B, Hq, T, D], k and v [B, Hkv, T, D].
-class AttentionFrontHost : public mx::Primitive {
- public:
-  AttentionFrontHost(mx::Stream s, int dims, float eps, float base)
-      : mx::Primitive(s), dims_(dims), eps_(eps), base_(base) {}
-  const char* name() const override { return "TandemAttentionFront"; }
-  bool is_equivalent(const mx::Primitive& other) const override {
-    const auto& o = static_cast<const AttentionFrontHost&>(other);
-    return o.dims_ == dims_ && o.eps_ == eps_ && o.base_ == base_;
-  }
-  void eval_gpu(const std::vector<Array>&, std::vector<Array>&) override {
-    throw std::runtime_error("TandemAttentionFront runs on the CPU only");
-  }
-  void eval_cpu(const std::vector<Array>& in, std::vector<Array>& out) override {
-    auto& enc = encoder_for(stream(), in, {&out[0], &out[1], &out[2]});
-    enc.dispatch([dims = dims_, eps = eps_, base = base_, t = elem(out[0].dtype()), qg = Array::unsafe_weak_copy(in[0]),
-                  k = Array::unsafe_weak_copy(in[1]), v = Array::unsafe_weak_copy(in[2]),
-                  qw = Array::unsafe_weak_copy(in[3]), kw = Array::unsafe_weak_copy(in[4]),
-                  off = Array::unsafe_weak_copy(in[5]), q_out = out[0].data<void>(), k_out = out[1].data<void>(),
-                  v_out = out[2].data<void>()]() {
-      std::vector<uint8_t> p[6];
-      int64_t qs[2], ks[2], vs[2];
-      tandem_kernels::FrontIn f;
-      f.qg = bt_rows(qg, p[0], qs), f.k = bt_rows(k, p[1], ks), f.v = bt_rows(v, p[2], vs);
-      f.qs = qs, f.ks = ks, f.vs = vs;
-      f.qw = static_cast<const float*>(row_major(qw, p[3]));
-      f.kw = static_cast<const float*>(row_major(kw, p[4]));
-      f.offsets = static_cast<const int32_t*>(row_major(off, p[5]));
-      f.n_offsets = static_cast<int64_t>(off.size());
-      f.d = qw.shape(0), f.b = qg.shape(0), f.tokens = qg.shape(1);
-      f.hq = qg.shape(2) / (2 * f.d), f.hkv = k.shape(2) / f.d, f.dims = dims;
-      f.eps = eps, f.inv_d = 1.0f / static_cast<float>(f.d), f.base = base;
-      tandem_kernels::attention_front(t, f, q_out, k_out, v_out);
-    });
-  }
-
- private:
-  int dims_;
-  float eps_, base_;
-};
-
-// tandem_kernels::attention_gate as a primitive: o [B, Hq, T, D] (any strides), qg [B, T, Hq * 2D] (a slice read
-// in place); out [B, T, Hq * D].
-class AttentionGateHost : public mx::UnaryPrimitive {
- public:
-  explicit AttentionGateHost(mx::Stream s) : mx::UnaryPrimitive(s) {}
-  const char* name() const override { return "TandemAttentionGate"; }
-  bool is_equivalent(const mx::Primitive&) const override { return true; }
-  void eval_gpu(const std::vector<Array>&, Array&) override {
-    throw std::runtime_error("TandemAttentionGate runs on the CPU only");
-  }
-  void eval_cpu(const std::vector<Array>& in, Array& out) override {
-    auto& enc = encoder_for(stream(), in, {&out});
-    enc.dispatch([t = elem(out.dtype()), o = Array::unsafe_weak_copy(in[0]), qg = Array::unsafe_weak_copy(in[1]),
-                  y = out.data<void>()]() {
-      std::vector<uint8_t> p;
-      int64_t qs[2];
-      const void* g = bt_rows(qg, p, qs);
-      const int64_t os[4] = {o.strides()[0], o.strides()[1], o.strides()[2], o.strides()[3]};
-      tandem_kernels::attention_gate(t, o.data<void>(), os, g, qs, y, o.shape(0), o.shape(1), o.shape(2), o.shape(3));
-    });
-  }
-};
-
 // tandem_kernels::rope as a primitive: x [B, N, T, D] f32 or bf16 (any strides, read in place), offsets int32
 // [1] or [B]; out like x, contiguous.
 class RopeHost : public mx::UnaryPrimitive {
@@ -617,50 +541,6 @@ ArrayPtr host_gated_norm(const Array& o, const Array& z, const Array& w, float e
   }
   auto s = mx::default_stream(mx::Device::cpu);
   return wrap(Array(z.shape(), t, std::make_shared<GatedNormHost>(s, eps, inv_d), {o, z, w}));
-}
-
-std::unique_ptr<ArrayVec> host_attention_front(const Array& qg, const Array& k, const Array& v, const Array& qw,
-                                               const Array& kw, const Array& offsets, int32_t dims, float eps,
-                                               float base) {
-  const auto t = qg.dtype();
-  if ((t != mx::float32 && t != mx::bfloat16) || k.dtype() != t || v.dtype() != t || qw.dtype() != mx::float32 ||
-      kw.dtype() != mx::float32 || offsets.dtype() != mx::int32) {
-    throw std::invalid_argument("host attention front: qg, k, v of one dtype (f32 or bf16), f32 scales and int32 "
-                                "offsets needed");
-  }
-  const bool ranks = qg.ndim() == 3 && k.ndim() == 3 && qw.ndim() == 1 && offsets.ndim() == 1;
-  const int d = ranks ? qw.shape(0) : 0, b = ranks ? qg.shape(0) : 0, tokens = ranks ? qg.shape(1) : 0;
-  const bool ok = ranks && d > 0 && tokens > 0 && qg.shape(2) % (2 * d) == 0 && k.shape(0) == b &&
-                  k.shape(1) == tokens && k.shape(2) % d == 0 && v.shape() == k.shape() && kw.shape() == qw.shape() &&
-                  (offsets.size() == 1 || offsets.size() == static_cast<size_t>(b)) && dims >= 2 && dims <= d &&
-                  dims % 2 == 0;
-  if (!ok) {
-    throw std::invalid_argument("host attention front: qg [B, T, Hq * 2D], k, v [B, T, Hkv * D], qw, kw [D], offsets "
-                                "[1] or [B] and an even dims in 2..=D needed; got qg " + shape_text(qg) + ", k " +
-                                shape_text(k) + ", v " + shape_text(v) + ", qw " + shape_text(qw) + ", offsets " +
-                                shape_text(offsets) + ", dims " + std::to_string(dims));
-  }
-  const int hq = qg.shape(2) / (2 * d), hkv = k.shape(2) / d;
-  auto s = mx::default_stream(mx::Device::cpu);
-  auto outs = Array::make_arrays({{b, hq, tokens, d}, {b, hkv, tokens, d}, {b, hkv, tokens, d}}, {t, t, t},
-                                 std::make_shared<AttentionFrontHost>(s, dims, eps, base), {qg, k, v, qw, kw, offsets});
-  auto out = std::make_unique<ArrayVec>();
-  out->items = std::move(outs);
-  return out;
-}
-
-ArrayPtr host_attention_gate(const Array& o, const Array& qg) {
-  const auto t = o.dtype();
-  if ((t != mx::float32 && t != mx::bfloat16) || qg.dtype() != t) {
-    throw std::invalid_argument("host attention gate: o and qg of one dtype (f32 or bf16) needed");
-  }
-  if (o.ndim() != 4 || qg.ndim() != 3 || qg.shape() != mx::Shape{o.shape(0), o.shape(2), 2 * o.shape(1) * o.shape(3)}) {
-    throw std::invalid_argument("host attention gate: o [B, Hq, T, D] and qg [B, T, Hq * 2D] needed; got o " +
-                                shape_text(o) + ", qg " + shape_text(qg));
-  }
-  auto s = mx::default_stream(mx::Device::cpu);
-  return wrap(Array({o.shape(0), o.shape(2), o.shape(1) * o.shape(3)}, t, std::make_shared<AttentionGateHost>(s),
-                    {o, qg}));
 }
 
 ArrayPtr host_rope(const Array& x, const Array& offsets, int32_t dims, float base, float scale) {

@@ -209,19 +209,6 @@ pub(crate) mod ffi {
         fn host_rms_norm(x: &Array, w: &Array, eps: f32, inv_d: f32) -> Result<UniquePtr<Array>>;
         fn host_gated_norm(o: &Array, z: &Array, w: &Array, eps: f32, inv_d: f32) -> Result<UniquePtr<Array>>;
         fn host_rope(x: &Array, offsets: &Array, dims: i32, base: f32, scale: f32) -> Result<UniquePtr<Array>>;
-        #[allow(clippy::too_many_arguments)]
-        fn host_attention_front(
-            qg: &Array,
-            k: &Array,
-            v: &Array,
-            qw: &Array,
-            kw: &Array,
-            offsets: &Array,
-            dims: i32,
-            eps: f32,
-            base: f32,
-        ) -> Result<UniquePtr<ArrayVec>>;
-        fn host_attention_gate(o: &Array, qg: &Array) -> Result<UniquePtr<Array>>;
         fn host_attention(q: &Array, keys: &Array, values: &Array, len: i32, scale: f32) -> Result<UniquePtr<Array>>;
         fn host_gated_delta(
             q: &Array,

@@ -118,35 +118,3 @@ pub fn gated_norm(o: &Array, z: &Array, w: &Array, eps: f32, inv_d: f32) -> Resu
 pub fn rope(x: &Array, offsets: &Array, dims: i32, base: f32, scale: f32) -> Result<Array> {
     Array::wrap(ffi::host_rope(x.raw(), offsets.raw(), dims, base, scale))
 }
-
-/// A gated attention layer's front with the bits of [`rms_norm`] then [`rope`]: the fused projection's parts qg
-/// `[B, T, Hq·2D]` (each query head's D features, then its gate's), k and v `[B, T, Hkv·D]` (f32 or bf16; slices
-/// read in place) to `(q [B, Hq, T, D], k [B, Hkv, T, D], v [B, Hkv, T, D])`, q's and k's heads normed with qw /
-/// kw `[D]` (f32) and rotated on their first `dims` features at positions `offsets[b] + t` (kernels/cpu/elementwise.h,
-/// `attention_front`).
-#[allow(clippy::too_many_arguments)]
-pub fn attention_front(
-    qg: &Array,
-    k: &Array,
-    v: &Array,
-    qw: &Array,
-    kw: &Array,
-    offsets: &Array,
-    dims: i32,
-    eps: f32,
-    base: f32,
-) -> Result<(Array, Array, Array)> {
-    let parts =
-        ffi::host_attention_front(qg.raw(), k.raw(), v.raw(), qw.raw(), kw.raw(), offsets.raw(), dims, eps, base)?;
-    let mut parts = crate::vec_from(parts)?.into_iter();
-    match (parts.next(), parts.next(), parts.next()) {
-        (Some(q), Some(k), Some(v)) => Ok((q, k, v)),
-        _ => Err(crate::Error::Invalid("host attention front returned fewer than three arrays".into())),
-    }
-}
-
-/// A gated attention layer's output gate with the bits of [`Chain::SigmoidGate`]: o `[B, Hq, T, D]` (any strides)
-/// times sigmoid of the gates in qg `[B, T, Hq·2D]`, as `[B, T, Hq·D]` (kernels/cpu/elementwise.h, `attention_gate`).
-pub fn attention_gate(o: &Array, qg: &Array) -> Result<Array> {
-    Array::wrap(ffi::host_attention_gate(o.raw(), qg.raw()))
-}
