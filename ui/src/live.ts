@@ -139,7 +139,8 @@ export class LiveFeed {
       patch.generating = s.generating;
       patch.model = s.model;
       if (s.stats) patch.stats = s.stats;
-      if (s.generating) patch.tokS = s.tok_s;
+      // A generation's rate once it decodes: a prefill's (or a stalled window's) 0 would blank the last figure.
+      if (s.generating && s.tok_s > 0) patch.tokS = s.tok_s;
       if (s.generating || this.state.generating) patch.series = this.point(s.generating ? s.tok_s : 0);
     }
     this.set(patch);

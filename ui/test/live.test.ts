@@ -48,6 +48,20 @@ describe('LiveFeed', () => {
   });
 });
 
+describe('LiveFeed headline rate', () => {
+  it("keeps the last measured tok/s while the engine reports a generation at 0 (prefilling), then takes its rate", () => {
+    const feed = new LiveFeed(() => 0);
+    feed.generationStarted('tandem-tiny');
+    feed.chunk({ ...SAMPLE_STATS, decode_tok_s: 40 }, 1);
+    feed.generationEnded({ ...SAMPLE_STATS, decode_tok_s: 40 });
+    feed.snapshot(statsSnapshot({ generating: true, model: 'tandem-tiny', tok_s: 0, stats: SAMPLE_STATS }));
+    expect(feed.state.generating).toBe(true);
+    expect(feed.state.tokS).toBe(40);
+    feed.snapshot(statsSnapshot({ generating: true, model: 'tandem-tiny', tok_s: 12, stats: SAMPLE_STATS }));
+    expect(feed.state.tokS).toBe(12);
+  });
+});
+
 describe('LiveFeed streams and caches', () => {
   it("takes the running streams and the loaded models' caches from every snapshot, even while this window chats", () => {
     const feed = new LiveFeed(() => 0);
