@@ -119,7 +119,7 @@ pub fn taken(dtype: Dtype) -> bool {
 }
 
 /// What the front kernel computes: qg `[B, T, Hq·2D]`, k and v `[B, T, Hkv·D]` of one dtype (bf16, f16, f32),
-/// the scales `[D]` f32, pos `[B]` int32, RoPE on an even number of features up to D.
+/// the scales `[D]` f32, pos `[B]` int32, RoPE on an even number of features from 2 to D (MLX's RoPE refuses 0).
 pub fn applicable(qg: &Array, k: &Array, v: &Array, pos: &Array, f: &Front) -> bool {
     let dt = qg.dtype();
     let d = if f.q_scale.ndim() == 1 { f.q_scale.dim(0) } else { 0 };
@@ -134,7 +134,7 @@ pub fn applicable(qg: &Array, k: &Array, v: &Array, pos: &Array, f: &Front) -> b
         && f.k_scale.shape() == [d]
         && pos.dtype() == Dtype::I32
         && pos.shape() == [qg.dim(0)]
-        && (0..=d).contains(&f.rope_dims)
+        && (2..=d).contains(&f.rope_dims)
         && f.rope_dims % 2 == 0
         && {
             let (qs, ks) = (qg.shape(), k.shape());

@@ -22,6 +22,7 @@ fn attention_front_cuda_selection_rules() {
     assert!(af::applicable(&qg, &k, &v, &pos, &Front { rope_dims: 64, ..f }), "RoPE on whole heads");
     assert!(!af::applicable(&qg, &k, &v, &pos, &Front { rope_dims: 15, ..f }), "an odd RoPE count");
     assert!(!af::applicable(&qg, &k, &v, &pos, &Front { rope_dims: 66, ..f }), "RoPE past the head");
+    assert!(!af::applicable(&qg, &k, &v, &pos, &Front { rope_dims: 0, ..f }), "no RoPE (MLX's fallback refuses it)");
     assert!(!af::applicable(&qg, &k.as_dtype(Dtype::F16).unwrap(), &v, &pos, &f), "k of another dtype");
     assert!(!af::applicable(&qg.slice_axis(2, 0, 500).unwrap(), &k, &v, &pos, &f), "a query part of no whole heads");
     assert!(!af::applicable(&qg, &k, &v.slice_axis(2, 0, 64).unwrap(), &pos, &f), "v narrower than k");
