@@ -136,6 +136,38 @@ fn models_marks_an_entry_whose_folder_is_missing() {
     assert_eq!((present("here"), present("gone")), (serde_json::json!(true), serde_json::json!(false)), "{json}");
 }
 
+/// `tandem bench --prefix-cache --prefix-disk DIR` leaves nothing behind: a DIR it had to create is gone
+/// afterwards, and a DIR that was there keeps what it held and gains nothing.
+#[test]
+fn bench_prefix_disk_leaves_nothing_behind() {
+    let dir = tempdir();
+    let made = dir.path().join("made-by-bench");
+    let kept = dir.path().join("kept");
+    std::fs::create_dir_all(&kept).unwrap();
+    std::fs::write(kept.join("mine.txt"), "mine").unwrap();
+    for disk in [&made, &kept] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tandem"))
+            .args([
+                "bench",
+                "--model",
+                tiny_model_dir().to_str().unwrap(),
+                "--prompt-tokens",
+                "16",
+                "--gen-tokens",
+                "4",
+            ])
+            .args(["--depths", "0", "--prefix-cache", "--prefix-disk", disk.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("TTFT") && err.contains("from the prefix cache"), "{err}");
+    }
+    assert!(!made.exists(), "the folder the bench created is left behind");
+    let left: Vec<_> = std::fs::read_dir(&kept).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, [std::ffi::OsString::from("mine.txt")], "the existing folder changed");
+}
+
 /// An error of reading a model folder says its cause once: the CLI prints the whole chain of causes,
 /// so an error whose message already holds its cause must not also hand it on as a `source`
 /// (`...: No such file or directory (os error 2): No such file or directory (os error 2)`).

@@ -307,6 +307,18 @@ struct TurnRun {
     disk_bytes_turn2: Option<u64>,
 }
 
+/// `--prefix-disk`'s folder where this run had to create it: removed at the end (when empty, as the
+/// repetitions' scratch folders leave it), so a bench leaves nothing behind.
+struct CreatedDir(Option<std::path::PathBuf>);
+
+impl Drop for CreatedDir {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
 /// A fresh folder for one repetition's SSD tier inside `--prefix-disk` (removed when dropped:
 /// nothing already in the folder is touched).
 fn scratch(a: &BenchArgs) -> Result<Option<tempfile::TempDir>> {
@@ -344,6 +356,7 @@ fn prefix_turns(a: &BenchArgs, l: &crate::model_arg::Loaded, turn1: &[u32]) -> R
     use tandem::engine::prefix_cache::PrefixCache;
     use tandem::generate::{generate_resumed, Prompt, Resume};
     const REPEATS: usize = 3;
+    let _created = CreatedDir(a.prefix_disk.clone().filter(|d| !d.exists()));
     let question =
         l.tokenizer.encode("\n\nWhat did he find at sea, and why did he go back to it every year?", false)?;
     let mut runs = Vec::new();
