@@ -242,7 +242,7 @@ void rope_all(const void* x, const int64_t* s, const int32_t* offsets, int64_t n
 
 void rope(Elem t, const void* x, const int64_t* strides, const int32_t* offsets, int64_t n_offsets, void* out,
           int64_t b, int64_t n, int64_t tokens, int64_t d, int64_t dims, float base, float scale) {
-  if (b <= 0 || n <= 0 || tokens <= 0 || d <= 0 || dims < 0 || dims > d || dims % 2 != 0 || n_offsets <= 0) return;
+  if (b <= 0 || n <= 0 || tokens <= 0 || d <= 0 || dims < 2 || dims > d || dims % 2 != 0 || n_offsets <= 0) return;
   if (t == Elem::BF16) {
     rope_all<Elem::BF16>(x, strides, offsets, n_offsets, out, b, n, tokens, d, dims, base, scale);
   } else if (t == Elem::F32) {

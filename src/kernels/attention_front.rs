@@ -95,14 +95,26 @@ pub fn fallback(qg: &Array, k: &Array, v: &Array, pos: &Array, f: &Front) -> Res
 }
 
 fn fallback_heads(qg: &Array, k: &Array, v: &Array, pos: &Array, f: &Front) -> Result<Heads> {
-    let d = f.q_scale.dim(0);
-    let (b, t, hkv) = (k.dim(0), k.dim(1), k.dim(2) / d);
-    let (q, gate) = query_and_gate(qg, d)?;
-    let q = norm::rms_norm(&q, f.q_scale, f.eps)?.swapaxes(1, 2)?;
-    let k = norm::rms_norm(&k.reshape(&[b, t, hkv, d])?, f.k_scale, f.eps)?.swapaxes(1, 2)?;
-    let v = v.reshape(&[b, t, hkv, d])?.swapaxes(1, 2)?;
+    let Heads { q, k, v, gate } = heads(qg, k, v, f)?;
     let rope = |x: &Array| super::rope::rope(x, f.rope_dims, f.rope_theta, pos);
-    Ok(Heads { q: rope(&q)?, k: rope(&k)?, v, gate: Some(gate) })
+    Ok(Heads { q: rope(&q)?, k: rope(&k)?, v, gate })
+}
+
+/// The fallback's heads before RoPE: q and k normed (`norm::rms_norm`, itself a kernel where one is selected),
+/// v, each `[B, H, T, D]`, and the gates: what M-RoPE after images rotates.
+pub fn heads(qg: &Array, k: &Array, v: &Array, f: &Front) -> Result<Heads> {
+    let (q, gate) = query_and_gate(qg, f.q_scale.dim(0))?;
+    let q = norm::rms_norm(&q, f.q_scale, f.eps)?.swapaxes(1, 2)?;
+    let (k, v) = key_value_heads(k, v, f)?;
+    Ok(Heads { q, k, v, gate: Some(gate) })
+}
+
+/// The projected keys (normed) and values `[B, T, Hkv·D]` as heads `[B, Hkv, T, D]`, before RoPE.
+pub fn key_value_heads(k: &Array, v: &Array, f: &Front) -> Result<(Array, Array)> {
+    let d = f.k_scale.dim(0);
+    let (b, t, hkv) = (k.dim(0), k.dim(1), k.dim(2) / d);
+    let k = norm::rms_norm(&k.reshape(&[b, t, hkv, d])?, f.k_scale, f.eps)?.swapaxes(1, 2)?;
+    Ok((k, v.reshape(&[b, t, hkv, d])?.swapaxes(1, 2)?))
 }
 
 /// Whether a call takes the front kernel: MLX on a CUDA GPU whose class passed the parity test (or

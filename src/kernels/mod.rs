@@ -7,8 +7,9 @@
 //! (a comma-separated list: a policy, and names with a `-` before them) turns off the named kernels only
 //! (`gated_delta`, `gated_delta_qkv`, `dense_matmul`, `attention`, `attention_front`, `attention_gate`, `conv`,
 //! `conv_window`, `gated_norm`, `norm`; on the CPU `cpu_matmul`, `cpu_qmm`, `cpu_gated_delta`,
-//! `cpu_gated_delta_qkv`, `cpu_gated_norm`, `cpu_attention`, `cpu_elementwise`, `cpu_rope`; `qmm_narrow` launches the quantized matmul in its one wide shape for every weight, `qmm_slabs` / `dmm_slabs` a
-//! matmul block per 8-row slab of x).
+//! `cpu_gated_delta_qkv`, `cpu_gated_norm`, `cpu_attention`, `cpu_elementwise`, `cpu_rope`; `qmm_narrow`
+//! launches the quantized matmul in its one wide shape for every weight, `qmm_slabs` / `dmm_slabs` a matmul
+//! block per 8-row slab of x).
 //! `fused` holds the elementwise chains MLX's graph compiler fuses on every backend (`TANDEM_COMPILE=off`
 //! runs them op by op), and on the CPU their host kernels, which give MLX's own bits.
 

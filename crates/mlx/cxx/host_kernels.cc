@@ -548,10 +548,11 @@ ArrayPtr host_rope(const Array& x, const Array& offsets, int32_t dims, float bas
   if ((t != mx::float32 && t != mx::bfloat16) || offsets.dtype() != mx::int32) {
     throw std::invalid_argument("host rope: x f32 or bf16 and int32 offsets needed");
   }
-  if (x.ndim() != 4 || offsets.ndim() != 1 || (offsets.size() != 1 && offsets.size() != static_cast<size_t>(x.shape(0))) ||
-      dims < 0 || dims % 2 != 0 || dims > x.shape(3)) {
-    throw std::invalid_argument("host rope: x [B, N, T, D], offsets [1] or [B] and an even dims <= D needed; got x " +
-                                shape_text(x) + ", offsets " + shape_text(offsets) + ", dims " + std::to_string(dims));
+  const bool offsets_ok = offsets.ndim() == 1 && (offsets.size() == 1 || offsets.size() == size_t(x.shape(0)));
+  if (x.ndim() != 4 || !offsets_ok || dims < 2 || dims % 2 != 0 || dims > x.shape(3)) {
+    throw std::invalid_argument("host rope: x [B, N, T, D], offsets [1] or [B] and an even dims in 2..=D needed; "
+                                "got x " + shape_text(x) + ", offsets " + shape_text(offsets) + ", dims " +
+                                std::to_string(dims));
   }
   auto s = mx::default_stream(mx::Device::cpu);
   return wrap(Array(x.shape(), t, std::make_shared<RopeHost>(s, dims, base, scale), {x, offsets}));

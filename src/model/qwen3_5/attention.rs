@@ -18,7 +18,6 @@ pub struct Attention {
     o_proj: Linear,
     q_norm: RmsNorm,
     k_norm: RmsNorm,
-    hkv: i32,
     hd: i32,
     rope_dims: i32,
     rope_theta: f32,
@@ -55,13 +54,11 @@ impl Attention {
         let k = s.linear_cut(&format!("{p}.k_proj"), hkv * hd, d, &kv_cut)?;
         let v = s.linear_cut(&format!("{p}.v_proj"), hkv * hd, d, &kv_cut)?;
         let o_proj = s.linear_cut(&format!("{p}.o_proj"), d, hq * hd, &o_cut)?;
-        let hkv = k1 - k0;
         Ok(Attention {
             qkv: Fused::new(vec![q, k, v]).map_err(|e| mlx_err(p, e))?,
             o_proj,
             q_norm: norms(&format!("{p}.q_norm.weight"), hd)?,
             k_norm: norms(&format!("{p}.k_norm.weight"), hd)?,
-            hkv,
             hd,
             rope_dims: c.rope_dims,
             rope_theta: c.rope_theta,
@@ -74,7 +71,7 @@ impl Attention {
     /// position); the cache write and the attention itself are each sequence's own (their lengths
     /// differ).
     pub(super) fn forward(&self, x: &Array, caches: &mut [&mut KvCache], rope: Option<&MRope>) -> Result<Array> {
-        let (b, t) = (x.dim(0), x.dim(1));
+        let b = x.dim(0);
         if caches.len() != b as usize {
             return Err(mlx::Error::Invalid(format!("attention: {} caches for {b} sequences", caches.len())));
         }
@@ -90,10 +87,7 @@ impl Attention {
             let pos: Vec<i32> = caches.iter().map(|c| c.offset + c.rope_delta).collect();
             front::front(&qg, &k, &v, &Array::from_slice(&pos, &[b])?, &self.front())?
         } else {
-            let (q, gate) = front::query_and_gate(&qg, self.hd)?;
-            let q = self.q_norm.forward(&q)?.swapaxes(1, 2)?;
-            let (k, v) = self.key_value_heads(&k, &v, b, t)?;
-            front::Heads { q, k, v, gate: Some(gate) }
+            front::heads(&qg, &k, &v, &self.front())?
         };
         let o = if let [cache] = caches {
             let (q, k) = match rope {
@@ -124,9 +118,8 @@ impl Attention {
     /// same rows of the same products, norm and RoPE), with no attention or output (and no queries, unless the
     /// front kernel is taken). For positions whose output nobody reads (the MTP head catching up on them).
     pub(super) fn write_cache(&self, x: &Array, cache: &mut KvCache) -> Result<()> {
-        let (b, t) = (x.dim(0), x.dim(1));
         self.tap.see_all(&["q_proj", "k_proj", "v_proj"], x);
-        let pos = cache.offset + cache.rope_delta;
+        let pos = Array::from_slice(&[cache.offset + cache.rope_delta], &[1])?;
         if front::taken(x.dtype()) {
             // Where whole passes take the front kernel, its keys: the query projection is computed too (a
             // device cost of one more product, against the ~10 operations of the fallback's keys).
@@ -134,22 +127,15 @@ impl Attention {
             let mut next =
                 || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
             let (qg, k, v) = (next()?, next()?, next()?);
-            let heads = front::front(&qg, &k, &v, &Array::from_slice(&[pos], &[1])?, &self.front())?;
+            let heads = front::front(&qg, &k, &v, &pos, &self.front())?;
             return cache.append(&heads.k, &heads.v);
         }
         let mut proj = self.qkv.forward_tail(x, 1)?.into_iter();
         let mut next =
             || proj.next().ok_or_else(|| mlx::Error::Invalid("fused projection returned too few parts".into()));
         let (k, v) = (next()?, next()?);
-        let (k, v) = self.key_value_heads(&k, &v, b, t)?;
-        let k = rope::rope(&k, self.rope_dims, self.rope_theta, &Array::from_slice(&[pos], &[1])?)?;
-        cache.append(&k, &v)
-    }
-
-    /// The projected keys (normed) and values `[B, T, Hkv * D]` as heads `[B, Hkv, T, D]`.
-    fn key_value_heads(&self, k: &Array, v: &Array, b: i32, t: i32) -> Result<(Array, Array)> {
-        let k = self.k_norm.forward(&k.reshape(&[b, t, self.hkv, self.hd])?)?.swapaxes(1, 2)?;
-        Ok((k, v.reshape(&[b, t, self.hkv, self.hd])?.swapaxes(1, 2)?))
+        let (k, v) = front::key_value_heads(&k, &v, &self.front())?;
+        cache.append(&rope::rope(&k, self.rope_dims, self.rope_theta, &pos)?, &v)
     }
 
     /// What [`front::front`] needs of this layer.
